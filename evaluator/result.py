@@ -1,0 +1,202 @@
+"""EvalResult: the versioned, typed record of one candidate's evaluation.
+
+Everything kloop reports comes from these records. They are plain data: no exception objects,
+`None` (never -1) where a value does not exist, times in milliseconds, stage wall times in seconds.
+Bump `EVAL_SCHEMA_VERSION` on any change that breaks reading old records.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+EVAL_SCHEMA_VERSION = 1
+
+Status = Literal[
+    "compile_error",  # the candidate did not build (Python syntax, nvcc, Triton compile)
+    "runtime_error",  # it built but crashed, raised, died or ran out of memory
+    "timeout",  # a stage ran past its wall-clock limit and was killed
+    "incorrect",  # it ran but its outputs do not match the reference
+    "rejected",  # a policy or anti-cheat rule refused it
+    "correct",  # it matches the reference (timing may still be absent, e.g. on CPU)
+    "not_run",  # it cannot run here (CUDA code, no GPU) after a compile check
+]
+Stage = Literal["static", "compile", "load", "correctness", "timing", "profile", "done"]
+Backend = Literal["cuda", "triton", "torch"]
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorInfo(_Record):
+    """An error as data: the exception type name, its message and a trimmed traceback."""
+
+    type: str
+    message: str
+    traceback: str | None = None
+    stderr_tail: str | None = None
+    """Last lines of the candidate process's stderr (crashes, segfaults, CUDA errors)."""
+
+
+class CompileDiagnostic(_Record):
+    """One compiler message, deduplicated."""
+
+    file: str | None = None
+    line: int | None = None
+    column: int | None = None
+    severity: Literal["error", "warning"] = "error"
+    message: str
+    count: int = 1
+    """How many times this same message appeared (e.g. once per template instantiation)."""
+
+
+class CompileLog(_Record):
+    backend: Backend
+    ok: bool
+    diagnostics: list[CompileDiagnostic] = Field(default_factory=list)
+    log_tail: str = ""
+    """The last part of the full compiler output (the full log is in `log_path`)."""
+    log_path: str | None = None
+    cache_hit: bool = False
+    target: str | None = None
+    """What was compiled for, e.g. `sm_90` or `host-only check`."""
+
+
+class WorstElement(_Record):
+    index: list[int]
+    expected: float
+    got: float
+
+
+class OutputDiff(_Record):
+    """Comparison of one output tensor of the candidate with the reference."""
+
+    output_index: int = 0
+    ok: bool
+    expected_shape: list[int]
+    got_shape: list[int] | None = None
+    expected_dtype: str
+    got_dtype: str | None = None
+    got_type: str | None = None
+    """Python type of what the candidate returned, when it is not a plain torch.Tensor."""
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    mismatch_fraction: float | None = None
+    worst: list[WorstElement] = Field(default_factory=list)
+    nan_expected: int = 0
+    nan_got: int = 0
+    inf_expected: int = 0
+    inf_got: int = 0
+    message: str | None = None
+
+
+class CorrectnessTrial(_Record):
+    trial: int
+    kind: str = "random"
+    """`random` (fresh get_inputs seed), `post_timing` (after timing), or an anti-cheat probe."""
+    passed: bool
+    outputs: list[OutputDiff] = Field(default_factory=list)
+    message: str | None = None
+
+
+class TimingStats(_Record):
+    median_ms: float
+    mean_ms: float
+    std_ms: float
+    min_ms: float
+    max_ms: float
+    iqr_ms: float
+    n_trials: int
+    clock: Literal["cuda_event", "host"]
+    comparable: bool
+    """False for host-clock timings on CPU: they are not comparable with GPU numbers."""
+
+
+class ProfileKernel(_Record):
+    name: str
+    kind: Literal["custom", "library"]
+    time_ms: float
+    share: float
+    calls: int
+
+
+class NcuMetrics(_Record):
+    kernel: str
+    duration_us: float | None = None
+    dram_throughput_pct: float | None = None
+    sm_throughput_pct: float | None = None
+    achieved_occupancy_pct: float | None = None
+    registers_per_thread: int | None = None
+    spill_bytes: int | None = None
+    l2_hit_rate_pct: float | None = None
+
+
+class ProfileSummary(_Record):
+    activity: Literal["cuda", "cpu"]
+    total_ms: float
+    custom_share: float | None
+    """Share of device time in the candidate's own kernels (None when it has none)."""
+    kernels: list[ProfileKernel] = Field(default_factory=list)
+    text: str = ""
+    """Compact rendering (at most 40 lines) for the model's feedback."""
+    ncu: NcuMetrics | None = None
+
+
+class Violation(_Record):
+    """A policy or anti-cheat rule that fired."""
+
+    rule: str
+    severity: Literal["reject", "flag"]
+    message: str
+    line: int | None = None
+
+
+class EnvInfo(_Record):
+    python: str
+    torch: str
+    triton: str | None = None
+    cuda: str | None = None
+    device_name: str
+    gpu_arch: str | None = None
+    driver: str | None = None
+    hostname: str | None = None
+
+
+class EvalResult(_Record):
+    schema_version: int = EVAL_SCHEMA_VERSION
+    evaluator_version: str
+    status: Status
+    stage_reached: Stage
+    backend: Backend | None = None
+    has_custom_kernel: bool | None = None
+    problem_id: str
+    problem_sha256: str
+    candidate_sha256: str
+    policy: str
+    device: str
+    compile: CompileLog | None = None
+    correctness: list[CorrectnessTrial] = Field(default_factory=list)
+    timing: TimingStats | None = None
+    eager: TimingStats | None = None
+    compiled: TimingStats | None = None
+    """The torch.compile baseline."""
+    speedup_vs_eager: float | None = None
+    speedup_vs_compile: float | None = None
+    profile: ProfileSummary | None = None
+    violations: list[Violation] = Field(default_factory=list)
+    flags: list[str] = Field(default_factory=list)
+    error: ErrorInfo | None = None
+    stage_seconds: dict[str, float] = Field(default_factory=dict)
+    env: EnvInfo | None = None
+    started_at: str
+    """ISO-8601 UTC time at which evaluation started."""
+
+    @property
+    def correct(self) -> bool:
+        return self.status == "correct"
+
+    @property
+    def runtime_ms(self) -> float | None:
+        return self.timing.median_ms if self.timing else None

@@ -1,0 +1,44 @@
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self, num_classes):
+        """LeNet-5: two conv + max-pool stages, then three fully connected layers.
+
+        :param num_classes: number of output classes
+        """
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels=1, out_channels=6, kernel_size=5, stride=1)
+        self.conv2 = nn.Conv2d(in_channels=6, out_channels=16, kernel_size=5, stride=1)
+        self.fc1 = nn.Linear(in_features=16 * 5 * 5, out_features=120)
+        self.fc2 = nn.Linear(in_features=120, out_features=84)
+        self.fc3 = nn.Linear(in_features=84, out_features=num_classes)
+
+    def forward(self, x):
+        """
+        :param x: input of shape (batch_size, 1, 32, 32)
+        :return: logits of shape (batch_size, num_classes)
+        """
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(x, kernel_size=2, stride=2)
+        x = F.relu(self.conv2(x))
+        x = F.max_pool2d(x, kernel_size=2, stride=2)
+        x = x.view(-1, 16 * 5 * 5)
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+# Test configuration
+batch_size = 4096
+num_classes = 20
+
+
+def get_inputs():
+    return [torch.rand(batch_size, 1, 32, 32)]
+
+
+def get_init_inputs():
+    return [num_classes]

@@ -1,0 +1,64 @@
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    expansion = 1
+
+    def __init__(self, in_channels, out_channels, stride=1):
+        """ResNet basic block with an always-present 1x1 convolution shortcut.
+
+        :param in_channels: number of input channels
+        :param out_channels: number of output channels
+        :param stride: stride of the first 3x3 conv and of the shortcut conv
+        """
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, kernel_size=3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, kernel_size=3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+        # Quirk kept from the reference: the shortcut is built after conv2 (last RNG consumer).
+        self.downsample = nn.Sequential(
+            nn.Conv2d(in_channels, out_channels * self.expansion, kernel_size=1, stride=stride, bias=False),
+            nn.BatchNorm2d(out_channels * self.expansion),
+        )
+        self.stride = stride
+
+    def forward(self, x):
+        """
+        :param x: input of shape (batch_size, in_channels, height, width)
+        :return: output of shape (batch_size, out_channels, height // stride, width // stride)
+        """
+        identity = x
+
+        out = self.conv1(x)
+        out = self.bn1(out)
+        out = self.relu(out)
+
+        out = self.conv2(out)
+        out = self.bn2(out)
+
+        if self.downsample is not None:
+            identity = self.downsample(x)
+
+        out = out + identity
+        out = self.relu(out)
+        return out
+
+
+# Test configuration
+in_channels = 3
+out_channels = 64
+stride = 1
+batch_size = 10
+num_classes = 1000  # unused, kept from the reference configuration
+
+
+def get_inputs():
+    return [torch.rand(batch_size, in_channels, 224, 224)]
+
+
+def get_init_inputs():
+    return [in_channels, out_channels, stride]

@@ -1,0 +1,35 @@
+"""Every problem's full-size output shape, inferred on the meta device, matches its metadata."""
+
+import pytest
+import torch
+
+from problems.registry import load_problem_set
+
+PROBLEMS = list(load_problem_set())
+# Constructors that call .item() cannot run on meta; they are small enough to build on CPU.
+BUILD_ON_CPU = {"29_SwinMLP", "30_SwinTransformerV2"}
+
+
+def _shapes(out):
+    if isinstance(out, tuple | list):
+        return [list(o.shape) for o in out]
+    return list(out.shape)
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=[p.stem for p in PROBLEMS])
+def test_full_size_output_shape_matches_metadata(problem):
+    assert problem.meta.output_shape is not None
+    module = problem.load_module()
+    torch.manual_seed(42)
+    init = module.get_init_inputs()
+    torch.manual_seed(42)
+    if problem.stem in BUILD_ON_CPU:
+        model = module.Model(*init).to("meta")
+    else:
+        with torch.device("meta"):
+            model = module.Model(*init)
+    assert sum(p.numel() for p in model.parameters()) == problem.meta.params
+    with torch.device("meta"), torch.no_grad():
+        inputs = module.get_inputs()
+        out = model(*inputs)
+    assert _shapes(out) == problem.meta.output_shape
