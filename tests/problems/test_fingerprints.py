@@ -25,8 +25,20 @@ def test_problem_matches_official_fingerprint(stem):
     assert diffs == []
 
 
-def test_checker_catches_a_construction_order_change(tmp_path):
-    # Negative control: swapping two layer constructions changes every parameter after them.
+def test_checker_catches_an_extra_random_draw(tmp_path):
+    # Negative control: one extra draw before fc1 changes every parameter created after it.
+    src = (BUNDLED_DIR / "level3" / "4_LeNet5.py").read_text()
+    fc1 = "        self.fc1 = nn.Linear("
+    assert fc1 in src
+    bad = tmp_path / "4_LeNet5.py"
+    bad.write_text(src.replace(fc1, "        torch.rand(1)\n" + fc1))
+    diffs = check_problem(bad, FINGERPRINTS["4_LeNet5"])
+    assert [d.split(":")[0] for d in diffs] == [
+        "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"
+    ]
+
+
+def test_checker_catches_a_registration_order_change(tmp_path):
     src = (BUNDLED_DIR / "level3" / "4_LeNet5.py").read_text()
     fc1 = "        self.fc1 = nn.Linear(in_features=16 * 5 * 5, out_features=120)\n"
     fc2 = "        self.fc2 = nn.Linear(in_features=120, out_features=84)\n"
@@ -34,7 +46,7 @@ def test_checker_catches_a_construction_order_change(tmp_path):
     bad = tmp_path / "4_LeNet5.py"
     bad.write_text(src.replace(fc1 + fc2, fc2 + fc1))
     diffs = check_problem(bad, FINGERPRINTS["4_LeNet5"])
-    assert any("fc1.weight" in d for d in diffs)
+    assert len(diffs) == 1 and "state_dict keys differ" in diffs[0]
 
 
 def test_checker_catches_an_output_change(tmp_path):
