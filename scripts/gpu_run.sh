@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Run on the GPU machine (the device tool), from the repo root, with .whl carried:
+#   bash scripts/gpu_run.sh [pytest args...]
+# Installs the carried cp312 wheels into /tmp/site, puts kloop on PYTHONPATH, prints the
+# environment, runs the `gpu`-marked tests, and writes logs under $OUT (when set).
+set -uo pipefail
+OUT=${OUT:-/tmp/kloop-out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+python3 - <<'PY' | tee "$OUT/env.txt"
+import platform, subprocess, torch, triton
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,
+      "triton", triton.__version__)
+print("device", torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))
+print(subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem", "--format=csv"],
+                     capture_output=True, text=True).stdout)
+PY
+git rev-parse HEAD 2>/dev/null | tee -a "$OUT/env.txt"
+python3 -m pytest -m gpu -q -rA -p no:cacheprovider --junitxml="$OUT/gpu-junit.xml" "$@" 2>&1 \
+  | tee "$OUT/gpu-tests.log" | tail -80
+exit "${PIPESTATUS[0]}"
