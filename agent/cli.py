@@ -88,7 +88,7 @@ def _register_optional() -> None:
     """Commands of other areas register themselves here (evaluator, agent loop, reports)."""
     import importlib
 
-    for module in ("evaluator.cli", "agent.run"):
+    for module in ("evaluator.cli", "agent.run", "agent.report_cli"):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:

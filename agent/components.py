@@ -1,0 +1,87 @@
+"""Build the concrete components a config names: problems, model, evaluator.
+
+The run scripts (agent/run.py, agent/replay.py) call these; nothing deeper in the code imports
+a concrete provider or the evaluator.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from agent.config import ConfigError, RunConfig
+from agent.errors import EvalInfraError
+from agent.models import get_model
+from agent.protocols import Evaluator, Model
+from evaluator.result import EvalResult
+from problems.registry import Problem, ProblemError, ProblemSet, load_problem_set
+
+
+@lru_cache(maxsize=4)
+def _problem_set(problems_dir: Path | None) -> ProblemSet:
+    # Hashing 50 problem files takes about a second; a process reads each set once.
+    return load_problem_set(problems_dir)
+
+
+def load_problems(cfg: RunConfig) -> list[Problem]:
+    """The problems a config asks for, in the order given (a level in registry order)."""
+    try:
+        pset = _problem_set(cfg.problems_dir)
+        chosen = [pset.get(p) for p in cfg.problems]
+        if cfg.level is not None:
+            chosen += [p for p in pset.filter(cfg.level) if p not in chosen]
+    except ProblemError as e:
+        raise ConfigError(str(e)) from None
+    if not chosen:
+        raise ConfigError("no problems chosen: give --problem ID (repeatable) or --level N")
+    for key in cfg.problem_overrides:
+        try:
+            pset.get(key)
+        except ProblemError as e:
+            raise ConfigError(f"problem_overrides: {e}") from None
+    return chosen
+
+
+def build_model(cfg: RunConfig) -> Model:
+    try:
+        return get_model(cfg.model.spec, cfg.model)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+class LocalEvaluator:
+    """kloop's own evaluator with the run's EvalConfig and per-problem constant overrides."""
+
+    def __init__(self, eval_fields: dict[str, Any], overrides: dict[str, dict[str, Any]],
+                 problems: list[Problem]):
+        from evaluator import EvalConfig
+
+        self._evaluate = _import_evaluate()
+        try:
+            base = EvalConfig(**eval_fields)
+        except ValueError as e:
+            raise ConfigError(f"eval: {e}") from None
+        self.configs: dict[str, Any] = {}
+        for p in problems:
+            extra = next((v for k, v in overrides.items() if k.lower() in (p.id.lower(), p.stem.lower())), {})
+            self.configs[p.id] = base.model_copy(
+                update={"problem_overrides": {**base.problem_overrides, **extra}})
+        self.base = base
+
+    def evaluate(self, problem: Problem, source: str) -> EvalResult:
+        config = self.configs.get(problem.id, self.base)
+        try:
+            return self._evaluate(problem, source, config)
+        except Exception as e:  # the evaluator reports candidate faults as results: this is ours
+            raise EvalInfraError(f"evaluator failed on {problem.id}: {type(e).__name__}: {e}") from e
+
+
+def _import_evaluate():
+    from evaluator import evaluate
+
+    return evaluate
+
+
+def build_evaluator(cfg: RunConfig, problems: list[Problem]) -> Evaluator:
+    return LocalEvaluator(cfg.eval, cfg.problem_overrides, problems)

@@ -1,0 +1,218 @@
+"""Run configuration: one pydantic model per component, every field documented.
+
+A run is configured by layers merged recursively, later ones winning: the defaults below, then
+each `-c` argument in order (a YAML file, or a `dotted.key=value` override whose value is parsed
+as YAML), then command-line flags. The resolved config is saved in `runs/<id>/config.json` and a
+run can be started again from it (`-c runs/<id>/config.json`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agent.models.base import ModelConfig
+
+ContextPolicy = Literal["full", "last_k", "last"]
+StrategyKind = Literal["sequential", "best_of_n", "grid", "beam"]
+
+
+class ConfigError(ValueError):
+    """A config file, override or flag that cannot be used; the message says which and why."""
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class AgentConfig(_Config):
+    """How one episode talks to the model."""
+
+    backend: Literal["cuda", "triton"] = "triton"
+    """Which kernel language the prompt asks for."""
+    context: ContextPolicy = "full"
+    """Which earlier turns the model sees: all, the last `context_k`, or only the last one."""
+    context_k: int = Field(2, ge=1)
+    """Number of earlier turns kept by the `last_k` context policy."""
+    max_consecutive_format_errors: int = Field(3, ge=1)
+    """Stop the episode after this many replies in a row without a usable code block."""
+    stop_when_correct: bool = False
+    """Stop an episode at its first correct kernel (stop reason `solved`) instead of optimising."""
+    gpu: str | None = "h200"
+    """GPU facts included in the task prompt (template `_gpu_<gpu>.j2`); None leaves them out."""
+    profile_feedback: bool = True
+    """Include the profiler summary in the feedback on a correct kernel."""
+    feedback_max_chars: int = Field(3000, ge=200)
+    """Upper bound on each free-text part of the feedback (logs, tracebacks)."""
+    prompts_dir: Path | None = None
+    """A folder of templates that replace the packaged ones of the same name."""
+
+
+class StrategyConfig(_Config):
+    """How many episodes, of how many turns, and how they build on each other.
+
+    `sequential` is 1×T refinement, `best_of_n` N×1 independent samples, `grid` N×T, and `beam`
+    keeps the `beam_width` best kernels after each round and expands each `expand` times by
+    `turns` more turns. Left unset, the kind follows from `samples` and `turns`.
+    """
+
+    kind: StrategyKind | None = None
+    """sequential, best_of_n, grid or beam (None: inferred from samples and turns)."""
+    turns: int | None = Field(None, ge=1)
+    """Turns per episode (T); for beam, turns per round."""
+    samples: int | None = Field(None, ge=1)
+    """Independent episodes per problem (N)."""
+    beam_width: int = Field(2, ge=1)
+    """Beam search: kernels kept after each round (k)."""
+    expand: int = Field(2, ge=1)
+    """Beam search: children started from each kept kernel per round (m)."""
+    rounds: int = Field(3, ge=1)
+    """Beam search: number of rounds (the first round samples k×m episodes from scratch)."""
+
+    @model_validator(mode="after")
+    def _resolve(self) -> StrategyConfig:
+        t, n = self.turns, self.samples
+        kind = self.kind
+        if kind is None:
+            kind = "grid" if (n or 1) > 1 and (t or 1) > 1 else "best_of_n" if (n or 1) > 1 else "sequential"
+        if kind == "sequential" and (n or 1) != 1:
+            raise ValueError("strategy sequential runs one episode per problem; use grid for samples > 1")
+        if kind == "best_of_n" and (t or 1) != 1:
+            raise ValueError("strategy best_of_n runs one turn per episode; use grid for turns > 1")
+        if kind == "beam" and (n or 1) != 1:
+            raise ValueError("strategy beam starts beam_width x expand episodes; samples must be 1")
+        defaults = {"sequential": (4, 1), "best_of_n": (1, 4), "grid": (4, 4), "beam": (1, 1)}
+        dt, dn = defaults[kind]
+        self.kind, self.turns, self.samples = kind, t or dt, n or dn
+        return self
+
+
+class Limits(_Config):
+    """Upper bounds in matched units; None means no limit. Checked before every model call."""
+
+    calls: int | None = Field(None, ge=0)
+    """LLM calls."""
+    input_tokens: int | None = Field(None, ge=0)
+    """Prompt tokens (cached ones included)."""
+    output_tokens: int | None = Field(None, ge=0)
+    """Completion tokens (reasoning tokens included, as providers bill them)."""
+    reasoning_tokens: int | None = Field(None, ge=0)
+    """Reasoning tokens alone."""
+    total_tokens: int | None = Field(None, ge=0)
+    """Input plus output tokens."""
+    cost_usd: float | None = Field(None, ge=0)
+    """Dollars at the price table's list prices. A reply of unknown cost stops the episode."""
+    eval_s: float | None = Field(None, ge=0)
+    """Seconds spent evaluating candidates (GPU-seconds on a GPU)."""
+    wall_s: float | None = Field(None, ge=0)
+    """Wall-clock seconds."""
+
+
+class BudgetConfig(_Config):
+    """Limits for each episode and for the whole run, over one meter."""
+
+    episode: Limits = Limits()
+    """Limits of one episode (beam: of one child's turns)."""
+    run: Limits = Limits()
+    """Limits of the run; episodes not yet started are skipped once one is reached."""
+
+
+class RunConfig(_Config):
+    """Everything a run needs; saved resolved in `runs/<id>/config.json`."""
+
+    problems: list[str] = Field(default_factory=list)
+    """Problem ids (`L3/4`, `4_LeNet5`); empty with `level` set means the whole level."""
+    level: int | None = None
+    """Run every problem of this level."""
+    problems_dir: Path | None = None
+    """A KernelBench-format problem folder instead of the bundled Level 3 set."""
+    problem_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Module constants to override per problem id for evaluation, e.g. {"L3/1": {"batch_size": 8}}."""
+    model: ModelConfig
+    """The LLM (`spec` like `openai:gpt-5`, `anthropic:...`, `scripted:file.yaml`, `replay:runs/<id>`)."""
+    agent: AgentConfig = AgentConfig()
+    strategy: StrategyConfig = StrategyConfig()
+    budget: BudgetConfig = BudgetConfig()
+    eval: dict[str, Any] = Field(default_factory=dict)
+    """Fields of `evaluator.EvalConfig` (device, policy, ...), validated by the evaluator."""
+    seed: int = 0
+    """Base seed; sample i of a problem uses seed + i."""
+    concurrency: int = Field(4, ge=1)
+    """Episodes run in parallel threads (LLM calls are I/O bound; the evaluator serialises GPU work)."""
+    runs_dir: Path = Path("runs")
+    """Where run directories are created."""
+    run_id: str | None = None
+    """Name of the run directory (default: UTC time and config digest)."""
+
+    def digest(self) -> str:
+        """sha256 of the fields that decide what an episode does (not where it is stored)."""
+        data = self.model_dump(mode="json", exclude=_OPERATIONAL)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+# Fields that say where and how fast a run goes, or which problems it covers (each episode key
+# already holds its problem's hash): changing them must not change episode keys.
+_OPERATIONAL = {"problems", "level", "problems_dir", "concurrency", "runs_dir", "run_id"}
+
+
+def merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge: `layer` wins; nested dicts merge instead of being replaced."""
+    out = dict(base)
+    for key, value in layer.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_layer(spec: str) -> dict[str, Any]:
+    """One `-c` argument: a YAML/JSON file, or `a.b.c=value` (value parsed as YAML)."""
+    path = Path(spec)
+    if path.is_file():
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: a config file must hold a mapping, not {type(data).__name__}")
+        # A saved run config (`runs/<id>/config.json`) holds the config under "config"; started
+        # again, it makes a new run, so its run id is dropped.
+        if "config" in data and "schema_version" in data:
+            return {k: v for k, v in data["config"].items() if k != "run_id"}
+        return data
+    if "=" not in spec:
+        raise ConfigError(f"-c {spec!r}: no such file, and not a key=value override")
+    key, _, raw = spec.partition("=")
+    value = yaml.safe_load(raw) if raw.strip() else None
+    layer: dict[str, Any] = {}
+    node = layer
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return layer
+
+
+def resolve(layers: list[dict[str, Any]]) -> RunConfig:
+    """Merge layers in order and validate; errors name the offending key."""
+    data: dict[str, Any] = {}
+    for layer in layers:
+        data = merge(data, layer)
+    if isinstance(data.get("model"), str):
+        data["model"] = {"spec": data["model"]}
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        lines = [f"  {'.'.join(map(str, err['loc'])) or '<root>'}: {err['msg']}" for err in e.errors()]
+        raise ConfigError("invalid run config:\n" + "\n".join(lines)) from None
+
+
+def load_config(specs: list[str], flags: dict[str, Any] | None = None) -> RunConfig:
+    """Resolve `-c` arguments (files or overrides) and then CLI flags into a RunConfig."""
+    return resolve([parse_layer(s) for s in specs] + [flags or {}])

@@ -1,0 +1,188 @@
+"""What one episode is and carries: its spec, its collaborators, and its state between turns.
+
+The loop (agent/loop.py) drives these; everything here is plain bookkeeping that can be rebuilt
+from the turns on disk, which is how resume continues an interrupted episode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+from agent.budget import Meter, Spend
+from agent.config import AgentConfig, Limits
+from agent.models.base import Message
+from agent.prompts import PromptSet
+from agent.protocols import Evaluator, Model
+from agent.records import BestKernel, TurnRecord, TurnRef
+from problems.registry import Problem
+
+
+class TurnSink(Protocol):
+    """Where finished turns go (the run store): durably, before the next turn starts."""
+
+    def kernel_relpath(self, problem_stem: str, episode: int, turn: int) -> str: ...
+
+    def append_turn(self, record: TurnRecord) -> None: ...
+
+
+@dataclass
+class EpisodeSpec:
+    """Which episode to run: the problem, its key and place in the strategy, and its context."""
+
+    problem: Problem
+    key: str
+    episode: int
+    """Index of the episode within its problem (kernel files are `<episode>-<turn>.py`)."""
+    sample: int
+    max_turns: int
+    round: int = 0
+    parent: TurnRef | None = None
+    prefix: list[TurnRecord] = field(default_factory=list)
+    """The parent's trajectory up to `parent.turn`: context for the model, not this episode's turns."""
+
+
+@dataclass
+class EpisodeEnv:
+    """The collaborators of every episode of a run."""
+
+    run_id: str
+    model: Model
+    evaluator: Evaluator
+    agent: AgentConfig
+    limits: Limits
+    run_meter: Meter
+    sink: TurnSink
+    prompts: PromptSet
+    on_turn: Callable[[TurnRecord], None] | None = None
+
+
+def episode_key(problem_sha256: str, config_digest: str, lineage: str) -> str:
+    """sha256 of what makes an episode itself: its problem, the run's config, its place."""
+    return hashlib.sha256(f"{problem_sha256}\n{config_digest}\n{lineage}".encode()).hexdigest()
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class HistoryRow(NamedTuple):
+    turn: int
+    status: str
+    runtime_ms: float | None
+    speedup_vs_eager: float | None
+    speedup_vs_compile: float | None
+
+
+def history_row(position: int, rec: TurnRecord) -> HistoryRow:
+    ev = rec.eval
+    if ev is None:
+        return HistoryRow(position, rec.status, None, None, None)
+    return HistoryRow(position, ev.status, ev.runtime_ms, ev.speedup_vs_eager, ev.speedup_vs_compile)
+
+
+def _better(rec: TurnRecord, best: BestKernel | None) -> bool:
+    ev = rec.eval
+    if ev is None or not ev.correct:
+        return False
+    if best is None:
+        return True
+    if ev.runtime_ms is None:
+        return False
+    return best.runtime_ms is None or ev.runtime_ms < best.runtime_ms
+
+
+def best_of(rec: TurnRecord) -> BestKernel:
+    ev = rec.eval
+    assert ev is not None and rec.kernel_path is not None and rec.code_sha256 is not None
+    return BestKernel(
+        turn=rec.turn,
+        kernel_path=rec.kernel_path,
+        code_sha256=rec.code_sha256,
+        runtime_ms=ev.runtime_ms,
+        speedup_vs_eager=ev.speedup_vs_eager,
+        speedup_vs_compile=ev.speedup_vs_compile,
+        comparable=bool(ev.timing and ev.timing.comparable),
+    )
+
+
+class EpisodeState:
+    """The turns so far (inherited prefix, then this episode's own) and what follows from them."""
+
+    def __init__(self, spec: EpisodeSpec, own: list[TurnRecord] | None = None):
+        self.spec = spec
+        self.own: list[TurnRecord] = []
+        self.best: BestKernel | None = None
+        self.consecutive_faults = 0
+        self.spend = Spend()
+        for rec in own or []:
+            self.add(rec)
+
+    def add(self, rec: TurnRecord) -> None:
+        self.own.append(rec)
+        self.spend = self.spend + rec.spend
+        self.consecutive_faults = self.consecutive_faults + 1 if rec.fault else 0
+        if _better(rec, self.best):
+            self.best = best_of(rec)
+
+    @property
+    def trajectory(self) -> list[TurnRecord]:
+        return self.spec.prefix + self.own
+
+    @property
+    def position(self) -> int:
+        """Trajectory position of the next turn (1-based, inherited turns included)."""
+        return len(self.spec.prefix) + len(self.own) + 1
+
+    def history(self) -> list[HistoryRow]:
+        return [history_row(i, rec) for i, rec in enumerate(self.trajectory, start=1)]
+
+
+def opening(spec: EpisodeSpec, env: EpisodeEnv) -> list[Message]:
+    """The system and task messages every turn of the episode starts with."""
+    total = len(spec.prefix) + spec.max_turns
+    variables = {"problem": spec.problem, "backend": env.agent.backend, "gpu": env.agent.gpu,
+                 "max_turns": total}
+    return [
+        Message(role="system", content=env.prompts.render("system", **variables)),
+        Message(role="user", content=env.prompts.render("task", **variables)),
+    ]
+
+
+def build_messages(opening_msgs: list[Message], trajectory: list[TurnRecord],
+                   agent: AgentConfig) -> list[Message]:
+    """Opening messages, then (reply, feedback) pairs of the turns the context policy keeps."""
+    if agent.context == "full":
+        kept = trajectory
+    else:
+        kept = trajectory[-(agent.context_k if agent.context == "last_k" else 1):]
+    messages = list(opening_msgs)
+    for rec in kept:
+        # An empty assistant message is refused by some APIs; the model still sees it said nothing.
+        messages.append(Message(role="assistant", content=rec.reply.text or "(empty reply)"))
+        messages.append(Message(role="user", content=rec.feedback))
+    return messages
+
+
+def feedback_vars(state: EpisodeState, rec: TurnRecord, agent: AgentConfig) -> dict[str, Any]:
+    """The one dict every feedback template renders from."""
+    total = len(state.spec.prefix) + state.spec.max_turns
+    position = state.position
+    history = [*state.history(), history_row(position, rec)]
+    return {
+        "turn": position,
+        "max_turns": total,
+        "turns_left": total - position,
+        "backend": agent.backend,
+        "result": rec.eval,
+        "fault": rec.fault,
+        "history": history,
+        "max_chars": agent.feedback_max_chars,
+        "profile_feedback": agent.profile_feedback,
+    }
+
+
+def feedback_template(rec: TurnRecord) -> str:
+    return "feedback_format_error" if rec.eval is None else f"feedback_{rec.eval.status}"

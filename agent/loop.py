@@ -1,0 +1,123 @@
+"""The agent loop: query → extract → evaluate → render feedback → append the turn.
+
+One function, `run_episode`, on one screen. Limits are all checked before each model call and
+every episode ends with a recorded stop reason. Model faults (no usable code block) become
+feedback and count as a turn; infrastructure faults (provider or evaluator) end the episode with
+`infra_error` and are never scored as the model's failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from agent.budget import Meter, Spend
+from agent.episode import (
+    EpisodeEnv,
+    EpisodeSpec,
+    EpisodeState,
+    build_messages,
+    feedback_template,
+    feedback_vars,
+    opening,
+    sha256_text,
+)
+from agent.errors import InfraFault, ModelFault
+from agent.extract import extract_code
+from agent.models.base import Message, ModelReply
+from agent.records import EpisodeRecord, ModelFaultInfo, StopReason, TurnRecord, utcnow
+from evaluator.result import ErrorInfo, EvalResult
+
+log = logging.getLogger(__name__)
+
+
+def check_stop(spec: EpisodeSpec, env: EpisodeEnv, state: EpisodeState,
+               meter: Meter) -> tuple[StopReason, str] | None:
+    """Why the episode must stop before its next model call, or None to go on."""
+    if len(state.own) >= spec.max_turns:
+        return "max_turns", f"{spec.max_turns} turn(s) done"
+    if env.agent.stop_when_correct and state.best is not None:
+        return "solved", f"correct kernel at turn {state.best.turn}"
+    if state.consecutive_faults >= env.agent.max_consecutive_format_errors:
+        return "format_errors", f"{state.consecutive_faults} replies in a row without usable code"
+    if (reached := meter.exceeded()) is not None:
+        return "budget", reached
+    return None
+
+
+def evaluate_timed(env: EpisodeEnv, spec: EpisodeSpec, code: str) -> tuple[EvalResult, float]:
+    """The verdict and the wall seconds of the evaluator call (GPU-seconds on a GPU host)."""
+    start = time.monotonic()
+    result = env.evaluator.evaluate(spec.problem, code)
+    return result, time.monotonic() - start
+
+
+def make_turn(spec: EpisodeSpec, env: EpisodeEnv, state: EpisodeState, messages: list[Message],
+              reply: ModelReply, started: str) -> TurnRecord:
+    turn = len(state.own) + 1
+    try:
+        code, fault = extract_code(reply.text, reply.finish_reason), None
+    except ModelFault as e:
+        code, fault = None, ModelFaultInfo(type=type(e).__name__, message=str(e))
+    return TurnRecord(
+        run_id=env.run_id, episode_key=spec.key, episode=spec.episode,
+        problem_id=spec.problem.id, problem_stem=spec.problem.stem, turn=turn,
+        messages=messages, reply=reply, fault=fault, code=code,
+        code_sha256=sha256_text(code) if code is not None else None,
+        kernel_path=env.sink.kernel_relpath(spec.problem.stem, spec.episode, turn) if code else None,
+        feedback="", spend=Spend.of_reply(reply), started_at=started, finished_at=started,
+    )
+
+
+def run_episode(spec: EpisodeSpec, env: EpisodeEnv,
+                done: list[TurnRecord] | None = None) -> EpisodeRecord:
+    """Run (or, given the turns already `done`, continue) one episode to its stop reason."""
+    state = EpisodeState(spec, done)
+    meter = Meter(env.limits, "episode", parent=env.run_meter, spent=state.spend)
+    opening_msgs = opening(spec, env)
+    started_at = done[0].started_at if done else utcnow()
+    error: ErrorInfo | None = None
+    unrecorded = Spend()
+    while (stop := check_stop(spec, env, state, meter)) is None:
+        turn_start, clock = utcnow(), time.monotonic()
+        messages = build_messages(opening_msgs, state.trajectory, env.agent)
+        try:
+            reply = env.model.query(messages)
+        except InfraFault as e:
+            stop, error = ("infra_error", f"model call failed: {e}"), _error_info(e)
+            break
+        meter.charge(Spend.of_reply(reply))
+        rec = make_turn(spec, env, state, messages, reply, turn_start)
+        if rec.code is not None:
+            try:
+                result, eval_s = evaluate_timed(env, spec, rec.code)
+            except InfraFault as e:
+                unrecorded = Spend.of_reply(reply)
+                stop, error = ("infra_error", f"evaluation failed: {e}"), _error_info(e)
+                break
+            meter.charge(Spend(eval_s=eval_s))
+            rec.eval, rec.spend.eval_s = result, eval_s
+        template = feedback_template(rec)
+        rec.feedback = env.prompts.render(template, **feedback_vars(state, rec, env.agent))
+        rec.finished_at, rec.spend.wall_s = utcnow(), time.monotonic() - clock
+        env.sink.append_turn(rec)
+        state.add(rec)
+        log.info("%s episode %d turn %d: %s", spec.problem.id, spec.episode, rec.turn, rec.status)
+        if env.on_turn is not None:
+            env.on_turn(rec)
+    reason, detail = stop
+    if reason == "infra_error":
+        log.error("%s episode %d stopped: %s", spec.problem.id, spec.episode, detail)
+    return EpisodeRecord(
+        run_id=env.run_id, episode_key=spec.key, episode=spec.episode,
+        problem_id=spec.problem.id, problem_stem=spec.problem.stem,
+        problem_sha256=spec.problem.sha256, sample=spec.sample, round=spec.round,
+        parent=spec.parent, turns=len(state.own), statuses=[r.status for r in state.own],
+        stop_reason=reason, stop_detail=detail, best=state.best,
+        spend=state.spend + unrecorded, unrecorded_spend=unrecorded, error=error,
+        started_at=started_at, finished_at=utcnow(),
+    )
+
+
+def _error_info(e: Exception) -> ErrorInfo:
+    return ErrorInfo(type=type(e).__name__, message=str(e))

@@ -1,0 +1,122 @@
+"""`anthropic:<model>`: Claude through the Messages API, with optional extended thinking.
+
+As for OpenAI, only the SDK's transport, auth and error types are used; the reply is read from
+the JSON body the server sent, which is what the log keeps.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import anthropic
+from pydantic import ValidationError
+
+from agent.errors import ProviderAbort, ProviderRetryable
+from agent.models.base import Message, ModelConfig, ModelReply, Usage, json_body, provider_slots
+from agent.pricing import load_prices
+from agent.retry import call_with_retries, classify_status
+
+_FINISH = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+}
+
+
+class AnthropicModel:
+    """A Claude model. `model` is the name sent to the API (an alias or a dated snapshot)."""
+
+    def __init__(self, model: str, cfg: ModelConfig) -> None:
+        budget = cfg.thinking_budget_tokens
+        if budget is not None and budget >= cfg.max_output_tokens:
+            raise ValueError(
+                f"anthropic: thinking_budget_tokens ({budget}) must be below max_output_tokens "
+                f"({cfg.max_output_tokens}): thinking counts towards the output cap"
+            )
+        if budget is not None and cfg.temperature is not None:
+            raise ValueError("anthropic: temperature cannot be set together with extended thinking")
+        self.model = model
+        self.name = f"anthropic:{model}"
+        self.cfg = cfg
+        key = os.environ.get("ANTHROPIC_API_KEY")
+        if not key:
+            if cfg.base_url is None:
+                raise ProviderAbort("anthropic: ANTHROPIC_API_KEY is not set", kind="auth")
+            key = "EMPTY"  # a local gateway may need none
+        self._client = anthropic.Anthropic(
+            api_key=key, base_url=cfg.base_url, max_retries=0, timeout=cfg.timeout_s
+        )
+        self._slots = provider_slots("anthropic", cfg.base_url, cfg.concurrency)
+        self._prices = load_prices(cfg.prices)
+
+    def query(self, messages: list[Message]) -> ModelReply:
+        return call_with_retries(lambda: self._once(messages), self.cfg)
+
+    def _once(self, messages: list[Message]) -> ModelReply:
+        with self._slots:
+            start = time.monotonic()
+            try:
+                text = self._send(messages).http_response.text
+            except anthropic.APIStatusError as e:
+                raise classify_status(
+                    "anthropic", e.status_code, e.response.headers, e.response.text
+                ) from e
+            except anthropic.APIConnectionError as e:  # timeouts included
+                raise ProviderRetryable(f"anthropic: {type(e).__name__}: {e}") from e
+            latency = time.monotonic() - start
+        raw = json_body("anthropic", text)
+        try:
+            reply = _parse(raw)
+        except (KeyError, IndexError, TypeError, AttributeError, ValidationError) as e:
+            raise ProviderRetryable(f"anthropic: unexpected response shape ({e!r})", raw=raw) from e
+        model = reply.model or self.model
+        cost = self._prices.cost_usd(model, reply.usage)
+        return reply.model_copy(update={"model": model, "cost_usd": cost, "latency_s": latency})
+
+    def _send(self, messages: list[Message]):
+        kwargs: dict = {
+            "model": self.model,
+            "max_tokens": self.cfg.max_output_tokens,
+            "messages": [m.model_dump() for m in messages if m.role != "system"],
+            # an explicit timeout also stops the SDK refusing long non-streaming requests
+            "timeout": self.cfg.timeout_s,
+        }
+        if system := "\n\n".join(m.content for m in messages if m.role == "system"):
+            kwargs["system"] = system
+        if self.cfg.temperature is not None:
+            kwargs["temperature"] = self.cfg.temperature
+        if self.cfg.thinking_budget_tokens is not None:
+            kwargs["thinking"] = {
+                "type": "enabled",
+                "budget_tokens": self.cfg.thinking_budget_tokens,
+            }
+        return self._client.messages.with_raw_response.create(**kwargs)
+
+
+def _parse(raw: dict) -> ModelReply:
+    blocks = raw["content"]
+    thoughts = [b["thinking"] for b in blocks if b["type"] == "thinking" and b.get("thinking")]
+    u = raw["usage"]
+    cache_read = u.get("cache_read_input_tokens") or 0
+    # Anthropic's input_tokens excludes cache reads and writes; ours counts every prompt token.
+    prompt = u["input_tokens"] + cache_read + (u.get("cache_creation_input_tokens") or 0)
+    usage = Usage(
+        input_tokens=prompt,
+        output_tokens=u["output_tokens"],
+        reasoning_tokens=(u.get("output_tokens_details") or {}).get("thinking_tokens") or 0,
+        cached_tokens=cache_read,
+    )
+    stop = raw.get("stop_reason")
+    return ModelReply(
+        text="".join(b.get("text") or "" for b in blocks if b["type"] == "text"),
+        reasoning="\n\n".join(thoughts) or None,
+        usage=usage,
+        cost_usd=None,
+        finish_reason=_FINISH.get(stop, stop),
+        latency_s=0.0,
+        model=raw.get("model") or "",
+        raw=raw,
+    )

@@ -1,0 +1,96 @@
+"""`scripted:<file>`: replies written in advance, returned in order. For tests, demos and replay.
+
+A file is a YAML or JSON list (or a mapping with a `replies` list). Each entry is a string (the
+reply text) or a mapping with `text` and optionally `reasoning`, `usage`, `finish_reason`,
+`cost_usd`, `model`, `latency_s`, `raw`. A scripted reply costs 0 unless its entry says
+otherwise, so recorded replies can carry their recorded cost into a budget.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+from pydantic import ConfigDict, Field, ValidationError
+
+from agent.errors import ScriptExhausted
+from agent.models.base import Message, ModelConfig, ModelReply, Usage
+
+
+class ScriptedEntry(ModelReply):
+    """A `ModelReply` with defaults for everything but the text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    usage: Usage = Field(default_factory=Usage)
+    cost_usd: float | None = 0.0
+    finish_reason: str | None = "stop"
+    latency_s: float = 0.0
+    model: str = "scripted"
+    raw: dict = Field(default_factory=dict)
+
+
+class ScriptedModel:
+    """Returns `replies` one per query, in order; raises `ScriptExhausted` past the last.
+
+    Thread-safe. `seen` keeps the messages of every query, so a test can check what the model
+    was shown.
+    """
+
+    def __init__(self, replies: Sequence[str | dict | ModelReply], name: str = "scripted") -> None:
+        self.name = name
+        self._replies = [_entry(r, i) for i, r in enumerate(replies)]
+        self._next = 0
+        self._lock = threading.Lock()
+        self.seen: list[list[Message]] = []
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ScriptedModel:
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except OSError as e:
+            raise ValueError(f"scripted replies: cannot read {path}: {e}") from e
+        except yaml.YAMLError as e:
+            raise ValueError(f"scripted replies: {path} is not valid YAML or JSON: {e}") from e
+        if isinstance(data, dict) and "replies" in data:
+            data = data["replies"]
+        if not isinstance(data, list):
+            raise ValueError(f"scripted replies: {path} must hold a list of replies")
+        return cls(data, name=f"scripted:{path}")
+
+    @classmethod
+    def from_spec(cls, arg: str, cfg: ModelConfig) -> ScriptedModel:
+        """The registry's entry point for `scripted:<file>`."""
+        return cls.from_file(arg)
+
+    @property
+    def remaining(self) -> int:
+        return len(self._replies) - self._next
+
+    def query(self, messages: list[Message]) -> ModelReply:
+        with self._lock:
+            index = self._next
+            if index >= len(self._replies):
+                raise ScriptExhausted(
+                    f"{self.name}: all {len(self._replies)} scripted replies are used up "
+                    f"(query {index + 1} has none)"
+                )
+            self._next += 1
+            self.seen.append(list(messages))
+        entry = self._replies[index]
+        raw = entry.raw or {"scripted": {"source": self.name, "index": index}}
+        return ModelReply.model_validate({**entry.model_dump(), "raw": raw})
+
+
+def _entry(reply: str | dict | ModelReply, index: int) -> ModelReply:
+    if isinstance(reply, ModelReply):
+        return reply
+    try:
+        if isinstance(reply, str):
+            return ScriptedEntry(text=reply)
+        return ScriptedEntry.model_validate(reply)
+    except ValidationError as e:
+        raise ValueError(f"scripted reply {index}: {e}") from e

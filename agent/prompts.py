@@ -1,0 +1,77 @@
+"""Prompt rendering: jinja2 templates in `prompts/`, one render function, StrictUndefined.
+
+Templates are data: `--prompts-dir DIR` puts a folder in front of the packaged one, so a user
+copies and edits only the templates they want to change. Feedback templates are named
+`feedback_<outcome>.j2` for each EvalResult status, plus `feedback_format_error.j2` for a reply
+without a usable kernel.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+import prompts as prompts_package
+
+PACKAGED_DIR = Path(prompts_package.__file__).resolve().parent
+
+
+def clip(text: str | None, limit: int = 3000) -> str:
+    """Keep the head and the tail of long text (errors tend to be at either end)."""
+    text = (text or "").rstrip()
+    if len(text) <= limit:
+        return text
+    head = limit // 3
+    tail = limit - head
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n[... {cut} characters cut ...]\n{text[-tail:]}"
+
+
+def fmt_ms(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.4g} ms" if value >= 0.01 else f"{value * 1000:.3g} us"
+
+
+def fmt_x(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+class PromptSet:
+    """The templates of one run: a user folder (optional) in front of the packaged ones."""
+
+    def __init__(self, prompts_dir: Path | None = None):
+        dirs = [str(prompts_dir)] if prompts_dir is not None else []
+        if prompts_dir is not None and not Path(prompts_dir).is_dir():
+            raise FileNotFoundError(f"prompts directory {prompts_dir} does not exist")
+        self.env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader([*dirs, str(PACKAGED_DIR)]),
+            undefined=jinja2.StrictUndefined,
+            keep_trailing_newline=True,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            autoescape=False,
+        )
+        self.env.filters.update(clip=clip, ms=fmt_ms, x=fmt_x)
+
+    def render(self, name: str, **variables: Any) -> str:
+        """Render `name` (with or without `.j2`); a missing variable raises at once."""
+        if not name.endswith(".j2"):
+            name += ".j2"
+        return self.env.get_template(name).render(**variables).strip() + "\n"
+
+    def names(self) -> list[str]:
+        return sorted(n for n in self.env.list_templates(extensions=["j2"]) if not n.startswith("_"))
+
+
+@lru_cache(maxsize=8)
+def prompt_set(prompts_dir: Path | None = None) -> PromptSet:
+    return PromptSet(prompts_dir)
+
+
+def render(name: str, prompts_dir: Path | None = None, **variables: Any) -> str:
+    """Render one template from the packaged set, or from `prompts_dir` in front of it."""
+    return prompt_set(prompts_dir).render(name, **variables)

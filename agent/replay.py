@@ -1,0 +1,175 @@
+"""Replay, rescore and fork a recorded run, each into a NEW run directory (the source is never touched).
+
+- replay: the same config and the real loop, with the model replaced by the run's recorded
+  replies (`replay:<run-dir>`, no API call); reports every turn whose verdict now differs.
+- rescore: every logged kernel evaluated again by the current evaluator (a new GPU, a new
+  policy); turns, replies and stop reasons are kept, verdicts and feedback are new.
+- fork: each episode's trajectory up to turn N becomes the context of a new episode that goes
+  on with another model or config.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from agent.components import build_evaluator, load_problems
+from agent.config import RunConfig, resolve
+from agent.episode import EpisodeSpec, EpisodeState, feedback_template, feedback_vars
+from agent.models.replay import ReplayModel
+from agent.prompts import PromptSet
+from agent.protocols import Evaluator, Model
+from agent.records import TRAJECTORY_SCHEMA_VERSION, TurnRecord, utcnow
+from agent.store import RunDirError, RunStore
+from agent.strategies import Runner, summarize
+
+log = logging.getLogger(__name__)
+
+
+class TurnDiff(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    problem_id: str
+    episode: int
+    turn: int
+    before: str | None
+    """Status in the source run (None: the turn did not exist there)."""
+    after: str | None
+    """Status now (None: the turn was not reached this time)."""
+
+
+class ReplayReport(BaseModel):
+    """Written as `replay_report.json` in the new run directory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = TRAJECTORY_SCHEMA_VERSION
+    kind: Literal["replay", "rescore"]
+    source_run: str
+    new_run: str
+    turns_compared: int
+    differences: list[TurnDiff]
+    replies_unused: int | None = None
+    """Replay: recorded replies no query matched (the trajectory took another path)."""
+
+
+def diff_turns(old: list[TurnRecord], new: list[TurnRecord]) -> tuple[int, list[TurnDiff]]:
+    """Turns matched by (problem, episode, turn) whose status differs, or that exist on one side only."""
+    before = {(t.problem_id, t.episode, t.turn): t.status for t in old}
+    after = {(t.problem_id, t.episode, t.turn): t.status for t in new}
+    diffs = [TurnDiff(problem_id=k[0], episode=k[1], turn=k[2], before=before.get(k), after=after.get(k))
+             for k in sorted(before.keys() | after.keys()) if before.get(k) != after.get(k)]
+    return len(before.keys() | after.keys()), diffs
+
+
+def derived_config(source: RunStore, out: Path, layers: list[dict]) -> RunConfig:
+    """The source run's config with `layers` merged over it, stored at `out`."""
+    base = source.config_record().config.model_dump(mode="json", exclude_none=False)
+    cfg = resolve([base, *layers, {"runs_dir": str(out.parent), "run_id": out.name}])
+    return cfg
+
+
+def replay(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
+           eval_overrides: dict | None = None,
+           on_turn: Callable[[TurnRecord], None] | None = None) -> ReplayReport:
+    """Re-drive the loop with the recorded replies; report turns whose verdict changed."""
+    source = RunStore.open(source_dir)
+    if source.config_record().kind == "fork":
+        raise RunDirError(f"{source_dir} is a fork: its episodes start inside another run; "
+                          "replay that run, or rescore this one")
+    # One episode at a time, so identical prompts (first turns of samples) get their replies in
+    # recorded order.
+    layer = {"model": {"spec": f"replay:{source_dir}"}, "concurrency": 1}
+    cfg = derived_config(source, out, [layer, {"eval": eval_overrides or {}}])
+    problems = load_problems(cfg)
+    model = ReplayModel.from_run(source_dir)
+    store = RunStore.create(out, cfg, kind="replay", source_run=str(source_dir))
+    Runner(cfg, store, model, evaluator or build_evaluator(cfg, problems), on_turn=on_turn).run(problems)
+    compared, diffs = diff_turns(source.turns(), store.turns())
+    report = ReplayReport(kind="replay", source_run=str(source_dir), new_run=str(out),
+                          turns_compared=compared, differences=diffs, replies_unused=model.remaining)
+    (out / "replay_report.json").write_text(report.model_dump_json(indent=2) + "\n")
+    return report
+
+
+def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
+            eval_overrides: dict | None = None,
+            on_turn: Callable[[TurnRecord], None] | None = None) -> ReplayReport:
+    """Evaluate every logged kernel again into a new run; replies and stop reasons are kept."""
+    source = RunStore.open(source_dir)
+    cfg = derived_config(source, out, [{"eval": eval_overrides or {}}])
+    problems = {p.id: p for p in load_problems(cfg)}
+    evaluator = evaluator or build_evaluator(cfg, list(problems.values()))
+    store = RunStore.create(out, cfg, kind="rescore", source_run=str(source_dir))
+    prompts = PromptSet(cfg.agent.prompts_dir)
+    old_turns = source.turns()
+    runner_turns: dict[str, list[TurnRecord]] = {}
+    states: dict[str, EpisodeState] = {}
+    for old in sorted(old_turns, key=lambda t: (t.problem_id, t.episode, t.turn)):
+        problem = problems[old.problem_id]
+        spec = EpisodeSpec(problem=problem, key=old.episode_key, episode=old.episode, sample=0,
+                           max_turns=cfg.strategy.turns)
+        state = states.setdefault(old.episode_key, EpisodeState(spec))
+        rec = old.model_copy(deep=True, update={"run_id": store.run_id})
+        if rec.code is not None:
+            start = time.monotonic()
+            rec.eval = evaluator.evaluate(problem, rec.code)
+            rec.spend = rec.spend.model_copy(update={"eval_s": time.monotonic() - start})
+        rec.feedback = prompts.render(feedback_template(rec), **feedback_vars(state, rec, cfg.agent))
+        store.append_turn(rec)
+        state.add(rec)
+        runner_turns.setdefault(rec.episode_key, []).append(rec)
+        if on_turn is not None:
+            on_turn(rec)
+    records = []
+    latest = {e.episode_key: e for e in source.episodes()}
+    for key, ep in latest.items():
+        state = states.get(key)
+        new = ep.model_copy(update={
+            "run_id": store.run_id, "best": state.best if state else None,
+            "statuses": [t.status for t in state.own] if state else [],
+            "spend": state.spend + ep.unrecorded_spend if state else ep.spend,
+            "finished_at": utcnow()})
+        store.append_episode(new)
+        records.append(new)
+    best = _best_per_problem(runner_turns)
+    for rec in best.values():
+        store.write_best(rec.problem_stem, rec.code or "")
+    store.write_summary(summarize(store.run_id, runner_turns, records, best, "finished"))
+    compared, diffs = diff_turns(old_turns, store.turns())
+    report = ReplayReport(kind="rescore", source_run=str(source_dir), new_run=str(out),
+                          turns_compared=compared, differences=diffs)
+    (out / "replay_report.json").write_text(report.model_dump_json(indent=2) + "\n")
+    return report
+
+
+def _best_per_problem(turns: dict[str, list[TurnRecord]]) -> dict[str, TurnRecord]:
+    from agent.strategies import rank_key
+
+    best: dict[str, TurnRecord] = {}
+    for rec in (t for ts in turns.values() for t in ts):
+        if rec.eval is not None and rec.eval.correct:
+            if rec.problem_id not in best or rank_key(rec) < rank_key(best[rec.problem_id]):
+                best[rec.problem_id] = rec
+    return best
+
+
+def fork(source_dir: Path, out: Path, at_turn: int, layers: list[dict], model: Model | None = None,
+         evaluator: Evaluator | None = None,
+         on_turn: Callable[[TurnRecord], None] | None = None) -> Runner:
+    """Continue every episode of a run after its turn `at_turn` with another model or config."""
+    from agent.components import build_model
+
+    source = RunStore.open(source_dir)
+    cfg = derived_config(source, out, layers)
+    problems = load_problems(cfg)
+    store = RunStore.create(out, cfg, kind="fork", source_run=str(source_dir), fork_at=at_turn)
+    runner = Runner(cfg, store, model or build_model(cfg), evaluator or build_evaluator(cfg, problems),
+                    on_turn=on_turn)
+    runner.run(problems, fork=(source, at_turn))
+    return runner

@@ -1,0 +1,61 @@
+"""`kloop replay` (re-drive, rescore, fork) and a small `kloop show` turn viewer."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from agent import replay as replay_lib
+from agent.config import ConfigError, parse_layer
+from agent.run import Reporter, _setup_logging, console, print_summary
+from agent.store import RunDirError, RunStore
+
+Opt = typer.Option
+
+
+def replay_command(
+    run_dir: Annotated[Path, typer.Argument(help="The recorded run directory.")],
+    rescore: Annotated[bool, Opt(help="Re-evaluate every logged kernel instead of re-driving the loop.")] = False,
+    fork_at: Annotated[int | None, Opt(help="Continue each episode after this turn (with --model / -c).")] = None,
+    model: Annotated[str | None, Opt(help="Model for --fork-at.")] = None,
+    config: Annotated[list[str], Opt("-c", "--config", help="Overrides for --fork-at (file or key=value).")] = [],  # noqa: B006
+    device: Annotated[str | None, Opt(help="Evaluator device.")] = None,
+    policy: Annotated[str | None, Opt(help="Evaluator policy.")] = None,
+    out: Annotated[Path | None, Opt(help="The new run directory (default runs/<source>-<kind>-<time>).")] = None,
+    verbose: Annotated[bool, Opt("--verbose", "-v")] = False,
+) -> None:
+    """Re-drive a run with its recorded replies (no API calls), rescore it, or fork it."""
+    _setup_logging(verbose)
+    kind = "rescore" if rescore else "fork" if fork_at is not None else "replay"
+    stamp = f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    out = out or Path("runs") / f"{run_dir.name}-{kind}-{stamp}"
+    eval_overrides = {k: v for k, v in {"device": device, "policy": policy}.items() if v is not None}
+    rep = Reporter()
+    try:
+        rep.progress.start()
+        if (model or config) and fork_at is None:
+            raise ConfigError("--model and -c apply to --fork-at only")
+        if fork_at is not None:
+            layers = [parse_layer(c) for c in config] + [{"eval": eval_overrides}]
+            if model:
+                layers.append({"model": {"spec": model}})
+            runner = replay_lib.fork(run_dir, out, fork_at, layers, on_turn=rep.on_turn)
+            print_summary(runner.write_summary("finished"), out)
+            return
+        fn = replay_lib.rescore if rescore else replay_lib.replay
+        report = fn(run_dir, out, eval_overrides=eval_overrides, on_turn=rep.on_turn)
+    except (ConfigError, RunDirError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    finally:
+        rep.progress.stop()
+    print_summary(RunStore.open(out).summary(), out)
+    if not report.differences:
+        console.print(f"all {report.turns_compared} turns have the same verdict as in {run_dir}")
+    for d in report.differences:
+        console.print(f"  differs: {d.problem_id} ep {d.episode} turn {d.turn}: {d.before} -> {d.after}")
+    if report.replies_unused:
+        console.print(f"{report.replies_unused} recorded replies were not asked for (the path diverged)")

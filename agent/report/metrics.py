@@ -1,0 +1,303 @@
+"""Per-problem outcomes of a run and the metrics over them, with bootstrap confidence intervals.
+
+Definitions (KernelBench's where it has one):
+- A problem's best kernel is its correct kernel with the lowest median runtime over every
+  episode and turn of the run (ties: the earliest), as in `summary.json` and `best/`.
+- fast_p = (problems whose best kernel is correct AND has speedup strictly above p) / (ALL
+  problems of the run's set). A problem with no record counts as not correct; a speedup of
+  exactly 1.0 is not fast_1.0. fast_0 is the correctness rate: a correct kernel whose speedup
+  was not measured (CPU without a baseline) counts for p = 0 only.
+- geomean and median speedups are over correct problems with a measured speedup.
+- faster_than_compile: among correct problems with a torch.compile speedup, the share above 1.
+- Confidence intervals: percentile bootstrap over problems (and, for a group of seeds, over
+  seeds and problems), seeded so the same inputs give the same numbers.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from collections.abc import Callable
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent.budget import Spend
+from agent.records import TurnRecord
+from agent.report.load import RunData
+
+P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
+_STATUS_ORDER = ("correct", "incorrect", "not_run", "rejected", "timeout", "runtime_error",
+                 "compile_error", "unevaluated", "format_error", "missing")
+"""How far a problem's furthest kernel got, best first (its status in the per-problem table)."""
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def turn_status(t: TurnRecord) -> str:
+    """The verdict of a turn; `unevaluated` for a kernel no evaluator has judged (an import)."""
+    if t.eval is not None:
+        return t.eval.status
+    return "unevaluated" if t.code is not None else "format_error"
+
+
+class ProblemRow(_Record):
+    """What one run achieved on one problem."""
+
+    problem_id: str
+    stem: str
+    degenerate: bool = False
+    status: str
+    """`correct`, else the furthest status any kernel reached, else `missing` (no turn)."""
+    correct: bool = False
+    speedup_vs_eager: float | None = None
+    speedup_vs_compile: float | None = None
+    runtime_ms: float | None = None
+    comparable: bool | None = None
+    """False when the best kernel was timed with a host clock (CPU)."""
+    custom_share: float | None = None
+    """Share of the best kernel's profiled device time in its own kernels (0 when it has none)."""
+    best_episode: int | None = None
+    best_turn: int | None = None
+    kernel_path: str | None = None
+    code_sha256: str | None = None
+    flags: list[str] = Field(default_factory=list)
+    """Flags of the best kernel."""
+    turns: int = 0
+    episodes: int = 0
+    statuses: dict[str, int] = Field(default_factory=dict)
+    spend: Spend = Spend()
+
+
+def _best(turns: list[TurnRecord]) -> TurnRecord | None:
+    correct = [t for t in turns if t.eval is not None and t.eval.correct]
+    if not correct:
+        return None
+    return min(correct, key=lambda t: (t.eval.runtime_ms if t.eval.runtime_ms is not None else float("inf"),
+                                       t.episode, t.turn))
+
+
+def problem_rows(run: RunData) -> list[ProblemRow]:
+    """One row per problem of the run's set, in set order."""
+    by_problem: dict[str, list[TurnRecord]] = {}
+    for t in run.turns:
+        by_problem.setdefault(t.problem_id, []).append(t)
+    rows = []
+    for info in run.problems:
+        turns = by_problem.get(info.id, [])
+        eps = [e for e in run.episodes if e.problem_id == info.id]
+        statuses = Counter(turn_status(t) for t in turns)
+        spend = sum((t.spend for t in turns), Spend())
+        spend = sum((e.unrecorded_spend for e in eps), spend)
+        row = ProblemRow(problem_id=info.id, stem=info.stem, degenerate=info.degenerate,
+                         status=min(statuses, key=_STATUS_ORDER.index) if statuses else "missing",
+                         turns=len(turns), episodes=len(eps), statuses=dict(statuses), spend=spend)
+        best = _best(turns)
+        if best is not None and best.eval is not None:
+            ev = best.eval
+            share = None
+            if ev.profile is not None:
+                share = ev.profile.custom_share if ev.profile.custom_share is not None else 0.0
+            row = row.model_copy(update=dict(
+                correct=True, speedup_vs_eager=ev.speedup_vs_eager, speedup_vs_compile=ev.speedup_vs_compile,
+                runtime_ms=ev.runtime_ms, comparable=ev.timing.comparable if ev.timing else None,
+                custom_share=share, best_episode=best.episode, best_turn=best.turn,
+                kernel_path=best.kernel_path, code_sha256=best.code_sha256, flags=list(ev.flags)))
+        rows.append(row)
+    return rows
+
+
+class Counts(_Record):
+    """What happened, counted over every turn (statuses, flags, rules) and episode (stops)."""
+
+    statuses: dict[str, int] = Field(default_factory=dict)
+    flags: dict[str, int] = Field(default_factory=dict)
+    flags_in_best: dict[str, int] = Field(default_factory=dict)
+    rejections: dict[str, int] = Field(default_factory=dict)
+    """Rules that rejected a kernel (each rejected turn counts each of its rejecting rules)."""
+    flagged_rules: dict[str, int] = Field(default_factory=dict)
+    """Rules that fired with severity `flag` (kernel not failed)."""
+    faults: dict[str, int] = Field(default_factory=dict)
+    """Model faults (replies without usable code) by type."""
+    stop_reasons: dict[str, int] = Field(default_factory=dict)
+
+
+def count(run: RunData, rows: list[ProblemRow]) -> Counts:
+    statuses, flags, rejections, flagged, faults = Counter(), Counter(), Counter(), Counter(), Counter()
+    for t in run.turns:
+        statuses[turn_status(t)] += 1
+        if t.fault is not None:
+            faults[t.fault.type] += 1
+        if t.eval is None:
+            continue
+        flags.update(t.eval.flags)
+        for v in t.eval.violations:
+            (rejections if v.severity == "reject" else flagged)[v.rule] += 1
+        if t.eval.status == "rejected" and not any(v.severity == "reject" for v in t.eval.violations):
+            rejections["(no rule recorded)"] += 1
+    best_flags = Counter(f for r in rows if r.correct for f in r.flags)
+    stops = Counter(e.stop_reason for e in run.episodes)
+    srt = lambda c: dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))  # noqa: E731
+    return Counts(statuses=srt(statuses), flags=srt(flags), flags_in_best=srt(best_flags),
+                  rejections=srt(rejections), flagged_rules=srt(flagged), faults=srt(faults),
+                  stop_reasons=srt(stops))
+
+
+class Estimate(_Record):
+    """A point estimate with its bootstrap interval (None where undefined, e.g. nothing correct)."""
+
+    value: float | None
+    lo: float | None = None
+    hi: float | None = None
+
+
+class FastP(_Record):
+    p: float
+    vs_eager: Estimate
+    vs_compile: Estimate
+
+
+class Metrics(_Record):
+    problems: int
+    seeds: int = 1
+    correct: float
+    """Correct problems (for a group of seeds: the mean over seeds)."""
+    correctness: Estimate
+    fast_p: list[FastP]
+    geomean_vs_eager: Estimate
+    geomean_vs_compile: Estimate
+    median_vs_eager: Estimate
+    median_vs_compile: Estimate
+    faster_than_compile: Estimate
+    custom_share_mean: float | None = None
+    """Mean share of device time in custom kernels over correct best kernels with a profile."""
+    no_custom_kernel: int = 0
+    """Correct best kernels whose profile shows no custom kernel at all (PyTorch only)."""
+    correct_untimed: int = 0
+    """Correct best kernels without a speedup vs eager: they count for fast_0 only."""
+    correct_no_compile: int = 0
+    """Correct best kernels without a torch.compile speedup: fast_p vs compile counts them at p=0 only."""
+    host_clock: int = 0
+    """Correct best kernels timed with a host clock: their speedups are not GPU numbers."""
+    not_run: int = 0
+    unevaluated: int = 0
+    missing: int = 0
+
+    def fast(self, p: float, vs: str = "eager") -> float | None:
+        hit = next(f for f in self.fast_p if f.p == p)
+        return (hit.vs_eager if vs == "eager" else hit.vs_compile).value
+
+
+# -- the statistics, vectorised over (replicates, seeds, problems) -----------------------------
+Arrays = dict[str, np.ndarray]
+Stat = Callable[[Arrays], np.ndarray]
+
+
+def _nanmean(x: np.ndarray, axis: int) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(x, axis=axis)
+
+
+def _fast(key: str, p: float) -> Stat:
+    def stat(a: Arrays) -> np.ndarray:
+        hit = a["correct"] if p == 0 else a["correct"] & (a[key] > p)
+        return hit.mean(axis=-1).mean(axis=-1)
+    return stat
+
+
+def _geomean(key: str) -> Stat:
+    def stat(a: Arrays) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            per_seed = np.exp(_nanmean(np.log(a[key]), axis=-1))
+        return _nanmean(per_seed, axis=-1)
+    return stat
+
+
+def _median(key: str) -> Stat:
+    def stat(a: Arrays) -> np.ndarray:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            per_seed = np.nanmedian(a[key], axis=-1)
+        return _nanmean(per_seed, axis=-1)
+    return stat
+
+
+def _faster_than_compile(a: Arrays) -> np.ndarray:
+    known = ~np.isnan(a["compile"])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_seed = (known & (a["compile"] > 1)).sum(axis=-1) / known.sum(axis=-1)
+    return _nanmean(per_seed, axis=-1)
+
+
+def _arrays(table: list[list[ProblemRow]]) -> Arrays:
+    def speed(r: ProblemRow, v: float | None) -> float:
+        return v if r.correct and v is not None and v > 0 else np.nan
+    return {
+        "correct": np.array([[r.correct for r in rows] for rows in table], dtype=bool).reshape(len(table), -1),
+        "eager": np.array([[speed(r, r.speedup_vs_eager) for r in rows] for rows in table], dtype=float).reshape(len(table), -1),
+        "compile": np.array([[speed(r, r.speedup_vs_compile) for r in rows] for rows in table], dtype=float).reshape(len(table), -1),
+    }
+
+
+def _estimate(stat: Stat, point: Arrays, boot: Arrays | None) -> Estimate:
+    value = float(stat({k: v[None] for k, v in point.items()})[0])
+    if np.isnan(value):
+        return Estimate(value=None)
+    if boot is None:
+        return Estimate(value=value)
+    reps = stat(boot)
+    reps = reps[~np.isnan(reps)]
+    if reps.size == 0:
+        return Estimate(value=value)
+    lo, hi = np.percentile(reps, [2.5, 97.5])
+    return Estimate(value=value, lo=float(lo), hi=float(hi))
+
+
+def _align(runs_rows: list[list[ProblemRow]]) -> list[list[ProblemRow]]:
+    """Rows of several seed-runs on the same problem order (a problem one run lacks: missing)."""
+    order = list(dict.fromkeys(r.problem_id for rows in runs_rows for r in rows))
+    out = []
+    for rows in runs_rows:
+        by_id = {r.problem_id: r for r in rows}
+        out.append([by_id.get(pid) or ProblemRow(problem_id=pid, stem=pid, status="missing") for pid in order])
+    return out
+
+
+def compute_metrics(runs_rows: list[list[ProblemRow]], n_boot: int = 1000, seed: int = 0,
+                    exclude_degenerate: bool = False) -> Metrics:
+    """Metrics of one run (`[rows]`) or of a group of seed-runs (one row list per seed)."""
+    table = _align(runs_rows)
+    if exclude_degenerate:
+        keep = [i for i, r in enumerate(table[0]) if not any(rows[i].degenerate for rows in table)]
+        table = [[rows[i] for i in keep] for rows in table]
+    k, n = len(table), len(table[0]) if table else 0
+    point = _arrays(table)
+    boot = None
+    if n_boot > 0 and n > 0:
+        rng = np.random.default_rng(seed)
+        seed_idx = rng.integers(0, k, size=(n_boot, k)) if k > 1 else np.zeros((n_boot, 1), dtype=int)
+        prob_idx = rng.integers(0, n, size=(n_boot, n))
+        boot = {key: arr[seed_idx[:, :, None], prob_idx[:, None, :]] for key, arr in point.items()}
+    est = lambda stat: _estimate(stat, point, boot) if n else Estimate(value=None)  # noqa: E731
+    flat = [r for rows in table for r in rows]
+    shares = [r.custom_share for r in flat if r.correct and r.custom_share is not None]
+    return Metrics(
+        problems=n, seeds=k, correct=sum(r.correct for r in flat) / k if k else 0.0,
+        correctness=est(_fast("eager", 0.0)),
+        fast_p=[FastP(p=p, vs_eager=est(_fast("eager", p)), vs_compile=est(_fast("compile", p)))
+                for p in P_VALUES],
+        geomean_vs_eager=est(_geomean("eager")), geomean_vs_compile=est(_geomean("compile")),
+        median_vs_eager=est(_median("eager")), median_vs_compile=est(_median("compile")),
+        faster_than_compile=est(_faster_than_compile),
+        custom_share_mean=float(np.mean(shares)) if shares else None,
+        no_custom_kernel=sum(1 for s in shares if s == 0.0),
+        correct_untimed=sum(1 for r in flat if r.correct and r.speedup_vs_eager is None),
+        correct_no_compile=sum(1 for r in flat if r.correct and r.speedup_vs_compile is None),
+        host_clock=sum(1 for r in flat if r.correct and r.comparable is False),
+        not_run=sum(1 for r in flat if r.status == "not_run"),
+        unevaluated=sum(1 for r in flat if r.status == "unevaluated"),
+        missing=sum(1 for r in flat if r.status == "missing"),
+    )

@@ -1,0 +1,131 @@
+"""PNG plots of a report (matplotlib, Agg backend): budget curves, fast_p, speedup distributions.
+
+Every run of a report is drawn on the same axes in the same colour across figures, so several
+runs compare side by side. Figures are small: reports are read on screens and built in CI.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
+
+from agent.report.curves import AXES, Curve  # noqa: E402
+from agent.report.metrics import P_VALUES, Metrics, ProblemRow  # noqa: E402
+
+DPI = 80
+_P1 = P_VALUES.index(1.0)
+
+
+def _colors(labels: list[str]) -> dict[str, tuple]:
+    cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
+    return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
+
+
+def _save(fig, path: Path, legend: bool = False) -> Path:
+    fig.tight_layout(rect=(0, 0.07 if legend else 0, 1, 1))
+    fig.savefig(path, dpi=DPI, format="png")
+    plt.close(fig)
+    return path
+
+
+def plot_curves(curves: list[Curve], labels: list[str], path: Path, metric: str = "fast") -> Path:
+    """One panel per budget axis; `fast`: fast_1.0 vs eager (solid) and fast_0 (dashed);
+    `geomean`: geomean speedup vs eager with a fallback of 1.0x."""
+    colors = _colors(labels)
+    fig, axes = plt.subplots(2, 3, figsize=(10, 5.6))
+    for ax, axis in zip(axes.flat, AXES, strict=True):
+        drawn = False
+        for c in (c for c in curves if c.axis == axis):
+            if not c.available or not c.points:
+                continue
+            xs = [p.x for p in c.points]
+            if metric == "fast":
+                ax.step(xs, [p.fast_eager[_P1] for p in c.points], where="post", color=colors[c.label],
+                        label=c.label)
+                ax.step(xs, [p.correct for p in c.points], where="post", color=colors[c.label],
+                        linestyle="--", alpha=0.6)
+            else:
+                ax.step(xs, [p.geomean_eager for p in c.points], where="post", color=colors[c.label],
+                        label=c.label)
+            drawn = True
+        ax.set_xlabel(AXES[axis] + (" per problem" if curves and curves[0].scope == "problem" else ""),
+                      fontsize=8)
+        ax.tick_params(labelsize=7)
+        if metric == "fast":
+            ax.set_ylim(-0.02, 1.02)
+        if not drawn:
+            ax.text(0.5, 0.5, "not available", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+    ylabel = "fast_1.0 (solid), correct (dashed)" if metric == "fast" else "geomean speedup vs eager"
+    for ax in axes[:, 0]:
+        ax.set_ylabel(ylabel, fontsize=8)
+    return _save(fig, path, _legend(fig, axes, labels))
+
+
+def _legend(fig, axes, labels: list[str]) -> bool:
+    handles, names = [], []
+    for ax in axes.flat:
+        for h, n in zip(*ax.get_legend_handles_labels(), strict=True):
+            if n not in names:
+                handles.append(h)
+                names.append(n)
+    if not handles or len(labels) < 2:
+        return False
+    fig.legend(handles, names, loc="lower center", ncol=min(4, len(names)), fontsize=7)
+    return True
+
+
+def plot_fast_p(metrics: dict[str, Metrics], path: Path) -> Path:
+    """fast_p against p, vs eager and vs torch.compile, with bootstrap intervals."""
+    colors = _colors(list(metrics))
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharey=True)
+    for ax, vs in zip(axes, ("eager", "compile"), strict=True):
+        for i, (label, m) in enumerate(metrics.items()):
+            ests = [f.vs_eager if vs == "eager" else f.vs_compile for f in m.fast_p]
+            ps = [f.p + 0.02 * (i - (len(metrics) - 1) / 2) for f in m.fast_p]
+            ys = [e.value if e.value is not None else math.nan for e in ests]
+            err = [[max(0.0, y - e.lo) if e.lo is not None else 0.0 for y, e in zip(ys, ests, strict=True)],
+                   [max(0.0, e.hi - y) if e.hi is not None else 0.0 for y, e in zip(ys, ests, strict=True)]]
+            ax.errorbar(ps, ys, yerr=err, marker="o", markersize=3, capsize=2, color=colors[label],
+                        label=label, linewidth=1)
+        ax.set_title(f"fast_p vs {'torch.compile' if vs == 'compile' else 'eager'}", fontsize=9)
+        ax.set_xlabel("p (speedup threshold)", fontsize=8)
+        ax.set_xticks(list(P_VALUES))
+        ax.tick_params(labelsize=7)
+        ax.set_ylim(-0.02, 1.02)
+    axes[0].set_ylabel("share of all problems", fontsize=8)
+    return _save(fig, path, _legend(fig, axes, list(metrics)))
+
+
+def plot_speedups(rows: dict[str, list[ProblemRow]], path: Path) -> Path:
+    """Best speedup of every correct problem, one row of dots per run, log scale, 1x marked."""
+    labels = list(rows)
+    colors = _colors(labels)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 0.9 + 0.45 * len(labels)), sharey=True)
+    for ax, vs in zip(axes, ("eager", "compile"), strict=True):
+        any_dot = False
+        for y, label in enumerate(labels):
+            vals = [r.speedup_vs_eager if vs == "eager" else r.speedup_vs_compile for r in rows[label]
+                    if r.correct]
+            vals = [v for v in vals if v is not None and v > 0]
+            if vals:
+                ax.scatter(vals, [y] * len(vals), s=14, color=colors[label], alpha=0.7)
+                any_dot = True
+        ax.axvline(1.0, color="grey", linewidth=0.8, linestyle=":")
+        if any_dot:
+            ax.set_xscale("log")
+            for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
+                axis(FuncFormatter(lambda v, _: f"{v:.2g}x"))
+            ax.tick_params(axis="x", which="both", labelsize=6)
+        ax.set_title(f"best speedup vs {'torch.compile' if vs == 'compile' else 'eager'} (correct only)",
+                     fontsize=9)
+        ax.tick_params(labelsize=7)
+    axes[0].set_yticks(range(len(labels)))
+    axes[0].set_yticklabels(labels, fontsize=7)
+    axes[0].set_ylim(-0.6, len(labels) - 0.4)
+    return _save(fig, path)

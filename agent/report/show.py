@@ -1,0 +1,155 @@
+"""`kloop show`: one trajectory in the terminal, turn by turn: the prompt the model got, its
+reply, the kernel, the evaluator's verdict and the feedback the next turn starts from."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from agent.records import EpisodeRecord, TurnRecord
+from agent.report.metrics import turn_status
+from agent.store import RunStore
+from evaluator.result import EvalResult
+
+CLIP_CHARS = 2500
+CLIP_LINES = 120
+
+
+def _clip(text: str, full: bool, chars: int = CLIP_CHARS) -> str:
+    if full or len(text) <= chars:
+        return text
+    return text[:chars] + f"\n… ({len(text) - chars} more characters; --full shows all)"
+
+
+def _clip_lines(code: str, full: bool) -> str:
+    lines = code.splitlines()
+    if full or len(lines) <= CLIP_LINES:
+        return code
+    return "\n".join(lines[:CLIP_LINES]) + f"\n# … ({len(lines) - CLIP_LINES} more lines; --full shows all)"
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4g} ms"
+
+
+def verdict_table(ev: EvalResult) -> Table:
+    """The evaluator's verdict on one kernel as a two-column table."""
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("status", f"{ev.status} (stage reached: {ev.stage_reached})")
+    t.add_row("policy / device", f"{ev.policy} / {ev.device}")
+    if ev.timing is not None:
+        t.add_row("runtime", f"{_ms(ev.timing.median_ms)} median ({ev.timing.clock} clock, {ev.timing.n_trials} trials)")
+    if ev.eager is not None or ev.compiled is not None:
+        t.add_row("baselines", f"eager {_ms(ev.eager.median_ms if ev.eager else None)}, "
+                               f"torch.compile {_ms(ev.compiled.median_ms if ev.compiled else None)}")
+    if ev.speedup_vs_eager is not None or ev.speedup_vs_compile is not None:
+        fmt = lambda v: "-" if v is None else f"{v:.3g}x"  # noqa: E731
+        t.add_row("speedup", f"{fmt(ev.speedup_vs_eager)} vs eager, {fmt(ev.speedup_vs_compile)} vs compile")
+    if ev.profile is not None:
+        share = ev.profile.custom_share
+        t.add_row("custom kernels", "none in the profile" if share is None else f"{share:.0%} of device time")
+    if ev.flags:
+        t.add_row("flags", ", ".join(ev.flags))
+    for v in ev.violations:
+        t.add_row(f"{v.severity}: {v.rule}", v.message + (f" (line {v.line})" if v.line else ""))
+    if ev.compile is not None and ev.compile.diagnostics:
+        diags = [f"{d.file or ''}:{d.line or '?'}: {d.message}" + (f" (x{d.count})" if d.count > 1 else "")
+                 for d in ev.compile.diagnostics[:5]]
+        t.add_row("compiler", "\n".join(diags))
+    failed = [tr for tr in ev.correctness if not tr.passed]
+    if failed:
+        worst = max((o.max_abs_err or 0.0 for tr in failed for o in tr.outputs), default=0.0)
+        t.add_row("correctness", f"{len(failed)}/{len(ev.correctness)} trials failed; max abs err {worst:.3g}")
+    if ev.error is not None:
+        t.add_row("error", f"{ev.error.type}: {ev.error.message}")
+    return t
+
+
+def render_turn(t: TurnRecord, full: bool = False, prompt: bool = True) -> list[RenderableType]:
+    """Renderables for one turn, in reading order."""
+    out: list[RenderableType] = []
+    if prompt:
+        if t.messages:
+            shown = t.messages if full else t.messages[-1:]
+            for i, m in enumerate(shown, start=len(t.messages) - len(shown) + 1):
+                title = f"prompt message {i}/{len(t.messages)} ({m.role})" + ("" if full else "; --full shows all")
+                out.append(Panel(Text(_clip(m.content, full)), title=title, title_align="left"))
+        else:
+            out.append(Text("prompt: not recorded (imported kernel)", style="dim"))
+    if t.reply.reasoning:
+        out.append(Panel(Text(_clip(t.reply.reasoning, full), style="dim"), title="reasoning", title_align="left"))
+    u = t.reply.usage
+    title = (f"reply: {u.input_tokens} in / {u.output_tokens} out tokens, finish {t.reply.finish_reason}, "
+             f"{t.reply.retries} retries")
+    reply_text = t.reply.text
+    if t.code is not None and "```" in reply_text:
+        reply_text = reply_text.split("```")[0].rstrip() + "\n[kernel below]"
+    out.append(Panel(Text(_clip(reply_text, full) or "(no reply text recorded)"), title=title, title_align="left"))
+    if t.fault is not None:
+        out.append(Text(f"model fault: {t.fault.type}: {t.fault.message}", style="yellow"))
+    if t.code is not None:
+        out.append(Panel(Syntax(_clip_lines(t.code, full), "python", line_numbers=True),
+                         title=f"kernel {t.kernel_path or ''}", title_align="left"))
+    if t.eval is not None:
+        out.append(Panel(verdict_table(t.eval), title=f"verdict: {t.eval.status}", title_align="left"))
+    else:
+        out.append(Text(f"verdict: {turn_status(t)}", style="bold"))
+    if t.feedback:
+        out.append(Panel(Text(_clip(t.feedback, full)), title="feedback (the next turn's prompt)", title_align="left"))
+    s = t.spend
+    out.append(Text(f"spend: {s.calls} call(s), {s.total_tokens} tokens, ${s.cost_usd:.4f}, "
+                    f"eval {s.eval_s:.1f} s, turn {s.wall_s:.1f} s", style="dim"))
+    return out
+
+
+def _matches(t: TurnRecord, problem: str) -> bool:
+    key = problem.strip().lower()
+    return key in (t.problem_id.lower(), t.problem_stem.lower())
+
+
+def index_table(turns: list[TurnRecord], episodes: list[EpisodeRecord]) -> Table:
+    """Problems and episodes of a run, to pick one from."""
+    table = Table(title="episodes (pick one with --problem ID [--episode N])")
+    for col in ("problem", "episode", "turns", "verdicts", "stop"):
+        table.add_column(col)
+    stops = {(e.problem_id, e.episode): e.stop_reason for e in episodes}
+    groups: dict[tuple[str, int], list[TurnRecord]] = {}
+    for t in turns:
+        groups.setdefault((t.problem_id, t.episode), []).append(t)
+    for (pid, ep), ts in sorted(groups.items()):
+        verdicts = Counter(turn_status(t) for t in ts)
+        table.add_row(pid, str(ep), str(len(ts)), ", ".join(f"{k} {v}" for k, v in verdicts.items()),
+                      stops.get((pid, ep), "unfinished"))
+    return table
+
+
+def show(run_dir: Path, console: Console, problem: str | None = None, episode: int | None = None,
+         turn: int | None = None, full: bool = False) -> int:
+    """Print the selected turns (all episodes of `problem` unless `episode` is given); returns how
+    many were shown. Without a problem, prints the run's index of episodes."""
+    store = RunStore.open(run_dir)
+    turns, episodes = store.turns(), store.episodes()
+    if problem is None:
+        console.print(index_table(turns, episodes))
+        return 0
+    stops = {(e.problem_id.lower(), e.episode): e for e in episodes}
+    chosen = sorted((t for t in turns if _matches(t, problem) and (episode is None or t.episode == episode)
+                     and (turn is None or t.turn == turn)), key=lambda t: (t.episode, t.turn))
+    current = None
+    for t in chosen:
+        if t.episode != current:
+            current = t.episode
+            ep = stops.get((t.problem_id.lower(), t.episode))
+            stop = f"stopped: {ep.stop_reason} ({ep.stop_detail})" if ep else "not finished"
+            console.rule(f"[bold]{t.problem_id} {t.problem_stem} episode {t.episode}[/bold]: {stop}")
+        console.rule(f"turn {t.turn}: {turn_status(t)}", style="dim")
+        console.print(Group(*render_turn(t, full)))
+    return len(chosen)

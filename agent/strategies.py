@@ -1,0 +1,246 @@
+"""Search strategies over one budget meter, and the runner that executes their episodes.
+
+- sequential (1×T), best_of_n (N×1) and grid (N×T): N independent episodes of T turns;
+- beam: round 0 runs k×m episodes from scratch; each later round keeps the k best kernels seen
+  so far and starts m children from each, with the parent's trajectory as their context.
+
+Every episode has a key, sha256(problem hash, config digest, its place in the strategy), so a
+resumed run skips finished episodes and continues cut-off ones from their last turn on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+
+from agent.budget import Meter, Spend
+from agent.config import RunConfig
+from agent.episode import EpisodeEnv, EpisodeSpec, best_of, episode_key
+from agent.loop import run_episode
+from agent.prompts import PromptSet
+from agent.protocols import Evaluator, Model
+from agent.records import EpisodeRecord, ProblemSummary, RunSummary, TurnRecord, TurnRef, utcnow
+from agent.store import RunStore
+from problems.registry import Problem
+
+log = logging.getLogger(__name__)
+
+_STATUS_RANK = {"correct": 0, "incorrect": 1, "not_run": 2, "rejected": 3, "timeout": 4,
+                "runtime_error": 5, "compile_error": 6, "format_error": 7}
+
+
+def rank_key(rec: TurnRecord) -> tuple:
+    """Sort key of kernels for beam selection: correct and fastest first, then by how far it got."""
+    ev = rec.eval
+    runtime = ev.runtime_ms if ev is not None and ev.correct and ev.runtime_ms is not None else float("inf")
+    return (_STATUS_RANK.get(rec.status, 8), runtime, rec.episode, rec.turn)
+
+
+class Runner:
+    """Runs a config's strategy over its problems into one run store; resumes from what is there."""
+
+    def __init__(self, cfg: RunConfig, store: RunStore, model: Model, evaluator: Evaluator,
+                 on_turn: Callable[[TurnRecord], None] | None = None,
+                 on_episode: Callable[[EpisodeRecord], None] | None = None):
+        self.cfg, self.store = cfg, store
+        self.digest = cfg.digest()
+        self.on_turn_cb, self.on_episode_cb = on_turn, on_episode
+        self._lock = threading.Lock()
+        self.turns: dict[str, list[TurnRecord]] = {}
+        self.finished: dict[str, EpisodeRecord] = {}
+        self.records: list[EpisodeRecord] = []
+        self.best: dict[str, TurnRecord] = {}
+        self.skipped = 0
+        self._prefixes: dict[str, list[TurnRecord]] = {}
+        """Each started episode's inherited context, so its turns can parent a beam child."""
+        self._beam_kept: dict[str, list[TurnRecord]] = {}
+        self._load_existing()
+        self.run_meter = Meter(cfg.budget.run, "run", spent=self._spent_so_far())
+        self.env = EpisodeEnv(
+            run_id=store.run_id, model=model, evaluator=evaluator, agent=cfg.agent,
+            limits=cfg.budget.episode, run_meter=self.run_meter, sink=store,
+            prompts=PromptSet(cfg.agent.prompts_dir), on_turn=self._on_turn,
+        )
+
+    # -- state from disk ----------------------------------------------------------------------
+    def _load_existing(self) -> None:
+        for rec in self.store.turns():
+            self.turns.setdefault(rec.episode_key, []).append(rec)
+            self._note_best(rec, write=False)
+        for ep in self.store.episodes():
+            self.records.append(ep)
+            if ep.stop_reason == "infra_error":
+                self.finished.pop(ep.episode_key, None)  # to be continued
+            else:
+                self.finished[ep.episode_key] = ep
+
+    def _spent_so_far(self) -> Spend:
+        turns = [t for ts in self.turns.values() for t in ts]
+        spent = sum((t.spend for t in turns), Spend())
+        spent = sum((e.unrecorded_spend for e in self.records), spent)
+        if turns:  # episodes overlap in time: the wall clock is the span, not the sum
+            first = min(datetime.fromisoformat(t.started_at) for t in turns)
+            last = max(datetime.fromisoformat(t.finished_at) for t in turns)
+            spent = spent.model_copy(update={"wall_s": (last - first).total_seconds()})
+        return spent
+
+    def _note_best(self, rec: TurnRecord, write: bool = True) -> None:
+        ev = rec.eval
+        if ev is None or not ev.correct or rec.code is None:
+            return
+        current = self.best.get(rec.problem_id)
+        if current is not None and rank_key(current) <= rank_key(rec):
+            return
+        self.best[rec.problem_id] = rec
+        if write:
+            self.store.write_best(rec.problem_stem, rec.code)
+
+    def _on_turn(self, rec: TurnRecord) -> None:
+        with self._lock:
+            self.turns.setdefault(rec.episode_key, []).append(rec)
+            self._note_best(rec)
+        if self.on_turn_cb is not None:
+            self.on_turn_cb(rec)
+
+    # -- episodes -------------------------------------------------------------------------------
+    def spec(self, problem: Problem, episode: int, lineage: str, *, sample: int = 0,
+             round_: int = 0, parent: TurnRecord | None = None) -> EpisodeSpec:
+        prefix: list[TurnRecord] = []
+        if parent is not None:
+            inherited = self._prefixes.get(parent.episode_key, [])
+            prefix = inherited + self.turns[parent.episode_key][: parent.turn]
+        return EpisodeSpec(
+            problem=problem, key=episode_key(problem.sha256, self.digest, lineage),
+            episode=episode, sample=sample, max_turns=self.cfg.strategy.turns, round=round_,
+            parent=TurnRef(episode_key=parent.episode_key, turn=parent.turn) if parent else None,
+            prefix=prefix,
+        )
+
+    def run_one(self, spec: EpisodeSpec) -> EpisodeRecord | None:
+        """Run an episode unless it is finished already or the run budget is spent (then None)."""
+        with self._lock:
+            self._prefixes[spec.key] = spec.prefix
+            if spec.key in self.finished:
+                return self.finished[spec.key]
+            done = list(self.turns.get(spec.key, []))
+        if not done and self.run_meter.exceeded() is not None:
+            self.skipped += 1
+            return None
+        record = run_episode(spec, self.env, done)
+        self.store.append_episode(record)
+        with self._lock:
+            self.records.append(record)
+            if record.stop_reason != "infra_error":
+                self.finished[spec.key] = record
+        self.write_summary("running")
+        if self.on_episode_cb is not None:
+            self.on_episode_cb(record)
+        return record
+
+    def run_wave(self, specs: list[EpisodeSpec]) -> list[EpisodeRecord | None]:
+        if self.cfg.concurrency == 1 or len(specs) == 1:
+            return [self.run_one(s) for s in specs]
+        with ThreadPoolExecutor(self.cfg.concurrency, thread_name_prefix="episode") as pool:
+            return list(pool.map(self.run_one, specs))
+
+    # -- strategies -----------------------------------------------------------------------------
+    def run_problem(self, problem: Problem) -> None:
+        strategy = self.cfg.strategy
+        if strategy.kind == "beam":
+            self._beam(problem)
+            return
+        self.run_wave([self.spec(problem, i, f"sample={i}", sample=i) for i in range(strategy.samples)])
+
+    def _beam(self, problem: Problem) -> None:
+        s = self.cfg.strategy
+        width = s.beam_width * s.expand
+        specs = [self.spec(problem, j, f"beam:r0:c{j}", sample=j) for j in range(width)]
+        episode = width
+        for round_ in range(1, s.rounds + 1):
+            self.run_wave(specs)
+            if round_ == s.rounds:
+                break
+            pool = [t for sp in specs for t in self.turns.get(sp.key, []) if t.code is not None]
+            pool = sorted(pool + self._beam_kept.get(problem.id, []), key=rank_key)
+            kept = list({(t.episode_key, t.turn): t for t in pool}.values())[: s.beam_width]
+            self._beam_kept[problem.id] = kept
+            if not kept:
+                log.warning("%s: beam round %d produced no kernel; stopping the search", problem.id, round_)
+                return
+            specs = []
+            for parent in kept:
+                for child in range(s.expand):
+                    lineage = f"beam:r{round_}:{parent.episode_key}:{parent.turn}:c{child}"
+                    specs.append(self.spec(problem, episode, lineage, sample=child, round_=round_,
+                                           parent=parent))
+                    episode += 1
+
+    def fork_problem(self, problem: Problem, source: RunStore, at_turn: int) -> None:
+        """Continue each source episode of `problem` after its turn `at_turn`, as a new episode."""
+        source_turns: dict[str, list[TurnRecord]] = {}
+        for t in source.turns():
+            source_turns.setdefault(t.episode_key, []).append(t)
+        latest = {e.episode_key: e for e in source.episodes() if e.problem_id == problem.id}
+        specs = []
+        for ep in sorted(latest.values(), key=lambda e: e.episode):
+            prefix = sorted(source_turns.get(ep.episode_key, []), key=lambda t: t.turn)[:at_turn]
+            lineage = f"fork:{ep.episode_key}:{at_turn}"
+            specs.append(EpisodeSpec(
+                problem=problem, key=episode_key(problem.sha256, self.digest, lineage),
+                episode=ep.episode, sample=ep.sample, max_turns=self.cfg.strategy.turns,
+                parent=TurnRef(episode_key=ep.episode_key, turn=len(prefix)), prefix=prefix))
+        self.run_wave(specs)
+
+    def run(self, problems: list[Problem], fork: tuple[RunStore, int] | None = None) -> RunSummary:
+        """Run the strategy over `problems` (or, given `fork=(source, N)`, fork the source run)."""
+        def one(problem: Problem) -> None:
+            if fork is None:
+                self.run_problem(problem)
+            else:
+                self.fork_problem(problem, *fork)
+
+        try:
+            if self.cfg.concurrency == 1 or len(problems) == 1:
+                for p in problems:
+                    one(p)
+            else:
+                with ThreadPoolExecutor(self.cfg.concurrency, thread_name_prefix="problem") as pool:
+                    list(pool.map(one, problems))
+        except KeyboardInterrupt:
+            self.write_summary("interrupted", "stopped by the user; continue with --resume")
+            raise
+        reached = self.run_meter.exceeded()
+        return self.write_summary("budget" if reached else "finished", reached)
+
+    # -- summary --------------------------------------------------------------------------------
+    def write_summary(self, status: str, detail: str | None = None) -> RunSummary:
+        with self._lock:
+            summary = summarize(self.store.run_id, self.turns, self.records, self.best, status, detail)
+            self.store.write_summary(summary)
+        return summary
+
+
+def summarize(run_id: str, turns: dict[str, list[TurnRecord]], records: list[EpisodeRecord],
+              best: dict[str, TurnRecord], status: str, detail: str | None = None) -> RunSummary:
+    """Run totals and the best kernel per problem, from the records alone."""
+    latest = {r.episode_key: r for r in records}
+    by_problem: dict[str, ProblemSummary] = {}
+    for ep in latest.values():
+        ps = by_problem.setdefault(ep.problem_id, ProblemSummary(
+            problem_id=ep.problem_id, problem_stem=ep.problem_stem, episodes=0, turns=0))
+        ps.episodes += 1
+        ps.turns += ep.turns
+        ps.stop_reasons[ep.stop_reason] = ps.stop_reasons.get(ep.stop_reason, 0) + 1
+    for pid, rec in best.items():
+        if pid in by_problem:
+            by_problem[pid].best = best_of(rec)
+            by_problem[pid].best_episode = rec.episode
+    all_turns = [t for ts in turns.values() for t in ts]
+    spend = sum((t.spend for t in all_turns), Spend())
+    spend = sum((r.unrecorded_spend for r in records), spend)
+    return RunSummary(run_id=run_id, status=status, stop_detail=detail,
+                      problems=sorted(by_problem.values(), key=lambda p: p.problem_id),
+                      spend=spend, updated_at=utcnow())

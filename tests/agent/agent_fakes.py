@@ -1,0 +1,129 @@
+"""Test doubles for the loop's collaborators: real `EvalResult` records chosen by markers in code.
+
+The FakeEvaluator stands in for the GPU evaluator only; the loop, store, prompts and strategies
+under test are the real ones. Markers in a candidate's source pick the verdict:
+SYNTAX → compile_error, CRASH → runtime_error, HANG → timeout, BUG → incorrect,
+CHEAT → rejected, CUDA_ONLY → not_run, INFRA → the evaluator itself fails (EvalInfraError);
+anything else is correct, with `# runtime_ms=X` setting the measured median (default 1.0).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+import time
+
+from agent.errors import EvalInfraError
+from evaluator.result import (
+    CompileDiagnostic,
+    CompileLog,
+    CorrectnessTrial,
+    ErrorInfo,
+    EvalResult,
+    OutputDiff,
+    ProfileSummary,
+    TimingStats,
+    Violation,
+    WorstElement,
+)
+from problems.registry import Problem
+
+EAGER_MS = 2.0
+
+
+def timing(ms: float, comparable: bool = True) -> TimingStats:
+    return TimingStats(median_ms=ms, mean_ms=ms, std_ms=0.0, min_ms=ms, max_ms=ms, iqr_ms=0.0,
+                       n_trials=10, clock="cuda_event" if comparable else "host",
+                       comparable=comparable)
+
+
+def kernel(body: str = "", runtime_ms: float | None = None) -> str:
+    """A candidate module; `body` carries markers."""
+    marker = f"# runtime_ms={runtime_ms}\n" if runtime_ms is not None else ""
+    return f"import torch\n{marker}{body}\n\nclass ModelNew(torch.nn.Module):\n    pass\n"
+
+
+def reply(code: str, words: str = "Here is my kernel.") -> str:
+    return f"{words}\n\n```python\n{code}```\n"
+
+
+class FakeEvaluator:
+    """Returns real EvalResult records; counts calls; thread-safe."""
+
+    def __init__(self, comparable: bool = True, delay_s: float = 0.0):
+        self.calls: list[str] = []
+        self.comparable = comparable
+        self.delay_s = delay_s
+        self._lock = threading.Lock()
+
+    def evaluate(self, problem: Problem, source: str) -> EvalResult:
+        with self._lock:
+            self.calls.append(source)
+        time.sleep(self.delay_s)
+        if "INFRA" in source:
+            raise EvalInfraError("GPU worker lost (fake)")
+        base = dict(
+            evaluator_version="fake-1", problem_id=problem.id, problem_sha256=problem.sha256,
+            candidate_sha256=hashlib.sha256(source.encode()).hexdigest(), policy="strict",
+            device="cuda:0" if self.comparable else "cpu", backend="triton",
+            started_at="2026-01-01T00:00:00+00:00", stage_seconds={"correctness": 0.25},
+        )
+        if "SYNTAX" in source:
+            line = source[: source.index("SYNTAX")].count("\n") + 1
+            log = CompileLog(backend="triton", ok=False, target="sm_90", diagnostics=[
+                CompileDiagnostic(file="candidate.py", line=line, column=5,
+                                  message="invalid syntax", count=2)])
+            return EvalResult(status="compile_error", stage_reached="compile", compile=log, **base)
+        if "CRASH" in source:
+            err = ErrorInfo(type="RuntimeError", message="index out of range in kernel",
+                            traceback='File "candidate.py", line 7, in forward\n    boom()')
+            return EvalResult(status="runtime_error", stage_reached="correctness", error=err, **base)
+        if "HANG" in source:
+            err = ErrorInfo(type="Timeout", message="correctness stage ran past 300 s")
+            return EvalResult(status="timeout", stage_reached="correctness", error=err, **base)
+        if "CHEAT" in source:
+            v = Violation(rule="output_cache", severity="reject", line=3,
+                          message="caches outputs across calls keyed by data_ptr")
+            return EvalResult(status="rejected", stage_reached="static", violations=[v], **base)
+        if "CUDA_ONLY" in source:
+            log = CompileLog(backend="cuda", ok=True, target="sm_90 (compile check only)")
+            return EvalResult(status="not_run", stage_reached="compile", compile=log, **base)
+        if "BUG" in source:
+            diff = OutputDiff(ok=False, expected_shape=[8, 32], got_shape=[8, 32],
+                              expected_dtype="torch.float32", got_dtype="torch.float32",
+                              max_abs_err=0.5, max_rel_err=2.0, mismatch_fraction=0.125,
+                              worst=[WorstElement(index=[3, 7], expected=0.25, got=0.75)])
+            trials = [CorrectnessTrial(trial=i, passed=False, outputs=[diff]) for i in range(5)]
+            return EvalResult(status="incorrect", stage_reached="correctness",
+                              correctness=trials, **base)
+        m = re.search(r"runtime_ms=([0-9.]+)", source)
+        ms = float(m.group(1)) if m else 1.0
+        trials = [CorrectnessTrial(trial=i, passed=True) for i in range(5)]
+        profile = ProfileSummary(activity="cuda", total_ms=ms, custom_share=0.9,
+                                 text="fused_kernel  90%\naten::addmm  10%")
+        return EvalResult(
+            status="correct", stage_reached="done", correctness=trials,
+            timing=timing(ms, self.comparable), eager=timing(EAGER_MS, self.comparable),
+            speedup_vs_eager=EAGER_MS / ms, has_custom_kernel=True, profile=profile, **base,
+        )
+
+
+def make_config(**layer):
+    """A RunConfig for L3/1 with a scripted model; keyword args are merged config layers."""
+    from agent.config import resolve
+
+    base = {"model": {"spec": "scripted:unused"}, "problems": ["L3/1"], "concurrency": 1}
+    return resolve([base, layer])
+
+
+def make_runner(tmp_path, replies, evaluator=None, run_id="run", **layer):
+    """A Runner over a fresh run directory, with a ScriptedModel of `replies`."""
+    from agent.models.scripted import ScriptedModel
+    from agent.store import RunStore
+    from agent.strategies import Runner
+
+    cfg = make_config(**layer)
+    store = RunStore.create(tmp_path / run_id, cfg)
+    model = ScriptedModel(replies)
+    return Runner(cfg, store, model, evaluator or FakeEvaluator()), model

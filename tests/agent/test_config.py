@@ -1,0 +1,54 @@
+"""Config: files and key=value overrides merged recursively, unknown keys refused, stable digest."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.config import ConfigError, RunConfig, load_config
+
+
+def test_files_overrides_and_flags_merge_in_order(tmp_path):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("model:\n  spec: openai:gpt-5\n  temperature: 0.2\nstrategy:\n  turns: 8\n"
+                   "budget:\n  run:\n    cost_usd: 5\n")
+    cfg = load_config([str(exp), "strategy.samples=4", "model.temperature=0.7", "agent.context=last"],
+                      {"problems": ["L3/4"], "budget": {"episode": {"calls": 3}}})
+    assert cfg.model.spec == "openai:gpt-5" and cfg.model.temperature == 0.7
+    assert (cfg.strategy.kind, cfg.strategy.turns, cfg.strategy.samples) == ("grid", 8, 4)
+    assert cfg.budget.run.cost_usd == 5 and cfg.budget.episode.calls == 3
+    assert cfg.agent.context == "last" and cfg.problems == ["L3/4"]
+
+
+def test_unknown_keys_and_bad_values_name_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"strategy.turnz: Extra inputs are not permitted"):
+        load_config(["strategy.turnz=3", "model.spec=scripted:x"])
+    with pytest.raises(ConfigError, match=r"agent.context: Input should be"):
+        load_config(["agent.context=everything", "model.spec=scripted:x"])
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(["missing.yaml"])
+    with pytest.raises(ConfigError, match=r"model: Field required"):
+        load_config([])
+
+
+def test_saved_config_json_round_trips_and_the_digest_ignores_where_it_runs(tmp_path):
+    from agent.store import RunStore
+
+    cfg = load_config(["model.spec=scripted:x", "problems=[L3/1]", "strategy.turns=2"])
+    store = RunStore.create(tmp_path / "r", cfg)
+    again = load_config([str(store.root / "config.json")])
+    assert again == cfg and store.config_record().digest == cfg.digest()
+    assert load_config([str(store.root / "config.json"), "run_id=x"]).run_id == "x"
+    moved = cfg.model_copy(update={"runs_dir": tmp_path, "run_id": "x", "concurrency": 9,
+                                   "problems": ["L3/2"]})
+    assert moved.digest() == cfg.digest()
+    assert load_config(["model.spec=scripted:x", "strategy.turns=3"]).digest() != cfg.digest()
+
+
+def test_strategy_defaults_follow_the_kind():
+    def strat(**kw):
+        return RunConfig(model={"spec": "x:y"}, strategy=kw).strategy
+
+    assert (strat().kind, strat().turns, strat().samples) == ("sequential", 4, 1)
+    assert (strat(kind="best_of_n").samples, strat(kind="best_of_n").turns) == (4, 1)
+    assert strat(samples=3).kind == "best_of_n"
+    assert strat(kind="beam").turns == 1

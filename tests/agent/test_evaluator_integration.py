@@ -1,0 +1,33 @@
+"""The bundled demo end to end with the real evaluator on CPU (Triton interpreter, no API key).
+
+Four scripted replies for L3/1 at a reduced size: a syntax error, a wrong result (ReLU after
+the last layer), a correct kernel with small tiles, and a faster one with wider tiles.
+"""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from agent.cli import app
+from agent.store import RunStore
+
+
+@pytest.mark.slow
+def test_demo_runs_through_the_real_evaluator(tmp_path):
+    out = tmp_path / "demo"
+    res = CliRunner().invoke(app, ["run", "--demo", "--device", "cpu", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    store = RunStore.open(out)
+    turns = store.turns()
+    assert [t.status for t in turns] == ["compile_error", "incorrect", "correct", "correct"], [
+        (t.status, t.eval and t.eval.error) for t in turns]
+    assert "never closed" in turns[0].feedback
+    assert "max abs error" in turns[1].feedback
+    assert all(t.eval.problem_sha256 == turns[0].eval.problem_sha256 for t in turns)
+    ep = store.episodes()[0]
+    assert ep.stop_reason == "max_turns"
+    # Host-clock timings: the pick is by runtime, and the record says it is not comparable.
+    assert ep.best is not None and ep.best.comparable is False
+    assert ep.best.turn == 4 and turns[3].eval.runtime_ms < turns[2].eval.runtime_ms
+    assert (out / "best" / "1_MLP.py").read_text() == turns[3].code

@@ -1,0 +1,122 @@
+"""Every template renders with fixture data for every outcome; missing variables fail loudly."""
+
+from __future__ import annotations
+
+import jinja2
+import pytest
+from agent_fakes import FakeEvaluator, kernel, timing
+
+from agent.budget import Spend
+from agent.config import AgentConfig
+from agent.episode import EpisodeSpec, EpisodeState, feedback_template, feedback_vars
+from agent.models.base import ModelReply, Usage
+from agent.prompts import PACKAGED_DIR, PromptSet, clip
+from agent.records import ModelFaultInfo, TurnRecord
+from evaluator.result import ErrorInfo, OutputDiff, Violation
+from problems.registry import get_problem
+
+MARKERS = {"compile_error": "SYNTAX", "runtime_error": "CRASH", "timeout": "HANG", "incorrect": "BUG",
+           "rejected": "CHEAT", "not_run": "CUDA_ONLY", "correct": ""}
+PROBLEM = get_problem("L3/4")
+
+
+def turn_with(result=None, fault=None) -> TurnRecord:
+    r = ModelReply(text="t", usage=Usage(), cost_usd=0.0, finish_reason="stop", latency_s=0.0,
+                   model="m", raw={})
+    return TurnRecord(run_id="r", episode_key="k", episode=0, problem_id=PROBLEM.id,
+                      problem_stem=PROBLEM.stem, turn=1, messages=[], reply=r, fault=fault,
+                      code="x" if result else None, code_sha256="h" if result else None,
+                      kernel_path="kernels/x/0-1.py" if result else None, eval=result, feedback="",
+                      spend=Spend(), started_at="t", finished_at="t")
+
+
+def render_feedback(rec: TurnRecord, agent: AgentConfig | None = None) -> str:
+    agent = agent or AgentConfig()
+    state = EpisodeState(EpisodeSpec(problem=PROBLEM, key="k", episode=0, sample=0, max_turns=4))
+    return PromptSet().render(feedback_template(rec), **feedback_vars(state, rec, agent))
+
+
+@pytest.mark.parametrize("status", sorted(MARKERS))
+def test_feedback_renders_for_every_outcome(status):
+    result = FakeEvaluator().evaluate(PROBLEM, kernel(MARKERS[status]))
+    assert result.status == status
+    text = render_feedback(turn_with(result))
+    assert text.startswith("Turn 1 of 4: ")
+    assert "3 turns left" in text
+
+
+def test_feedback_uses_every_optional_field():
+    ev = FakeEvaluator(comparable=False)
+    result = ev.evaluate(PROBLEM, kernel()).model_copy(update={
+        "compiled": timing(1.5, False), "speedup_vs_compile": 1.5, "flags": ["excessive_speedup"],
+        "has_custom_kernel": False})
+    text = render_feedback(turn_with(result))
+    assert "torch.compile 1.5 ms (speedup 1.50x)" in text and "not comparable" in text
+    assert "no custom kernel" in text and "excessive_speedup" in text and "fused_kernel" in text
+    assert "fused_kernel" not in render_feedback(turn_with(result), AgentConfig(profile_feedback=False))
+
+    bad = ev.evaluate(PROBLEM, kernel("BUG"))
+    diff = OutputDiff(ok=False, expected_shape=[2, 3], got_shape=[3, 2], expected_dtype="torch.float32",
+                      got_dtype="torch.float16", got_type="MyTensor", nan_got=4, inf_got=1,
+                      message="shape differs")
+    bad.correctness[0].outputs = [diff]
+    bad.correctness[0].message = "first check"
+    second = bad.correctness[1].outputs[0].model_copy(update={"message": "3 of 8 outside"})
+    bad.correctness[1].outputs, bad.correctness[1].message = [second], "3 of 8 outside"
+    text = render_feedback(turn_with(bad))
+    assert text.count("3 of 8 outside") == 1
+    assert "shape [3, 2], expected [2, 3]" in text and "dtype torch.float16" in text
+    assert "returned a MyTensor" in text and "4 NaN and 1 Inf" in text and "first check" in text
+
+    crash = ev.evaluate(PROBLEM, kernel("CRASH"))
+    crash.error = ErrorInfo(type="RuntimeError", message="m" * 10000, traceback="tb", stderr_tail="segv")
+    text = render_feedback(turn_with(crash))
+    assert "characters cut" in text and "segv" in text and len(text) < 8000
+
+    cheat = ev.evaluate(PROBLEM, kernel("CHEAT"))
+    cheat.violations.append(Violation(rule="timing_patch", severity="flag", message="looks odd"))
+    text = render_feedback(turn_with(cheat))
+    assert "rule `output_cache` (line 3)" in text and "note `timing_patch`" in text
+
+
+def test_format_error_feedback():
+    text = render_feedback(turn_with(fault=ModelFaultInfo(type="NoKernelFound", message="no block")))
+    assert "could not be evaluated: no block" in text
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("gpu", ["h200", None])
+def test_task_and_system_prompts_render_for_each_backend(backend, gpu):
+    prompts = PromptSet()
+    task = prompts.render("task", problem=PROBLEM, backend=backend, gpu=gpu, max_turns=4)
+    system = prompts.render("system", problem=PROBLEM, backend=backend, gpu=gpu, max_turns=4)
+    assert PROBLEM.source.strip() in task and "ModelNew" in task and "manual_seed(42)" in task
+    assert ("load_inline" in task) == (backend == "cuda")
+    assert ("@triton.jit" in task) == (backend == "triton")
+    assert ("132 SMs" in task) == (gpu == "h200")
+    assert ("CUDA C++" in system) == (backend == "cuda")
+
+
+def test_every_packaged_template_is_covered():
+    names = set(PromptSet().names())
+    covered = {"system.j2", "task.j2", "feedback_format_error.j2"} | {f"feedback_{s}.j2" for s in MARKERS}
+    assert names == covered
+
+
+def test_a_missing_variable_is_an_error_not_an_empty_string():
+    with pytest.raises(jinja2.UndefinedError, match="max_turns"):
+        PromptSet().render("task", problem=PROBLEM, backend="triton", gpu="h200")
+
+
+def test_a_user_prompts_dir_overrides_single_templates(tmp_path):
+    (tmp_path / "system.j2").write_text("Custom system for {{ backend }}.\n")
+    prompts = PromptSet(tmp_path)
+    assert prompts.render("system", backend="cuda") == "Custom system for cuda.\n"
+    assert "@triton.jit" in prompts.render("task", problem=PROBLEM, backend="triton", gpu=None, max_turns=1)
+    assert (PACKAGED_DIR / "system.j2").exists()
+
+
+def test_clip_keeps_head_and_tail():
+    text = "HEAD" + "x" * 5000 + "TAIL"
+    out = clip(text, 300)
+    assert out.startswith("HEAD") and out.endswith("TAIL") and len(out) < 400

@@ -1,0 +1,111 @@
+"""KernelBench interop: import a generations folder, rescore it with the real rescore path (fake
+evaluator), report it, export it back in KernelBench's layout, and `kloop show` a trajectory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from report_fixtures import MarkerEvaluator, T, write_run
+from typer.testing import CliRunner
+
+from agent import replay as replay_lib
+from agent.report.build import build_report
+from agent.report_cli import register
+from agent.store import RunStore
+
+KERNELS = {
+    "level_3_problem_1_sample_0_kernel.py": "import torch\n# speedup=1.5\nclass ModelNew(torch.nn.Module):\n    pass\n",
+    "level_3_problem_1_sample_1_kernel.py": "import torch\n# speedup=2.5\nclass ModelNew(torch.nn.Module):\n    pass\n",
+    "level_3_problem_4_sample_0_kernel.py": "import torch\n# verdict=incorrect\nclass ModelNew(torch.nn.Module):\n    pass\n",
+}
+
+
+def cli(*args: str):
+    app = typer.Typer()
+    register(app)
+    return CliRunner().invoke(app, list(args))
+
+
+@pytest.fixture
+def generations(tmp_path):
+    src = tmp_path / "kb_run"
+    src.mkdir()
+    for name, text in KERNELS.items():
+        (src / name).write_text(text)
+    (src / "generation_config.yaml").write_text("model_name: some-model\ntemperature: 0.0\n")
+    (src / "eval_results.json").write_text("{}")
+    return src
+
+
+def test_import_rescore_report_export_round_trip(generations, tmp_path):
+    run = tmp_path / "runs" / "imported"
+    result = cli("import", "kernelbench", str(generations), "--out", str(run))
+    assert result.exit_code == 0, result.output
+    store = RunStore.open(run)
+    record = store.config_record()
+    assert record.config.model.spec == "kernelbench-import:some-model"
+    assert (record.config.strategy.kind, record.config.strategy.samples, record.config.strategy.turns) == ("best_of_n", 2, 1)
+    turns = sorted(store.turns(), key=lambda t: (t.problem_id, t.episode))
+    assert [(t.problem_id, t.episode, t.turn) for t in turns] == [("L3/1", 0, 1), ("L3/1", 1, 1), ("L3/4", 0, 1)]
+    for t, name in zip(turns, KERNELS, strict=True):
+        assert t.code == KERNELS[name] == (run / t.kernel_path).read_text()
+        assert (t.messages, t.reply.text, t.eval, t.reply.cost_usd) == ([], "", None, None)
+        assert t.reply.raw["kloop_import"]["file"] == name
+    assert {e.stop_reason for e in store.episodes()} == {"max_turns"}
+
+    before = build_report([run], n_boot=0).runs[0]
+    assert [p.status for p in before.problems] == ["unevaluated", "unevaluated"]
+    assert any("not evaluated yet" in w for w in before.warnings)
+    assert {c.axis for c in before.curves if not c.available} == {"tokens", "dollars"}
+
+    rescored = tmp_path / "runs" / "rescored"
+    replay_lib.rescore(run, rescored, evaluator=MarkerEvaluator())
+    after = build_report([rescored], n_boot=0).runs[0]
+    assert [(p.status, p.speedup_vs_eager, p.best_episode) for p in after.problems] == [
+        ("correct", 2.5, 1), ("incorrect", None, None)]
+    assert after.metrics.fast(2.0) == 0.5
+
+    best = tmp_path / "export_best"
+    assert cli("export", str(rescored), str(best)).exit_code == 0
+    assert sorted(p.name for p in best.glob("*_kernel.py")) == ["level_3_problem_1_sample_0_kernel.py"]
+    assert (best / "level_3_problem_1_sample_0_kernel.py").read_text() == KERNELS["level_3_problem_1_sample_1_kernel.py"]
+    manifest = json.loads((best / "kloop_export.json").read_text())
+    assert manifest["kernels"][0]["speedup_vs_eager"] == 2.5
+
+    everything = tmp_path / "export_all"
+    assert cli("export", str(run), str(everything), "--all").exit_code == 0
+    assert {p.name: p.read_text() for p in everything.glob("*_kernel.py")} == KERNELS
+
+
+def test_import_refuses_what_it_cannot_map(tmp_path, generations):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = cli("import", "kernelbench", str(empty), "--out", str(tmp_path / "r1"))
+    assert result.exit_code == 2 and "no level_<L>_problem" in result.output
+    (generations / "level_3_problem_99_sample_0_kernel.py").write_text("x = 1\n")
+    result = cli("import", "kernelbench", str(generations), "--out", str(tmp_path / "r2"))
+    assert result.exit_code == 2 and "level 3 problem 99" in result.output
+    assert not (tmp_path / "r2").exists()
+
+
+def test_show_prints_each_turn_with_verdict_and_feedback(tmp_path):
+    run = write_run(tmp_path / "run", ["L3/1", "L3/2"],
+                    [T("L3/1", "compile_error"), T("L3/1", eager=1.7, compile=1.3), T("L3/2", "incorrect")])
+    result = cli("show", str(run), "--problem", "L3/1")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "episode 0" in out and "turn 1: compile_error" in out and "turn 2: correct" in out
+    assert "verdict: correct" in out and "1.7x vs eager" in out
+    assert "FEEDBACK for turn 1: compile_error" in out and "FEEDBACK for turn 2: correct" in out
+    assert "Write a kernel for 1_MLP" in out and "class ModelNew" in out
+    assert "L3/2" not in out
+
+    one = cli("show", str(run), "-p", "1_MLP", "--episode", "0", "--turn", "1").output
+    assert "turn 1: compile_error" in one and "turn 2:" not in one
+
+    index = cli("show", str(run))
+    assert index.exit_code == 0 and "L3/2" in index.output and "max_turns" in index.output
+    missing = cli("show", str(run), "--problem", "L3/9")
+    assert missing.exit_code == 2 and "no turns of L3/9" in missing.output

@@ -1,0 +1,94 @@
+"""`kloop report` end to end: Markdown, valid PNGs, one self-contained HTML page, JSON numbers."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+
+import pytest
+import typer
+from report_fixtures import T, write_run
+from typer.testing import CliRunner
+
+from agent.report_cli import register
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def app() -> typer.Typer:
+    a = typer.Typer()
+    register(a)
+    return a
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC and data[12:16] == b"IHDR", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture
+def two_runs(tmp_path):
+    a = write_run(tmp_path / "runA", ["L3/1", "L3/2", "L3/3"],
+                  [T("L3/1", "incorrect"), T("L3/1", eager=1.8, compile=1.1), T("L3/2", "compile_error"),
+                   T("L3/3", eager=3.0, compile=2.0, flags=("excessive_speedup",))])
+    b = write_run(tmp_path / "runB", ["L3/1", "L3/2", "L3/3"],
+                  [T("L3/1", eager=1.2, compile=0.9), T("L3/2", "rejected", rule="timing_patch")],
+                  strategy={"samples": 2, "turns": 1})
+    return a, b
+
+
+def test_report_markdown_html_json(two_runs, tmp_path):
+    out = tmp_path / "rep"
+    result = CliRunner().invoke(app(), ["report", *map(str, two_runs), "--out", str(out), "--html", "--json",
+                                        "--bootstrap", "200"])
+    assert result.exit_code == 0, result.output
+
+    md = (out / "report.md").read_text()
+    for text in ("## Summary", "## Excluding degenerate problems", "## Per problem, side by side",
+                 "## Run runA", "## Run runB", "L3/3 (degenerate)", "timing_patch 1", "excessive_speedup 1"):
+        assert text in md, text
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert len(images) == 4
+    for name in images:
+        w, h = png_size(out / name)
+        assert 200 < w < 1200 and 100 < h < 800
+
+    page = (out / "report.html").read_text()
+    assert page.count('src="data:image/png;base64,') == 4
+    assert "http://" not in page and "https://" not in page
+    assert not re.search(r"<(script|link|iframe)\b|@import|url\(", page)
+    assert re.findall(r'src="([^"]*)"', page) == [s for s in re.findall(r'src="([^"]*)"', page)
+                                                    if s.startswith("data:image/png;base64,")]
+
+    data = json.loads(result.stdout)
+    assert data == json.loads((out / "report.json").read_text())
+    run_a = data["runs"][0]
+    assert run_a["label"] == "runA" and run_a["degenerate"] == ["L3/3"]
+    fast = {f["p"]: f["vs_eager"]["value"] for f in run_a["metrics"]["fast_p"]}
+    assert fast[1.0] == pytest.approx(2 / 3) and fast[2.0] == pytest.approx(1 / 3)
+    assert run_a["metrics_excluding_degenerate"]["problems"] == 2
+    assert [c["axis"] for c in run_a["curves"]] == ["turns", "calls", "tokens", "dollars", "eval_s", "wall_s"]
+    assert {m["axis"] for m in data["matched"]} == {"turns", "calls", "tokens", "dollars", "eval_s", "wall_s"}
+
+
+def test_report_on_a_path_that_is_no_run(tmp_path):
+    result = CliRunner().invoke(app(), ["report", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "neither a run directory" in result.output
+
+
+def test_bundled_example_run(tmp_path):
+    examples = sorted(REPO.glob("runs/example*/config.json")) + sorted(REPO.glob("runs/examples/*/config.json")) \
+        + sorted(REPO.glob("agent/demo/*/config.json"))
+    if not examples:
+        pytest.skip("no bundled example run committed yet (runs/example-*/ or agent/demo/<run>/)")
+    run = examples[0].parent
+    out = tmp_path / "example-report"
+    result = CliRunner().invoke(app(), ["report", str(run), "--out", str(out), "--html", "--bootstrap", "50"])
+    assert result.exit_code == 0, result.output
+    md = (out / "report.md").read_text()
+    assert "## Summary" in md and (out / "report.html").is_file()
