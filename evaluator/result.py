@@ -7,7 +7,7 @@ Bump `EVAL_SCHEMA_VERSION` on any change that breaks reading old records.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,7 +27,8 @@ Backend = Literal["cuda", "triton", "torch"]
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN/inf (e.g. a worst element the candidate got as NaN) serialise as strings and parse back.
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
 
 class ErrorInfo(_Record):
@@ -52,9 +53,25 @@ class CompileDiagnostic(_Record):
     """How many times this same message appeared (e.g. once per template instantiation)."""
 
 
+class KernelResources(_Record):
+    """Per-kernel resource use reported by ptxas/cuobjdump for the compiled target."""
+
+    kernel: str
+    registers: int | None = None
+    spill_bytes: int | None = None
+    """Bytes of spill stores (ptxas -v), when known."""
+    local_bytes: int | None = None
+    """Local memory per thread (spills and local arrays), from cuobjdump."""
+    shared_bytes: int | None = None
+
+
 class CompileLog(_Record):
     backend: Backend
     ok: bool
+    infra_error: str | None = None
+    """Set when the compile check could not be completed for a reason that is not the candidate's
+    fault (a missing SDK header on this machine, no nvcc, a compiler timeout). `ok` is then False
+    and the verdict must not be `compile_error`."""
     diagnostics: list[CompileDiagnostic] = Field(default_factory=list)
     log_tail: str = ""
     """The last part of the full compiler output (the full log is in `log_path`)."""
@@ -62,6 +79,9 @@ class CompileLog(_Record):
     cache_hit: bool = False
     target: str | None = None
     """What was compiled for, e.g. `sm_90` or `host-only check`."""
+    resources: list[KernelResources] = Field(default_factory=list)
+    seconds: float | None = None
+    """Wall time of the build or check (near zero on a cache hit)."""
 
 
 class WorstElement(_Record):
@@ -176,6 +196,8 @@ class EvalResult(_Record):
     candidate_sha256: str
     policy: str
     device: str
+    problem_overrides: dict[str, Any] = Field(default_factory=dict)
+    """Module constants of the problem replaced for this run (e.g. reduced sizes in CI)."""
     compile: CompileLog | None = None
     correctness: list[CorrectnessTrial] = Field(default_factory=list)
     timing: TimingStats | None = None

@@ -1,0 +1,132 @@
+"""Measuring tool for the evaluator (GPU machine): where an evaluation spends its time, what the
+build cache saves, and how repeatable the timings are. No targets; it prints numbers.
+
+    python bench/evaluator.py [--device cuda] [--repeats 5] [--only stages,compile,cv]
+
+1. Per-stage wall time of a fixed set of candidates, with a cold and then a warm cache.
+2. Compile time of kloop's cached `load_inline` against plain `load_inline`, side by side
+   (cold: empty cache or extensions dir; warm: second run), each in a fresh process.
+3. Spread of repeated timings of one kernel: the median of each of N evaluations, their CV, and
+   the within-run CV of the trials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests" / "evaluator")]
+
+from eval_helpers import CANDIDATES, candidate  # noqa: E402
+
+from evaluator.config import EvalConfig  # noqa: E402
+from evaluator.pipeline import evaluate  # noqa: E402
+
+MLP_MEDIUM = {"batch_size": 64, "input_size": 4096, "layer_sizes": [4096, 4096],
+              "output_size": 2048}
+FIXED_SET = [
+    ("L3/1", "mlp_triton.py", MLP_MEDIUM),
+    ("L3/1", "mlp_cuda_relu.py", MLP_MEDIUM),
+    ("L3/43", "attention_cuda.py", {}),
+    ("L3/8", "resnet_block_bn_relu_cuda.py", {}),
+]
+CUDA_SOURCES = ["mlp_cuda_relu.py", "attention_cuda.py", "resnet_block_bn_relu_cuda.py"]
+STAGES = ["static", "compile", "reference", "load", "correctness", "timing", "profile",
+          "candidate"]
+
+# Imports one candidate file in a fresh interpreter and prints how long the import took, either
+# through plain load_inline (TORCH_EXTENSIONS_DIR given) or through kloop's build cache.
+_IMPORT_SCRIPT = r"""
+import importlib.util, os, sys, time
+mode, path, root = sys.argv[1:4]
+if mode == "kloop":
+    from pathlib import Path
+    from evaluator import buildcache
+    buildcache.install_load_inline_cache(Path(root), arch=None)
+else:
+    os.environ["TORCH_EXTENSIONS_DIR"] = root
+import torch.utils.cpp_extension  # noqa: F401  (not part of the measured time)
+t0 = time.perf_counter()
+spec = importlib.util.spec_from_file_location("candidate", path)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+print(time.perf_counter() - t0)
+"""
+
+
+def stage_times(device: str) -> None:
+    print("\n== per-stage wall time (s): cold cache, then warm ==")
+    header = f"{'candidate':34} {'cache':5} {'status':8} " + " ".join(f"{s[:8]:>8}" for s in STAGES)
+    print(header)
+    with tempfile.TemporaryDirectory() as cache:
+        for problem, name, sizes in FIXED_SET:
+            for label in ("cold", "warm"):
+                config = EvalConfig(device=device, cache_dir=Path(cache), problem_overrides=sizes)
+                t0 = time.monotonic()
+                r = evaluate(problem, candidate(name), config)
+                cells = " ".join(f"{r.stage_seconds.get(s, 0.0):8.2f}" for s in STAGES)
+                print(f"{problem + ' ' + name:34} {label:5} {r.status:8} {cells}  "
+                      f"total {time.monotonic() - t0:6.1f}")
+
+
+def _import_time(mode: str, path: Path, root: Path) -> float:
+    p = subprocess.run([sys.executable, "-c", _IMPORT_SCRIPT, mode, str(path), str(root)],
+                       cwd=REPO, capture_output=True, text=True, check=True)
+    return float(p.stdout.strip().splitlines()[-1])
+
+
+def compile_times() -> None:
+    print("\n== compile time (s): plain load_inline vs kloop's cached path, fresh processes ==")
+    print(f"{'candidate':34} {'plain cold':>10} {'plain warm':>10} {'kloop cold':>10} "
+          f"{'kloop warm':>10}")
+    for name in CUDA_SOURCES:
+        path = CANDIDATES / name
+        with tempfile.TemporaryDirectory() as plain, tempfile.TemporaryDirectory() as kloop:
+            row = [_import_time("plain", path, Path(plain)), _import_time("plain", path, Path(plain)),
+                   _import_time("kloop", path, Path(kloop)), _import_time("kloop", path, Path(kloop))]
+        print(f"{name:34} " + " ".join(f"{t:10.2f}" for t in row))
+
+
+def timing_spread(device: str, repeats: int) -> None:
+    print(f"\n== spread of repeated timings: {repeats} evaluations of one kernel ==")
+    problem, name, sizes = FIXED_SET[1]
+    medians, within = [], []
+    with tempfile.TemporaryDirectory() as cache:
+        for _ in range(repeats):
+            r = evaluate(problem, candidate(name),
+                         EvalConfig(device=device, cache_dir=Path(cache), problem_overrides=sizes,
+                                    baselines="none", profile=False))
+            if r.timing is None:
+                print(f"no timing ({r.status}): {r.error}")
+                return
+            medians.append(r.timing.median_ms)
+            within.append(r.timing.std_ms / r.timing.mean_ms)
+    mean = statistics.fmean(medians)
+    cv = statistics.pstdev(medians) / mean if mean else float("nan")
+    print(f"{problem} {name}: medians (ms) {', '.join(f'{m:.4f}' for m in medians)}")
+    print(f"CV across evaluations {cv:.2%}; within-run CV mean {statistics.fmean(within):.2%}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--only", default="stages,compile,cv")
+    args = parser.parse_args()
+    parts = set(args.only.split(","))
+    if "stages" in parts:
+        stage_times(args.device)
+    if "compile" in parts:
+        compile_times()
+    if "cv" in parts:
+        timing_spread(args.device, args.repeats)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,351 @@
+"""A content-addressed build cache for `load_inline`, installed inside the candidate process.
+
+The candidate calls `torch.utils.cpp_extension.load_inline` at import time. We replace it with a
+wrapper that keys the build on everything that changes the binary (sources, flags, torch and CUDA
+versions, GPU arch, Python ABI). A hit imports the built `.so` directly, with no FileBaton lock,
+so a build killed half-way can never leave a stale lock behind. A miss builds with the real
+`load_inline` into a private temporary directory that is atomically renamed to
+`cache_root/<key>` once complete; if another process finished the same key first, theirs stays.
+
+On a machine without CUDA the check-only mode records the call, compile-checks the sources with
+nvcc and raises `CudaNotAvailable` carrying the CompileLog, so the child can report `not_run` with
+real compile feedback. Every call appends a `BuildRecord` to `BUILD_RECORDS`, which the child
+reads whatever the candidate did with the exception.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import sysconfig
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from evaluator.diagnostics import build_source_map, make_compile_log, parse_nvcc_log
+from evaluator.nvcc import (
+    CPP_IMPLICIT_HEADERS,
+    CUDA_IMPLICIT_HEADERS,
+    as_list,
+    nvcc_check,
+    nvcc_version,
+)
+from evaluator.result import CompileLog
+
+log = logging.getLogger(__name__)
+
+KEY_VERSION = 1
+META_FILE = "kloop_build.json"
+_STALE_TMP_S = 24 * 3600
+# Arguments that do not change the built binary.
+_NOT_IN_KEY = {"build_directory", "verbose", "keep_intermediates"}
+_SINGLE_ARCH = re.compile(r"(?:sm_|compute_)?(\d+)(?:\.(\d))?(a)?")
+
+
+class BuildRecord(BaseModel):
+    """One `load_inline` call made by the candidate."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    key: str
+    mode: Literal["build", "check"]
+    cache_hit: bool
+    ok: bool
+    seconds: float
+    path: str | None = None
+    """The cache entry (build mode) or check directory (check mode)."""
+    compile: CompileLog | None = None
+
+
+BUILD_RECORDS: list[BuildRecord] = []
+
+
+class CudaNotAvailable(BaseException):
+    """Raised instead of building a CUDA extension on a machine without CUDA.
+
+    A BaseException so that a candidate's `except Exception` around `load_inline` does not
+    swallow it; the BuildRecord is written before it is raised in any case.
+    """
+
+    def __init__(self, compile_log: CompileLog) -> None:
+        super().__init__("CUDA is not available here; the sources were only compile-checked")
+        self.compile_log = compile_log
+
+
+class _Installed(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    real: Any
+    mode: Literal["build", "check"]
+    cache_root: Path
+    arch: str | None
+    work_root: Path | None = None
+    timeout_s: float = 300.0
+    candidate_source: str | None = None
+    candidate_name: str | None = None
+
+
+_state: _Installed | None = None
+
+
+def normalise_arch(arch: str | None) -> str | None:
+    """`sm_90` / `9.0` / `90` -> `sm_90` (`9.0a` -> `sm_90a`); a list such as `8.0;9.0+PTX`
+    is returned unchanged (it still keys the cache, and torch reads it from the environment)."""
+    if not arch or not arch.strip():
+        return None
+    m = _SINGLE_ARCH.fullmatch(arch.strip())
+    if m is None:
+        return arch.strip()
+    return f"sm_{m.group(1)}{m.group(2) or ''}{m.group(3) or ''}"
+
+
+def _torch_arch_list(arch: str) -> str | None:
+    """`sm_90a` -> `9.0a`, the TORCH_CUDA_ARCH_LIST spelling; None for anything but one arch."""
+    m = re.fullmatch(r"sm_(\d+)(\d)(a?)", arch)
+    return f"{m.group(1)}.{m.group(2)}{m.group(3)}" if m else None
+
+
+def _detect_arch() -> str | None:
+    import torch
+
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return f"sm_{major}{minor}"
+    return None
+
+
+def build_key(args: dict[str, Any], arch: str | None) -> str:
+    """sha256 over the build inputs and the toolchain."""
+    import torch
+
+    payload = {
+        "v": KEY_VERSION,
+        "args": {k: v for k, v in sorted(args.items()) if k not in _NOT_IN_KEY},
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nvcc": nvcc_version(),
+        "arch": arch,
+        "python": [sys.implementation.cache_tag, sysconfig.get_config_var("EXT_SUFFIX")],
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def _bind(real: Callable[..., Any], args: tuple, kwargs: dict) -> dict[str, Any]:
+    bound = inspect.signature(real).bind(*args, **kwargs)
+    bound.apply_defaults()
+    out = dict(bound.arguments)
+    for k in ("cpp_sources", "cuda_sources"):
+        out[k] = as_list(out.get(k))
+    return out
+
+
+def _import_built(entry: Path) -> Any:
+    meta = json.loads((entry / META_FILE).read_text())
+    so = entry / meta["so"]
+    if not meta["is_python_module"]:
+        import torch
+
+        torch.ops.load_library(str(so))
+        return str(so)
+    spec = importlib.util.spec_from_file_location(meta["module"], so)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {so}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _source_maps(args: dict[str, Any]) -> dict:
+    st = _state
+    assert st is not None
+    implicit = not args.get("no_implicit_headers", False)
+    cpp = as_list(args.get("cpp_sources"))
+    return {
+        "main.cpp": build_source_map(
+            "main.cpp", len(CPP_IMPLICIT_HEADERS) if implicit else 0,
+            [("cpp_sources", p) for p in cpp], st.candidate_source, st.candidate_name),
+        "cuda.cu": build_source_map(
+            "cuda.cu", len(CUDA_IMPLICIT_HEADERS) if implicit else 0,
+            [("cuda_sources", p) for p in as_list(args.get("cuda_sources"))],
+            st.candidate_source, st.candidate_name),
+    }
+
+
+def _failed_log(exc: BaseException, args: dict[str, Any], log_path: Path) -> CompileLog:
+    text = f"{type(exc).__name__}: {exc}"
+    backend = "cuda" if args.get("cuda_sources") else "torch"
+    return make_compile_log(backend, False, text, parse_nvcc_log(text, _source_maps(args)),
+                            log_path, target=_state.arch if _state else None)
+
+
+def _publish(tmp: Path, entry: Path, result: Any, args: dict[str, Any]) -> None:
+    """Write the metadata, then move the finished build to its final name in one rename."""
+    if args.get("is_python_module", True):
+        module, so = result.__name__, Path(result.__file__).name
+    else:
+        so = Path(result).name
+        module = Path(result).stem
+    (tmp / META_FILE).write_text(json.dumps(
+        {"module": module, "so": so, "is_python_module": bool(args.get("is_python_module", True))}
+    ))
+    for obj in tmp.glob("*.o"):
+        obj.unlink()  # intermediates only; the .so is all a hit needs
+    try:
+        os.rename(tmp, entry)
+    except OSError:
+        # Another process published the same key first; both builds are equivalent.
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build(args: dict[str, Any], key: str) -> Any:
+    st = _state
+    assert st is not None
+    entry = st.cache_root / key
+    start = time.monotonic()
+    if (entry / META_FILE).is_file():
+        try:
+            result = _import_built(entry)
+        except Exception as exc:
+            BUILD_RECORDS.append(BuildRecord(
+                name=args["name"], key=key, mode="build", cache_hit=True, ok=False,
+                seconds=time.monotonic() - start, path=str(entry),
+                compile=_failed_log(exc, args, st.cache_root / "logs" / f"{key}.log")))
+            raise
+        BUILD_RECORDS.append(BuildRecord(
+            name=args["name"], key=key, mode="build", cache_hit=True, ok=True,
+            seconds=time.monotonic() - start, path=str(entry)))
+        return result
+    tmp = st.cache_root / f".tmp-{key[:16]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    call = dict(args, build_directory=str(tmp))
+    call["cpp_sources"], call["cuda_sources"] = list(args["cpp_sources"]), list(args["cuda_sources"])
+    try:
+        result = st.real(**call)
+    except Exception as exc:
+        clog = _failed_log(exc, args, st.cache_root / "logs" / f"{key}.log")
+        BUILD_RECORDS.append(BuildRecord(
+            name=args["name"], key=key, mode="build", cache_hit=False, ok=False,
+            seconds=time.monotonic() - start, compile=clog))
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _publish(tmp, entry, result, args)
+    BUILD_RECORDS.append(BuildRecord(
+        name=args["name"], key=key, mode="build", cache_hit=False, ok=True,
+        seconds=time.monotonic() - start, path=str(entry)))
+    return result
+
+
+def _check(args: dict[str, Any], key: str) -> None:
+    st = _state
+    assert st is not None and st.work_root is not None
+    start = time.monotonic()
+    work = st.work_root / f"{args['name']}-{key[:12]}"
+    clog = nvcc_check(
+        args["cuda_sources"], args["cpp_sources"], args.get("extra_cuda_cflags"), work,
+        arch=st.arch or "sm_90", timeout_s=st.timeout_s, functions=args.get("functions"),
+        extra_cflags=args.get("extra_cflags"),
+        extra_include_dirs=as_list(args.get("extra_include_paths")),
+        no_implicit_headers=bool(args.get("no_implicit_headers", False)),
+        candidate_source=st.candidate_source, candidate_name=st.candidate_name,
+    )
+    BUILD_RECORDS.append(BuildRecord(
+        name=args["name"], key=key, mode="check", cache_hit=clog.cache_hit, ok=clog.ok,
+        seconds=time.monotonic() - start, path=str(work), compile=clog))
+    raise CudaNotAvailable(clog)
+
+
+def _wrapper(*args: Any, **kwargs: Any) -> Any:
+    st = _state
+    assert st is not None, "load_inline hook called after uninstall()"
+    bound = _bind(st.real, args, kwargs)
+    key = build_key(bound, st.arch)
+    if st.mode == "check" and bound["cuda_sources"]:
+        _check(bound, key)
+    return _build(bound, key)
+
+
+def _clean_stale(cache_root: Path) -> None:
+    now = time.time()
+    for tmp in cache_root.glob(".tmp-*"):
+        try:
+            if now - tmp.stat().st_mtime > _STALE_TMP_S:
+                shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def _install(state: _Installed) -> None:
+    global _state
+    import torch.utils.cpp_extension as cpp_ext
+
+    if _state is None:
+        state.real = cpp_ext.load_inline
+    else:
+        state.real = _state.real
+    state.cache_root.mkdir(parents=True, exist_ok=True)
+    _clean_stale(state.cache_root)
+    arch_list = _torch_arch_list(state.arch) if state.arch else None
+    if arch_list and state.mode == "build":
+        # torch reads the target list from here; pin it so the key and the binary agree.
+        os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
+    _state = state
+    cpp_ext.load_inline = _wrapper
+
+
+def install_load_inline_cache(
+    cache_root: Path,
+    *,
+    arch: str | None,
+    candidate_source: str | None = None,
+    candidate_name: str | None = None,
+) -> None:
+    """Replace `torch.utils.cpp_extension.load_inline` with the cached build (see module doc).
+
+    `arch` (`sm_90`, `9.0`) defaults to the current device's. Call before importing the candidate.
+    """
+    _install(_Installed(
+        real=None, mode="build", cache_root=cache_root, arch=normalise_arch(arch) or _detect_arch(),
+        candidate_source=candidate_source, candidate_name=candidate_name,
+    ))
+
+
+def install_compile_check_only(
+    cache_root: Path,
+    work_root: Path,
+    *,
+    arch: str = "sm_90",
+    timeout_s: float = 300.0,
+    candidate_source: str | None = None,
+    candidate_name: str | None = None,
+) -> None:
+    """On a machine without CUDA: compile-check CUDA extensions and raise `CudaNotAvailable`.
+
+    CPU-only extensions (no `cuda_sources`) are still built, through the cache.
+    """
+    _install(_Installed(
+        real=None, mode="check", cache_root=cache_root, arch=normalise_arch(arch),
+        work_root=work_root, timeout_s=timeout_s,
+        candidate_source=candidate_source, candidate_name=candidate_name,
+    ))
+
+
+def uninstall() -> None:
+    """Restore the real `load_inline` (tests; a child process simply exits)."""
+    global _state
+    import torch.utils.cpp_extension as cpp_ext
+
+    if _state is not None:
+        cpp_ext.load_inline = _state.real
+        _state = None

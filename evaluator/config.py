@@ -1,0 +1,178 @@
+"""Evaluation configuration: `EvalConfig` (what to run, where, with which limits) and the named
+policies (how strictly to judge).
+
+A policy is the part of the configuration that decides what a number *means* (tolerances,
+trial counts, TF32, which statistic drives the speedup), so it is named and recorded in every
+result. `EvalConfig` holds the operational knobs (device, timeouts, memory, caches).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Precision = Literal["fp32", "fp16", "bf16"]
+BaselineMode = Literal["auto", "eager", "compile", "both", "none"]
+
+
+class Policy(BaseModel):
+    """How a candidate is judged. Frozen: a policy is identified by its name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str
+    tol_fp32: float = 1e-4
+    """atol = rtol for fp32 runs (`torch.allclose` semantics: |a-b| <= atol + rtol*|b|)."""
+    tol_half: float = 1e-2
+    """atol = rtol for fp16 and bf16 runs."""
+    correct_trials: int = 5
+    """Correctness trials on fresh random inputs."""
+    allow_tf32: bool | None = False
+    """TF32 for matmul and cuDNN, set identically in reference and candidate before anything is
+    built. None leaves PyTorch's defaults (cuDNN TF32 on, matmul off)."""
+    timing_trials: int = 100
+    warmup_calls: int = 3
+    warmup_ms: float = 25.0
+    """After the warm-up calls, keep calling until this much host time has passed."""
+    timing_input_sets: int = 4
+    """Cloned input sets used round-robin during timing so a cached output cannot help."""
+    speedup_stat: Literal["median", "mean"] = "median"
+    """Which timing statistic the speedups are computed from."""
+    post_timing_check: bool = True
+    """Re-check the output on one more fresh input after timing."""
+    input_mutation: Literal["reject", "flag"] = "reject"
+    """What a candidate that writes into its input tensors gets."""
+    excessive_speedup: float = 10.0
+    """Flag (never fail) speedups over eager above this factor."""
+
+    def tolerance(self, precision: Precision) -> float:
+        return self.tol_fp32 if precision == "fp32" else self.tol_half
+
+
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy(
+            name="strict",
+            description="Isolated run, TF32 off in reference and candidate, rotated timing "
+            "inputs, post-timing re-check, input mutation rejected; median for speedups.",
+        ),
+        # KernelBench main: same tolerances and trial counts, PyTorch's default backend flags,
+        # the mean of 100 L2-flushed trials on one input set. Process isolation stays: it
+        # changes no number, only what a crashing or cheating candidate can do.
+        Policy(
+            name="kernelbench",
+            description="Reproduces KernelBench main: tol 1e-4 fp32 / 1e-2 fp16+bf16, 5 trials, "
+            "PyTorch default backend flags, mean of 100 L2-flushed trials.",
+            allow_tf32=None,
+            timing_input_sets=1,
+            speedup_stat="mean",
+            post_timing_check=False,
+            input_mutation="flag",
+        ),
+    )
+}
+
+
+class UnknownPolicyError(ValueError):
+    """A policy name that is not in `POLICIES`."""
+
+
+def get_policy(name: str) -> Policy:
+    """The named policy; unknown names list the known ones."""
+    try:
+        return POLICIES[name]
+    except KeyError:
+        known = ", ".join(sorted(POLICIES))
+        raise UnknownPolicyError(f"unknown policy {name!r}; known policies: {known}") from None
+
+
+class StageTimeouts(BaseModel):
+    """Wall-clock limits in seconds, per stage of a child process."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    startup: float = 120.0
+    """From spawn until the child reports its first stage (interpreter and torch imports)."""
+    compile: float = 900.0
+    """Compile-only child: importing the candidate builds its extensions (nvcc can be slow)."""
+    load: float = 900.0
+    """Candidate child: import the candidate (builds extensions unless cached) and build ModelNew."""
+    correctness: float = 300.0
+    timing: float = 600.0
+    profile: float = 300.0
+    reference: float = 600.0
+    """Reference worker: build the reference, draw inputs, compute expected outputs."""
+    baselines: float = 1800.0
+    """Reference worker: time eager and torch.compile baselines (compile includes inductor)."""
+
+
+def _default_cache_dir() -> Path:
+    return Path(os.environ.get("KLOOP_CACHE_DIR", Path.home() / ".cache" / "kloop"))
+
+
+class EvalConfig(BaseModel):
+    """Everything `evaluate` needs besides the problem and the candidate source."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: str = "strict"
+    """Name of a policy in `POLICIES`."""
+    device: str = "auto"
+    """`auto` (cuda if available, else cpu), `cpu`, `cuda` or `cuda:N`."""
+    precision: Precision = "fp32"
+    problem_overrides: dict[str, Any] = Field(default_factory=dict)
+    """Module-level constants of the problem replaced before use, in reference and candidate
+    (e.g. `{"batch_size": 2}`), so CI can run problems at reduced sizes."""
+    timeouts: StageTimeouts = Field(default_factory=StageTimeouts)
+    cpu_memory_limit_gb: float = 8.0
+    """Address-space limit (RLIMIT_AS) of a child on CPU; CUDA children cannot use it."""
+    host_rss_limit_gb: float = 64.0
+    """The harness kills a child whose resident memory exceeds this."""
+    cpu_timing_trials: int = 5
+    """Host-clock timing trials on CPU (not comparable with GPU numbers)."""
+    cpu_warmup_calls: int = 1
+    cpu_threads: int = 1
+    """Intra-op threads of CPU children (OMP_NUM_THREADS): one by default, so parallel
+    evaluations on a small machine do not oversubscribe it."""
+    baselines: BaselineMode = "auto"
+    """Which reference baselines to time: `auto` is both on CUDA and eager only on CPU."""
+    profile: bool = True
+    """One profiled forward for correct candidates."""
+    ncu: bool = False
+    """Also collect Nsight Compute metrics for the top custom kernel (GPU with ncu only)."""
+    triton_aot: bool = True
+    """On a machine without a GPU, also compile Triton kernels for sm_90 to catch errors the
+    interpreter misses."""
+    cache_dir: Path = Field(default_factory=_default_cache_dir)
+    """Baseline timings, extension builds and inductor caches live under here."""
+    work_root: Path | None = None
+    """Parent of the per-evaluation temporary directories (default: the system temp dir)."""
+    keep_workdir: bool = False
+    """Keep the temporary directories for debugging (their paths are logged)."""
+    output_tail_bytes: int = 65536
+    """How much of a child's stdout and stderr is kept (the tail)."""
+    salt: str | None = None
+    """Seed salt for the correctness inputs; None draws a fresh random one per evaluation
+    (so a candidate cannot hard-code its inputs). Set it only to reproduce a run."""
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        get_policy(v)
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device_form(cls, v: str) -> str:
+        ok = v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isdigit())
+        if not ok:
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, not {v!r}")
+        return v
+
+    def resolved_policy(self) -> Policy:
+        return get_policy(self.policy)

@@ -1,0 +1,92 @@
+"""Output comparison in the harness: one `OutputDiff` per output tensor.
+
+The test is `torch.allclose` semantics, elementwise |got - expected| <= atol + rtol*|expected|
+with atol = rtol = the policy's tolerance; NaN never matches (not even NaN), an infinity
+matches only the same infinity. Only plain `torch.Tensor` outputs are accepted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from evaluator.result import OutputDiff, WorstElement
+
+N_WORST = 5
+
+
+def compare_outputs(expected: list[Any], got: list[Any], got_types: list[str],
+                    tol: float) -> list[OutputDiff]:
+    """Compare every expected output with what the candidate returned (same position)."""
+    if len(got) != len(expected):
+        first = expected[0] if expected else None
+        return [OutputDiff(
+            ok=False, expected_shape=list(first.shape) if first is not None else [],
+            expected_dtype=str(first.dtype) if first is not None else "none",
+            message=f"returned {len(got)} outputs, expected {len(expected)}",
+        )]
+    return [
+        compare_tensor(i, e, g, t, tol)
+        for i, (e, g, t) in enumerate(zip(expected, got, got_types, strict=True))
+    ]
+
+
+def compare_tensor(index: int, expected: torch.Tensor, got: Any, got_type: str,
+                   tol: float) -> OutputDiff:
+    base = dict(output_index=index, expected_shape=list(expected.shape),
+                expected_dtype=str(expected.dtype))
+    if got_type != "torch.Tensor" or not isinstance(got, torch.Tensor):
+        return OutputDiff(ok=False, got_type=got_type, **base,
+                          message=f"output {index} is a {got_type}, not a plain torch.Tensor")
+    base.update(got_shape=list(got.shape), got_dtype=str(got.dtype))
+    if got.shape != expected.shape:
+        return OutputDiff(ok=False, **base, message=f"shape {list(got.shape)} != expected "
+                          f"{list(expected.shape)}")
+    if got.dtype != expected.dtype:
+        return OutputDiff(ok=False, **base, message=f"dtype {got.dtype} != expected "
+                          f"{expected.dtype}")
+    return _compare_values(expected, got, tol, base)
+
+
+def _compare_values(expected: torch.Tensor, got: torch.Tensor, tol: float,
+                    base: dict[str, Any]) -> OutputDiff:
+    wide = torch.float64 if expected.dtype == torch.float64 else torch.float32
+    e, g = expected.to(wide), got.to(wide)
+    nan_e, nan_g = int(e.isnan().sum()), int(g.isnan().sum())
+    inf_e, inf_g = int(e.isinf().sum()), int(g.isinf().sum())
+    same_inf = e.isinf() & (e == g)
+    diff = (g - e).abs()
+    diff = torch.where(same_inf, torch.zeros_like(diff), diff)
+    bound = tol + tol * e.abs()
+    # An infinity (on either side) matches only the same infinity; NaN matches nothing.
+    ok_elem = torch.where(e.isinf() | g.isinf(), same_inf, diff <= bound)
+    ok_elem &= ~(e.isnan() | g.isnan())
+    n = e.numel()
+    mismatch = n - int(ok_elem.sum())
+    finite = diff[diff.isfinite()]
+    max_abs = float(finite.max()) if finite.numel() else None
+    nonzero = e.abs() > 0
+    rel = diff[nonzero & diff.isfinite()] / e.abs()[nonzero & diff.isfinite()]
+    max_rel = float(rel.max()) if rel.numel() else None
+    return OutputDiff(
+        ok=mismatch == 0, **base, max_abs_err=max_abs, max_rel_err=max_rel,
+        mismatch_fraction=mismatch / n if n else 0.0,
+        worst=_worst(e, g, diff, bound, ok_elem) if mismatch else [],
+        nan_expected=nan_e, nan_got=nan_g, inf_expected=inf_e, inf_got=inf_g,
+        message=None if mismatch == 0 else f"{mismatch} of {n} elements outside tolerance {tol:g}",
+    )
+
+
+def _worst(e, g, diff, bound, ok_elem) -> list[WorstElement]:
+    """The failing elements furthest outside their bound (NaN and inf first)."""
+    excess = torch.where(diff.isnan(), torch.full_like(diff, float("inf")), diff - bound)
+    excess = torch.where(ok_elem, torch.full_like(excess, float("-inf")), excess)
+    k = min(N_WORST, int((~ok_elem).sum()))
+    flat = torch.topk(excess.reshape(-1), k).indices
+    out = []
+    for i in flat.tolist():
+        index = [int(x) for x in torch.unravel_index(torch.tensor(i), e.shape)] if e.dim() else []
+        out.append(WorstElement(index=index, expected=float(e.reshape(-1)[i]),
+                                got=float(g.reshape(-1)[i])))
+    return out

@@ -1,0 +1,85 @@
+"""`evaluate`: one candidate through the staged pipeline; `evaluate_many`: a batch of them.
+
+static (parse, backend, static rules) -> compile (child, no GPU) -> reference (reference worker)
+-> candidate (candidate child, judged here). Each stage may end the run with a status; every
+number in the result comes from a child process, every verdict from this process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from evaluator.config import EvalConfig
+from evaluator.reference import ReferenceOutput
+from evaluator.result import EvalResult
+from evaluator.stages import (
+    candidate_stage,
+    compile_stage,
+    reference_job,
+    reference_stage,
+    static_stage,
+)
+from evaluator.state import EvalRun
+from problems.registry import Problem, get_problem
+
+log = logging.getLogger(__name__)
+
+STAGES: tuple[Callable[[EvalRun], None], ...] = (
+    static_stage, compile_stage, reference_stage, candidate_stage,
+)
+
+
+def evaluate(problem: Problem | str, candidate_source: str,
+             config: EvalConfig | None = None) -> EvalResult:
+    """Evaluate one candidate source (a file defining `ModelNew`) against a reference problem.
+
+    Candidate faults (compile errors, crashes, hangs, wrong outputs) come back as the result's
+    status. Faults of the evaluator or the reference itself raise (`ReferenceFailure`, ...).
+    """
+    config = config or EvalConfig()
+    if isinstance(problem, str):
+        problem = get_problem(problem)
+    run = EvalRun.create(problem, candidate_source, config)
+    log.info("evaluating a candidate for %s on %s (policy %s, work dir %s)",
+             problem.id, run.device, run.policy.name, run.root)
+    try:
+        # Each stage records its own wall time (after waiting for the device, if it needs it).
+        for stage in STAGES:
+            stage(run)
+            if run.status is not None:
+                break
+    finally:
+        run.cleanup()
+    run.flags += [f"problem_{f}" for f in problem.meta.flags()]
+    return run.to_result()
+
+
+def evaluate_many(problem_and_sources: Sequence[tuple[Problem | str, str]],
+                  config: EvalConfig | None = None,
+                  max_workers: int = 4) -> list[EvalResult]:
+    """Evaluate many candidates, results in input order.
+
+    Compile children run `max_workers` at a time; the reference and candidate stages, which
+    use the device, are serialised per device by a lock, so timings never overlap.
+    """
+    with ThreadPoolExecutor(max_workers=max_workers) as pool:
+        futures = [pool.submit(evaluate, p, s, config) for p, s in problem_and_sources]
+        return [f.result() for f in futures]
+
+
+def build_baselines(problem: Problem | str, config: EvalConfig | None = None,
+                    rebuild: bool = True) -> ReferenceOutput:
+    """Time (or, with `rebuild=False`, read from the cache) a problem's baselines only."""
+    config = config or EvalConfig()
+    if isinstance(problem, str):
+        problem = get_problem(problem)
+    run = EvalRun.create(problem, "", config)
+    try:
+        job = reference_job(run).model_copy(update={"trials": [], "rebuild_baselines": rebuild})
+        reference_stage(run, job)
+    finally:
+        run.cleanup()
+    assert run.reference is not None
+    return run.reference

@@ -1,0 +1,179 @@
+"""What the harness and its child processes say to each other.
+
+The harness writes a job (JSON file) for each child; the child answers with one JSON message
+per line on a dedicated pipe (never stdout, which candidate code may print to), and the harness
+answers the candidate child's `await` on its stdin. Every message is a typed record parsed with
+pydantic; a line that does not parse is ignored and counted, never trusted.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from evaluator.result import (
+    Backend,
+    CompileLog,
+    EnvInfo,
+    ErrorInfo,
+    ProfileSummary,
+    TimingStats,
+)
+
+ChildMode = Literal["reference", "candidate", "compile"]
+
+
+class _Rec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TimingSpec(_Rec):
+    """How to time one callable (see `evaluator.timing.time_callable`)."""
+
+    trials: int
+    warmup_calls: int
+    warmup_ms: float
+    input_sets: int
+    input_seeds: list[int]
+    """One `get_inputs` seed per timing input set."""
+    l2_flush: bool = True
+
+
+class ProblemSpec(_Rec):
+    """The reference problem as both children build it."""
+
+    path: str
+    sha256: str
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    device: Literal["cpu", "cuda"]
+    precision: Literal["fp32", "fp16", "bf16"]
+    allow_tf32: bool | None
+
+
+class RefTrial(_Rec):
+    index: int
+    kind: str
+    input_seed: int
+    forward_seed: int
+    inputs_path: str
+    """Written into the candidate's work dir: the only thing the candidate gets."""
+    expected_path: str
+    """Written into the harness-private dir: the candidate never sees it."""
+
+
+class ReferenceJob(_Rec):
+    problem: ProblemSpec
+    trials: list[RefTrial]
+    baselines: list[Literal["eager", "compile"]]
+    timing: TimingSpec | None
+    baseline_cache: str | None
+    """Directory of cached baseline records; None disables the cache."""
+    baseline_key_extra: dict[str, Any] = Field(default_factory=dict)
+    """Policy and config facts that change baseline numbers (part of the cache key)."""
+    rebuild_baselines: bool = False
+
+
+class CandTrial(_Rec):
+    index: int
+    kind: str
+    forward_seed: int
+    inputs_path: str
+    output_path: str
+
+
+class CandidateJob(_Rec):
+    problem: ProblemSpec
+    candidate_path: str
+    backend: Backend
+    trials: list[CandTrial]
+    post_timing: CandTrial | None
+    timing: TimingSpec | None
+    profile: bool
+    ncu: bool
+    memory_limit_bytes: int | None
+    cpu_emulation: bool
+    triton_aot: bool = False
+    """Under the interpreter: compile the launched Triton kernels for sm_90 too."""
+    build_dir: str | None = None
+
+
+class CompileJob(_Rec):
+    candidate_path: str
+    backend: Backend
+    device: Literal["cpu", "cuda"]
+    """cpu: nothing can run here, compile-check CUDA sources with nvcc instead of building."""
+    build_dir: str
+
+
+# ---- messages, child -> harness -------------------------------------------------------------
+
+
+class StageMsg(_Rec):
+    kind: Literal["stage"] = "stage"
+    stage: str
+
+
+class ErrorMsg(_Rec):
+    kind: Literal["error"] = "error"
+    stage: str
+    status: Literal["compile_error", "runtime_error"]
+    error: ErrorInfo
+
+
+class TrialMsg(_Rec):
+    kind: Literal["trial"] = "trial"
+    index: int
+    output_types: list[str]
+    """Python type of each returned object (`torch.Tensor` for plain tensors)."""
+    mutated_inputs: list[int] = Field(default_factory=list)
+    """Indices of input tensors the call wrote into."""
+
+
+class AwaitMsg(_Rec):
+    kind: Literal["await"] = "await"
+
+
+class TimingMsg(_Rec):
+    kind: Literal["timing"] = "timing"
+    name: Literal["candidate", "eager", "compile"]
+    stats: TimingStats
+    cached: bool = False
+
+
+class ProfileMsg(_Rec):
+    kind: Literal["profile"] = "profile"
+    summary: ProfileSummary
+
+
+class CompileMsg(_Rec):
+    kind: Literal["compile"] = "compile"
+    log: CompileLog
+
+
+class EnvMsg(_Rec):
+    kind: Literal["env"] = "env"
+    env: EnvInfo
+
+
+class FlagMsg(_Rec):
+    kind: Literal["flag"] = "flag"
+    flag: str
+
+
+class DoneMsg(_Rec):
+    kind: Literal["done"] = "done"
+
+
+ChildMessage = Annotated[
+    StageMsg | ErrorMsg | TrialMsg | AwaitMsg | TimingMsg | ProfileMsg | CompileMsg | EnvMsg
+    | FlagMsg | DoneMsg,
+    Field(discriminator="kind"),
+]
+MESSAGE = TypeAdapter(ChildMessage)
+
+
+class Control(_Rec):
+    """Harness -> candidate child, after `await`: time it, or stop here."""
+
+    next: Literal["time", "stop"]

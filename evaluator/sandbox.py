@@ -1,0 +1,255 @@
+"""Child processes: spawn, scrubbed environment, per-stage timeouts, memory watchdog, bounded output.
+
+Every piece of candidate code runs in a fresh `python -m evaluator.child` process started in its
+own session (so the whole process group can be killed), with an environment built from an
+allow-list. The child reports typed JSON lines on a dedicated pipe; stdout and stderr are only
+kept as bounded tails for error reports. Anything the child fails to report (segfault,
+`os._exit`, a kill) is read from its exit status by the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from evaluator.protocol import MESSAGE, ChildMessage, ChildMode, Control, StageMsg
+
+log = logging.getLogger(__name__)
+
+KLOOP_ROOT = Path(__file__).resolve().parent.parent
+ENV_ALLOW = (
+    "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_HOME", "CUDA_PATH", "TORCH_CUDA_ARCH_LIST",
+    "LD_LIBRARY_PATH", "CC", "CXX", "MAX_JOBS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+    "KLOOP_CUDA_EXTRA_INCLUDE",
+)
+ENV_ALLOW_PREFIXES = ("TRITON_",)
+# Defence in depth: even an allowed name is dropped when it looks like a credential.
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
+_MAX_LINE = 8 << 20
+_POLL_S = 0.05
+
+
+def child_env(home: Path, device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The whole environment of a child: allow-listed names from ours, plus what we set.
+
+    `device` is `cpu` (no GPU visible) or `cuda:N` (only GPU N visible, as `cuda:0` inside).
+    """
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if (k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIXES)) and not _SECRET_NAME.search(k)
+    }
+    env.pop("TRITON_INTERPRET", None)  # set per child below, never inherited
+    tmp = home / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    env.update(HOME=str(home), TMPDIR=str(tmp), PYTHONPATH=str(KLOOP_ROOT),
+               PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+    env["CUDA_VISIBLE_DEVICES"] = _visible_device(device)
+    env.update(extra or {})
+    return env
+
+
+def _visible_device(device: str) -> str:
+    if device == "cpu":
+        return ""
+    index = int(device.split(":")[1]) if ":" in device else 0
+    inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if inherited:
+        visible = [d.strip() for d in inherited.split(",") if d.strip()]
+        if index < len(visible):
+            return visible[index]
+    return str(index)
+
+
+class ChildOutcome(BaseModel):
+    """How a child process ended, as seen from outside."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    returncode: int | None
+    signal: str | None = None
+    killed_for: str | None = None
+    """`timeout` or `memory` when the harness killed it."""
+    stage: str
+    """The last stage the child announced (`startup` before any)."""
+    stage_limit_s: float | None = None
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    wall_s: float
+    bad_lines: int = 0
+    """Lines on the result pipe that were not valid messages."""
+
+
+class _Tail:
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.buf = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        self.buf += chunk
+        if len(self.buf) > 2 * self.limit:
+            del self.buf[: len(self.buf) - self.limit]
+
+    def text(self) -> str:
+        return bytes(self.buf[-self.limit :]).decode("utf-8", "replace")
+
+
+class Child:
+    """One running child; use as a context manager so it is always killed and reaped."""
+
+    def __init__(self, mode: ChildMode, job: BaseModel, workdir: Path, env: dict[str, str],
+                 timeouts: dict[str, float], rss_limit_bytes: int | None, tail_bytes: int):
+        self.mode, self.workdir, self.env = mode, workdir, env
+        self.timeouts = timeouts
+        self.rss_limit = rss_limit_bytes
+        self.tails = (_Tail(tail_bytes), _Tail(tail_bytes))
+        self.job_path = workdir / f"job_{mode}.json"
+        self.job_path.write_text(job.model_dump_json())
+        self._queue: queue.Queue[ChildMessage | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._stage = "startup"
+        self._deadline = 0.0
+        self._killed_for: str | None = None
+        self._bad_lines = 0
+        self._threads: list[threading.Thread] = []
+
+    def __enter__(self) -> Child:
+        read_fd, write_fd = os.pipe()
+        self._t0 = time.monotonic()
+        self._hard_deadline = self._t0 + sum(self.timeouts.values())
+        self._set_stage("startup")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "evaluator.child", self.mode, str(self.job_path),
+                 str(write_fd)],
+                cwd=self.workdir, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, pass_fds=(write_fd,), start_new_session=True,
+            )
+        finally:
+            os.close(write_fd)
+        self._spawn(self._read_messages, os.fdopen(read_fd, "rb"))
+        self._spawn(self._read_tail, self.proc.stdout, self.tails[0])
+        self._spawn(self._read_tail, self.proc.stderr, self.tails[1])
+        self._spawn(self._watch)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._kill_group()
+        self.proc.wait()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def messages(self) -> Iterator[ChildMessage]:
+        """Messages in order, until the child closes the pipe (exits or is killed)."""
+        while (msg := self._queue.get()) is not None:
+            yield msg
+
+    def send(self, control: Control) -> None:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(control.model_dump_json().encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            log.debug("child %s gone before control %s", self.proc.pid, control.next)
+
+    def outcome(self) -> ChildOutcome:
+        """Wait for the child to end (the watchdog enforces the limits) and describe it."""
+        rc = self.proc.wait()
+        self._kill_group()
+        for t in self._threads:
+            t.join(timeout=5)
+        with self._lock:
+            stage, killed = self._stage, self._killed_for
+        sig = signal.Signals(-rc).name if rc < 0 and -rc in signal.Signals._value2member_map_ else None
+        return ChildOutcome(
+            returncode=rc, signal=sig, killed_for=killed, stage=stage,
+            stage_limit_s=self.timeouts.get(stage), stdout_tail=self.tails[0].text(),
+            stderr_tail=self.tails[1].text(), wall_s=time.monotonic() - self._t0,
+            bad_lines=self._bad_lines,
+        )
+
+    # ---- internals --------------------------------------------------------------------------
+
+    def _spawn(self, fn, *args) -> None:
+        t = threading.Thread(target=fn, args=args, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _set_stage(self, stage: str) -> None:
+        with self._lock:
+            self._stage = stage
+            limit = self.timeouts.get(stage, self.timeouts["startup"])
+            self._deadline = min(time.monotonic() + limit, self._hard_deadline)
+
+    def _read_messages(self, pipe) -> None:
+        with pipe:
+            while line := pipe.readline(_MAX_LINE):
+                if not line.endswith(b"\n"):
+                    while (rest := pipe.readline(_MAX_LINE)) and not rest.endswith(b"\n"):
+                        pass
+                    self._bad_lines += 1
+                    continue
+                try:
+                    msg = MESSAGE.validate_json(line)
+                except ValidationError:
+                    self._bad_lines += 1
+                    continue
+                if isinstance(msg, StageMsg):
+                    self._set_stage(msg.stage)
+                self._queue.put(msg)
+        self._queue.put(None)
+
+    @staticmethod
+    def _read_tail(stream, tail: _Tail) -> None:
+        with stream:
+            while chunk := stream.read1(65536):
+                tail.feed(chunk)
+
+    def _watch(self) -> None:
+        while self.proc.poll() is None:
+            with self._lock:
+                late = time.monotonic() > self._deadline
+            if late:
+                self._kill("timeout")
+                return
+            if self.rss_limit is not None and _rss_bytes(self.proc.pid) > self.rss_limit:
+                self._kill("memory")
+                return
+            time.sleep(_POLL_S)
+        # The leader is gone: whatever it left behind (and any pipe it holds) goes with it.
+        self._kill_group()
+
+    def _kill(self, reason: str) -> None:
+        with self._lock:
+            self._killed_for = reason
+        log.info("killing child %s (%s) in stage %s: %s", self.proc.pid, self.mode,
+                 self._stage, reason)
+        self._kill_group()
+
+    def _kill_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0

@@ -1,0 +1,258 @@
+"""The state of one evaluation in the harness (`EvalRun`) and the helpers the stages share.
+
+Candidate code only ever runs in child processes (`evaluator.sandbox`); the harness never
+imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from evaluator import __version__
+from evaluator.config import EvalConfig, Policy
+from evaluator.protocol import ProblemSpec, TimingSpec
+from evaluator.reference import ReferenceOutput
+from evaluator.result import (
+    Backend,
+    CompileLog,
+    CorrectnessTrial,
+    EnvInfo,
+    ErrorInfo,
+    EvalResult,
+    ProfileSummary,
+    Stage,
+    Status,
+    TimingStats,
+    Violation,
+)
+from evaluator.sandbox import Child, ChildOutcome, child_env
+from problems.registry import Problem
+
+log = logging.getLogger(__name__)
+
+_device_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def device_lock(device: str) -> Iterator[None]:
+    """GPU stages (reference, candidate) of all evaluations in this process run one at a time
+    per device, so timings never overlap. CPU runs are not serialised: their host-clock
+    timings are labelled not comparable anyway."""
+    if device == "cpu":
+        yield
+        return
+    with _locks_guard:
+        lock = _device_locks.setdefault(device, threading.Lock())
+    with lock:
+        yield
+
+
+def resolve_device(requested: str) -> str:
+    """`cpu` or `cuda:N`."""
+    if requested == "cpu":
+        return "cpu"
+    import torch
+
+    if requested == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"device {requested!r} requested but no CUDA device is available")
+    return requested if ":" in requested else "cuda:0"
+
+
+@functools.lru_cache(maxsize=8)
+def cuda_arch_list(device: str) -> str | None:
+    """`TORCH_CUDA_ARCH_LIST` for `cuda:N` (e.g. `9.0`), read with nvidia-smi so that the
+    harness never creates a CUDA context; None when unknown (torch then probes itself)."""
+    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        return os.environ["TORCH_CUDA_ARCH_LIST"]
+    index = device.split(":")[1] if ":" in device else "0"
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader", "-i", index],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out or None
+
+
+def derive_seed(salt: str, purpose: str, index: int) -> int:
+    digest = hashlib.sha256(f"{salt}:{purpose}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+@dataclass
+class EvalRun:
+    """Everything known about one evaluation so far."""
+
+    problem: Problem
+    source: str
+    config: EvalConfig
+    policy: Policy
+    device: str
+    root: Path
+    salt: str
+    started_at: str
+    status: Status | None = None
+    stage: Stage = "static"
+    backend: Backend | None = None
+    has_custom_kernel: bool | None = None
+    compile: CompileLog | None = None
+    trials: list[CorrectnessTrial] = field(default_factory=list)
+    timing: TimingStats | None = None
+    eager: TimingStats | None = None
+    compiled: TimingStats | None = None
+    profile: ProfileSummary | None = None
+    violations: list[Violation] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
+    error: ErrorInfo | None = None
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    env: EnvInfo | None = None
+    reference: ReferenceOutput | None = None
+    _mark: tuple[str, float] | None = None
+
+    @classmethod
+    def create(cls, problem: Problem, source: str, config: EvalConfig) -> EvalRun:
+        parent = config.work_root
+        if parent is not None:
+            parent.mkdir(parents=True, exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix="kloop-eval-", dir=parent))
+        for sub in ("cand", "ref", "compile"):
+            (root / sub).mkdir()
+        return cls(
+            problem=problem, source=source, config=config, policy=config.resolved_policy(),
+            device=resolve_device(config.device), root=root,
+            salt=config.salt or secrets.token_hex(16),
+            started_at=datetime.now(timezone.utc).isoformat(),
+        )
+
+    # ---- helpers used by the stages ---------------------------------------------------------
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device == "cpu"
+
+    @property
+    def child_device(self) -> str:
+        return "cpu" if self.on_cpu else "cuda"
+
+    def stop(self, status: Status, stage: Stage, error: ErrorInfo | None = None) -> None:
+        self.status, self.stage = status, stage
+        if error is not None:
+            self.error = error
+
+    @contextlib.contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.stage_seconds[name] = round(
+                self.stage_seconds.get(name, 0.0) + time.monotonic() - t0, 3)
+
+    def mark(self, name: str | None) -> None:
+        """Close the running child stage's wall time (if any) and start timing `name`."""
+        now = time.monotonic()
+        if self._mark is not None:
+            prev, t0 = self._mark
+            self.stage_seconds[prev] = round(self.stage_seconds.get(prev, 0.0) + now - t0, 3)
+        self._mark = (name, now) if name is not None else None
+
+    def problem_spec(self) -> ProblemSpec:
+        return ProblemSpec(
+            path=str(self.problem.path), sha256=self.problem.sha256,
+            overrides=self.config.problem_overrides, device=self.child_device,
+            precision=self.config.precision, allow_tf32=self.policy.allow_tf32,
+        )
+
+    def timing_spec(self, salt: str) -> TimingSpec:
+        p, c = self.policy, self.config
+        n_sets = max(1, p.timing_input_sets)
+        return TimingSpec(
+            trials=c.cpu_timing_trials if self.on_cpu else p.timing_trials,
+            warmup_calls=c.cpu_warmup_calls if self.on_cpu else p.warmup_calls,
+            warmup_ms=0.0 if self.on_cpu else p.warmup_ms,
+            input_sets=n_sets,
+            input_seeds=[derive_seed(salt, "timing", i) for i in range(n_sets)],
+            l2_flush=not self.on_cpu,
+        )
+
+    def spawn(self, mode, job, workdir: Path, stages: list[str],
+              extra_env: dict[str, str] | None = None, device: str | None = None) -> Child:
+        c = self.config
+        timeouts = {"startup": c.timeouts.startup}
+        timeouts.update({s: getattr(c.timeouts, s) for s in stages})
+        extra = dict(extra_env or {})
+        if self.on_cpu:
+            extra.setdefault("OMP_NUM_THREADS", str(c.cpu_threads))
+        env = child_env(workdir / "home", device or self.device, extra)
+        rss = int(c.host_rss_limit_gb * (1 << 30))
+        return Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes)
+
+    def fail_from_outcome(self, outcome: ChildOutcome, stage: Stage) -> None:
+        """A child that ended without reporting: timeout, memory kill, signal or exit code."""
+        tail = outcome.stderr_tail[-8000:] or None
+        if outcome.killed_for == "timeout":
+            info = ErrorInfo(type="Timeout", stderr_tail=tail, message=(
+                f"stage {outcome.stage} ran past its limit of {outcome.stage_limit_s:g} s"))
+            self.stop("timeout", stage, info)
+            return
+        if outcome.killed_for == "memory":
+            info = ErrorInfo(type="MemoryLimit", stderr_tail=tail, message=(
+                f"host memory above {self.config.host_rss_limit_gb:g} GiB in stage "
+                f"{outcome.stage}; the process was killed"))
+        elif outcome.signal:
+            info = ErrorInfo(type=outcome.signal, stderr_tail=tail, message=(
+                f"process killed by {outcome.signal} ({-(outcome.returncode or 0)}) in stage "
+                f"{outcome.stage}"))
+        else:
+            info = ErrorInfo(type="ProcessExit", stderr_tail=tail, message=(
+                f"process exited with code {outcome.returncode} in stage {outcome.stage} "
+                f"without reporting a result"))
+        self.stop("runtime_error", stage, info)
+
+    def cleanup(self) -> None:
+        if self.config.keep_workdir:
+            log.info("kept work dir %s", self.root)
+            return
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def to_result(self) -> EvalResult:
+        assert self.status is not None
+        return EvalResult(
+            evaluator_version=__version__, status=self.status, stage_reached=self.stage,
+            backend=self.backend, has_custom_kernel=self.has_custom_kernel,
+            problem_id=self.problem.id, problem_sha256=self.problem.sha256,
+            candidate_sha256=hashlib.sha256(self.source.encode()).hexdigest(),
+            policy=self.policy.name, device=self.device,
+            problem_overrides=self.config.problem_overrides, compile=self.compile,
+            correctness=self.trials, timing=self.timing, eager=self.eager,
+            compiled=self.compiled, speedup_vs_eager=self._speedup(self.eager),
+            speedup_vs_compile=self._speedup(self.compiled), profile=self.profile,
+            violations=self.violations, flags=sorted(set(self.flags)), error=self.error,
+            stage_seconds=self.stage_seconds, env=self.env, started_at=self.started_at,
+        )
+
+    def _speedup(self, baseline: TimingStats | None) -> float | None:
+        t = self.timing
+        if t is None or baseline is None or not t.comparable or self.status != "correct":
+            return None
+        stat = f"{self.policy.speedup_stat}_ms"
+        cand, base = getattr(t, stat), getattr(baseline, stat)
+        return base / cand if cand > 0 else None

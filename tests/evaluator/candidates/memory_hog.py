@@ -1,0 +1,20 @@
+"""L3/1, keeps allocating (and touching) 256 MB blocks in forward until something stops it."""
+
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, input_size, layer_sizes, output_size):
+        super().__init__()
+        layers, current = [], input_size
+        for hidden in layer_sizes:
+            layers += [nn.Linear(current, hidden), nn.ReLU()]
+            current = hidden
+        layers.append(nn.Linear(current, output_size))
+        self.network = nn.Sequential(*layers)
+
+    def forward(self, x):
+        hoard = []
+        while True:
+            hoard.append(torch.ones(64 * 1024 * 1024))

@@ -1,0 +1,12 @@
+"""Fixtures for evaluator tests (helpers live in eval_helpers.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("kloop-cache")

@@ -1,0 +1,30 @@
+"""Helpers for evaluator tests: candidate files, small problem sizes, CPU configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evaluator.config import EvalConfig, StageTimeouts
+
+CANDIDATES = Path(__file__).parent / "candidates"
+
+# Problem sizes small enough for the Triton interpreter on a 2-core CI machine.
+MLP_SMALL = {"batch_size": 2, "input_size": 64, "layer_sizes": [32, 32], "output_size": 128}
+LENET_SMALL = {"batch_size": 2}
+RELU_ATTENTION_SMALL = {"batch_size": 2, "max_seqlen": 16, "n_embd": 64, "n_head": 4}
+
+
+def candidate(name: str) -> str:
+    return (CANDIDATES / name).read_text()
+
+
+def cpu_config(cache_dir: Path, **overrides) -> EvalConfig:
+    """A CPU config with short limits; baselines, profiling and AOT checks off unless asked."""
+    fields = dict(
+        device="cpu", cache_dir=cache_dir, triton_aot=False, profile=False, baselines="none",
+        cpu_timing_trials=2, problem_overrides=MLP_SMALL,
+        timeouts=StageTimeouts(startup=180, load=120, correctness=15, timing=120, profile=120,
+                               compile=300, reference=180, baselines=300),
+    )
+    fields.update(overrides)
+    return EvalConfig(**fields)

@@ -1,0 +1,108 @@
+"""nvcc compile checks of torch CUDA-extension sources on a machine without a GPU.
+
+A check of a source that includes torch's headers costs 10-70 s on two cores, so the two real
+ones share a module-scoped cache and every other test here reuses their results.
+"""
+
+from __future__ import annotations
+
+import ast
+import runpy
+import shutil
+from pathlib import Path
+
+import pytest
+
+from evaluator import buildcache
+from evaluator.nvcc import CHECK_CACHE_ENV, nvcc_check
+
+FIXTURES = Path(__file__).parent / "fixtures_e2"
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+
+
+def strings(source: str) -> dict[str, str]:
+    return {
+        n.targets[0].id: n.value.value
+        for n in ast.parse(source).body
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+    }
+
+
+@pytest.fixture(scope="module")
+def check_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("nvcc-check-cache")
+
+
+def check_fixture(name: str, work: Path, cache: Path):
+    source = (FIXTURES / name).read_text()
+    s = strings(source)
+    return nvcc_check(s["cuda_source"], s["cpp_source"], None, work, functions=["add_cuda"],
+                      candidate_source=source, candidate_name="candidate.py", cache_dir=cache)
+
+
+@pytest.mark.slow
+def test_valid_extension_passes_and_the_second_check_is_cached(tmp_path, check_cache):
+    first = check_fixture("cuda_add_ok.py", tmp_path / "a", check_cache)
+    assert first.ok, first.log_tail
+    assert first.infra_error is None and first.diagnostics == []
+    assert first.target == "sm_90"
+    [res] = [r for r in first.resources if r.kernel in ("add_kernel", "_Z10add_kernelPKfS0_Pfi")]
+    assert res.registers and res.registers > 0 and res.spill_bytes == 0
+    second = check_fixture("cuda_add_ok.py", tmp_path / "b", check_cache)
+    assert second.ok and second.cache_hit and second.seconds == 0.0
+    assert not first.cache_hit
+
+
+@pytest.mark.slow
+def test_broken_extension_reports_device_host_and_binding_errors(tmp_path, check_cache):
+    log = check_fixture("cuda_add_broken.py", tmp_path, check_cache)
+    assert not log.ok and log.infra_error is None
+    located = {(d.file, d.line) for d in log.diagnostics}
+    assert ("candidate.py", 8) in located  # `scale` undefined inside the kernel
+    assert ("candidate.py", 13) in located  # Tensor assigned to int in host code
+    # cpp_sources declares add_cuda with a third parameter the definition lacks
+    assert any("'add_cuda'" in d.message and "declaration in cpp_sources" in d.message
+               for d in log.diagnostics)
+    assert Path(log.log_path).read_text().count("error") >= 3
+
+
+@pytest.mark.slow
+def test_load_inline_in_check_mode_raises_past_the_candidates_except(tmp_path, check_cache,
+                                                                     monkeypatch):
+    monkeypatch.setenv(CHECK_CACHE_ENV, str(check_cache))
+    source = (FIXTURES / "cuda_add_ok.py").read_text()
+    # The candidate swallows every Exception around its build; the signal must still get out.
+    guarded = source.replace("add_ext = load_inline(", "try:\n    add_ext = load_inline(", 1)
+    guarded = guarded.replace("    verbose=False,\n)\n",
+                              "    verbose=False,\n)\nexcept Exception:\n    add_ext = None\n", 1)
+    assert "except Exception" in guarded
+    path = tmp_path / "candidate.py"
+    path.write_text(guarded)
+    before = len(buildcache.BUILD_RECORDS)
+    buildcache.install_compile_check_only(tmp_path / "build", tmp_path / "nvcc",
+                                          candidate_source=guarded, candidate_name="candidate.py")
+    try:
+        with pytest.raises(buildcache.CudaNotAvailable) as info:
+            runpy.run_path(str(path))
+    finally:
+        buildcache.uninstall()
+    assert info.value.compile_log.ok
+    [record] = buildcache.BUILD_RECORDS[before:]
+    assert record.mode == "check" and record.ok and record.name == "kloop_fixture_add"
+    assert record.compile == info.value.compile_log
+
+
+def test_missing_sdk_header_is_an_infrastructure_note(tmp_path):
+    log = nvcc_check("#include <cublas_kloop_absent.h>\n", None, None, tmp_path,
+                     no_implicit_headers=True, cache_dir=tmp_path / "cache")
+    assert not log.ok
+    assert log.infra_error and "cublas_kloop_absent.h" in log.infra_error
+    assert log.diagnostics == []
+
+
+def test_missing_candidate_header_is_the_candidates_error(tmp_path):
+    log = nvcc_check('#include "my_helpers.cuh"\n', None, None, tmp_path,
+                     no_implicit_headers=True, cache_dir=tmp_path / "cache")
+    assert not log.ok and log.infra_error is None
+    assert any("my_helpers.cuh" in d.message for d in log.diagnostics)

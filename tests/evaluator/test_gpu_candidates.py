@@ -1,0 +1,116 @@
+"""GPU suite (run on the H200): honest CUDA and Triton candidates, crashes and hangs on a real
+device, and the consistency of the timing itself.
+
+Run with `pytest tests/evaluator/test_gpu_candidates.py -m gpu -v` on the GPU machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+from eval_helpers import MLP_SMALL, candidate
+
+from evaluator.config import EvalConfig, StageTimeouts
+from evaluator.pipeline import evaluate, evaluate_many
+
+pytestmark = pytest.mark.gpu
+
+# Sizes between the CI ones and the full problems: seconds per evaluation, not minutes.
+MLP_MEDIUM = {"batch_size": 64, "input_size": 4096, "layer_sizes": [4096, 4096],
+              "output_size": 2048}
+
+
+def gpu_config(cache_dir, **overrides) -> EvalConfig:
+    fields = dict(device="cuda", cache_dir=cache_dir, baselines="eager")
+    fields.update(overrides)
+    return EvalConfig(**fields)
+
+
+def _assert_correct_and_timed(r):
+    assert r.status == "correct", (r.error, r.compile, [t.message for t in r.correctness])
+    assert r.stage_reached == "done"
+    assert r.timing is not None and r.timing.clock == "cuda_event" and r.timing.comparable
+    assert r.timing.n_trials == 100
+    assert r.eager is not None and r.speedup_vs_eager is not None
+    assert r.env is not None and r.env.gpu_arch and r.env.device_name
+    assert "cpu_emulation" not in r.flags
+
+
+def test_fused_triton_linear_relu_for_mlp(cache_dir):
+    r = evaluate("L3/1", candidate("mlp_triton.py"), gpu_config(cache_dir, baselines="both"))
+    _assert_correct_and_timed(r)
+    assert r.backend == "triton" and r.compiled is not None and r.speedup_vs_compile is not None
+    assert r.profile is not None and r.profile.activity == "cuda"
+    assert r.profile.custom_share is not None and r.profile.custom_share > 0.5
+    assert any(k.kind == "custom" and "linear_kernel" in k.name for k in r.profile.kernels)
+
+
+def test_cuda_candidates_build_in_parallel_and_are_correct(cache_dir):
+    items = [
+        ("L3/43", candidate("attention_cuda.py")),
+        ("L3/8", candidate("resnet_block_bn_relu_cuda.py")),
+        ("L3/1", candidate("mlp_cuda_relu.py")),
+    ]
+    results = evaluate_many(items, gpu_config(cache_dir, problem_overrides={}), max_workers=3)
+    for r in results[:2]:
+        _assert_correct_and_timed(r)
+        assert r.backend == "cuda" and r.compile is not None and r.compile.ok
+        assert r.profile is not None and r.profile.custom_share and r.profile.custom_share > 0
+    # 1_MLP at full size: the CUDA ReLU is a tiny part, but it must be correct.
+    assert results[2].status == "correct", results[2].error
+    # A second evaluation of the same source reuses the built extension.
+    again = evaluate("L3/1", candidate("mlp_cuda_relu.py"),
+                     gpu_config(cache_dir, problem_overrides=MLP_MEDIUM))
+    assert again.status == "correct" and again.compile is not None and again.compile.cache_hit
+
+
+def test_illegal_address_is_a_runtime_error_and_the_next_candidate_runs(cache_dir):
+    config = gpu_config(cache_dir, problem_overrides=MLP_SMALL, baselines="none")
+    bad = evaluate("L3/1", candidate("illegal_address_cuda.py"), config)
+    assert (bad.status, bad.stage_reached) == ("runtime_error", "correctness")
+    assert "illegal memory access" in (bad.error.message + (bad.error.stderr_tail or ""))
+    good = evaluate("L3/1", candidate("mlp_cuda_relu.py"), config)
+    assert good.status == "correct", good.error
+
+
+def test_hanging_kernel_times_out_and_the_gpu_stays_usable(cache_dir):
+    timeouts = StageTimeouts(correctness=20)
+    config = gpu_config(cache_dir, problem_overrides=MLP_SMALL, baselines="none",
+                        timeouts=timeouts)
+    r = evaluate("L3/1", candidate("hang_cuda.py"), config)
+    assert (r.status, r.stage_reached) == ("timeout", "correctness")
+    good = evaluate("L3/1", candidate("mlp_torch.py"), config)
+    assert good.status == "correct", good.error
+
+
+def test_same_model_timed_in_two_processes_agrees(cache_dir):
+    """A plain-PyTorch copy of the reference, timed in the candidate process, against the eager
+    baseline timed in the reference worker: the same function, so a ratio near 1."""
+    r = evaluate("L3/1", candidate("mlp_torch.py"),
+                 gpu_config(cache_dir, problem_overrides=MLP_MEDIUM))
+    _assert_correct_and_timed(r)
+    assert r.has_custom_kernel is False
+    assert 0.8 < r.speedup_vs_eager < 1.25, (r.timing, r.eager)
+
+
+def test_broken_outputs_on_gpu(cache_dir):
+    names = ["off_by_little.py", "wrong_shape.py", "raises.py", "mutates_input.py"]
+    results = evaluate_many([("L3/1", candidate(n)) for n in names],
+                            gpu_config(cache_dir, problem_overrides=MLP_SMALL, baselines="none"))
+    assert [r.status for r in results] == ["incorrect", "incorrect", "runtime_error", "rejected"]
+
+
+def test_kernelbench_policy_reports_mean_based_speedup(cache_dir):
+    r = evaluate("L3/1", candidate("mlp_torch.py"),
+                 gpu_config(cache_dir, policy="kernelbench", problem_overrides=MLP_MEDIUM))
+    _assert_correct_and_timed(r)
+    assert r.policy == "kernelbench"
+    assert r.speedup_vs_eager == pytest.approx(r.eager.mean_ms / r.timing.mean_ms)
+
+
+def test_ncu_metrics_for_the_top_custom_kernel(cache_dir):
+    r = evaluate("L3/1", candidate("mlp_cuda_relu.py"),
+                 gpu_config(cache_dir, problem_overrides=MLP_MEDIUM, ncu=True))
+    assert r.status == "correct", r.error
+    assert r.profile is not None and r.profile.ncu is not None, r.flags
+    assert "relu_kernel" in r.profile.ncu.kernel
+    assert r.profile.ncu.duration_us and r.profile.ncu.registers_per_thread

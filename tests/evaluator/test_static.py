@@ -1,0 +1,194 @@
+"""Static anti-cheat rules: each fires on a small bad snippet and stays silent on honest code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evaluator.checks import ast_rules
+from evaluator.static import RULES, static_violations
+
+FIXTURES = Path(__file__).parent / "fixtures_e2"
+CANDIDATES = Path(__file__).parent / "candidates"
+
+BAD = {
+    "frame_introspection": [
+        "import inspect\n",
+        "import sys\ndef f():\n    return sys._getframe(1).f_locals['expected']\n",
+        "def f():\n    return globals()['REFERENCE']\n",
+        "import gc\nouts = [o for o in gc.get_objects()]\n",
+        "import sys\nharness = sys.modules['__main__']\n",
+        "def f(exc):\n    return exc.__traceback__.tb_frame.f_back\n",
+    ],
+    "timing_or_comparison_tampering": [
+        "import torch\ntorch.cuda.synchronize = lambda *a: None\n",
+        "import torch\n_orig = torch.allclose\ntorch.allclose = lambda *a, **k: True\n",
+        "import time\ntime.perf_counter = lambda: 0.0\n",
+        "import torch.cuda as tc\ntc.Event.elapsed_time = lambda self, other: 0.001\n",
+        "import torch\nsetattr(torch.testing, 'assert_close', lambda *a, **k: None)\n",
+        "from torch import cuda\ndel cuda.Event\n",
+        "from unittest import mock\n",
+        "import torch\ntorch.cuda.__dict__['synchronize'] = print\n",
+        "__builtins__['print'] = None\n",
+    ],
+    "threads_or_processes": [
+        "import threading\n",
+        "from concurrent.futures import ThreadPoolExecutor\n",
+        "import subprocess\n",
+        "import torch.multiprocessing as mp\n",
+        "import os\npid = os.fork()\n",
+    ],
+    "tensor_subclass": [
+        "import torch\nclass Lazy(torch.Tensor):\n    pass\n",
+        "import torch\nclass P:\n    @classmethod\n    def __torch_function__(cls, f, t, a=(), k=None):\n"
+        "        return f(*a)\n",
+        "import torch\ndef f(x):\n    return torch.Tensor._make_subclass(Fake, x)\n",
+        "from torch.overrides import TorchFunctionMode\nclass M(TorchFunctionMode):\n    pass\n",
+    ],
+    "reference_model": [
+        "class ModelNew(Model):\n    pass\n",
+        "import torch\nclass ModelNew(torch.nn.Module):\n    def __init__(self, *a):\n"
+        "        super().__init__()\n        self.ref = Model(*a)\n",
+        "from problems.level3 import mlp\n",
+    ],
+    "identity_keyed_cache": [
+        "_CACHE = {}\ndef forward(x):\n    k = x.data_ptr()\n    if k in _CACHE:\n"
+        "        return _CACHE[k]\n    _CACHE[k] = y = x * 2\n    return y\n",
+        "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n"
+        "        return self.memo.setdefault(id(x), x.relu())\n",
+    ],
+    "shape_keyed_cache": [
+        "OUT = {}\ndef forward(x):\n    if x.shape in OUT:\n        return OUT[x.shape]\n"
+        "    return x\n",
+        "import functools\n@functools.lru_cache(maxsize=None)\ndef f(x):\n    return x * 2\n",
+    ],
+    "global_backend_flags": [
+        "import torch\ntorch.backends.cuda.matmul.allow_tf32 = True\n",
+        "import torch\ntorch.backends.cudnn.benchmark = True\n",
+        "import torch\ntorch.set_float32_matmul_precision('high')\n",
+    ],
+    "torch_compile_or_cuda_graph": [
+        "import torch\nclass ModelNew(torch.nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.f = torch.compile(self.g)\n",
+        "import torch\n@torch.compile(mode='max-autotune')\ndef f(x):\n    return x\n",
+        "import torch\ng = torch.cuda.CUDAGraph()\n",
+        "import torch\ndef f(g):\n    with torch.cuda.graph(g):\n        pass\n",
+    ],
+    "dynamic_code": [
+        "exec('import inspect')\n",
+        "m = __import__('ins' + 'pect')\n",
+        "import importlib\nm = importlib.import_module('gc')\n",
+    ],
+}
+
+HONEST = '''
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+from torch.utils.cpp_extension import load_inline
+
+cuda_src = "__global__ void k(float* y) {}"
+try:
+    ext = load_inline(name="e", cpp_sources="", cuda_sources=cuda_src, functions=[])
+except Exception as exc:  # a helpful message, then give up
+    raise RuntimeError("build failed") from exc
+
+_CONFIGS = {128: (64, 4), 256: (128, 8)}
+
+
+def pick_config(n):
+    return _CONFIGS.get(n, (64, 4))
+
+
+class Helper:
+    def noop(self):
+        pass
+
+
+@triton.jit
+def relu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, tl.maximum(tl.load(x_ptr + offs, mask=mask), 0.0), mask=mask)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.bn = nn.BatchNorm1d(d)
+        self.helper = Helper()
+        self.sizes = {}
+
+    def forward(self, x):
+        y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+        h = self.bn(self.fc(x)).contiguous()
+        n = h.numel()
+        block, warps = pick_config(n)
+        self.sizes["last"] = n
+        relu_kernel[(triton.cdiv(n, block),)](h, y, n, BLOCK=block, num_warps=warps)
+        torch.cuda.synchronize()
+        return y.view(x.shape[0], -1)
+'''
+
+
+def _rules(source: str, policy: str = "strict") -> set[str]:
+    return {v.rule for v in static_violations(source, policy)}
+
+
+@pytest.mark.parametrize("rule,snippet", [(r, s) for r, ss in BAD.items() for s in ss])
+def test_rule_fires_on_bad_snippet(rule, snippet):
+    violations = [v for v in static_violations(snippet) if v.rule == rule]
+    assert violations, f"{rule} did not fire"
+    v = violations[0]
+    assert v.line is not None and v.line >= 1
+    assert RULES[rule].rationale in v.message
+
+
+def test_every_rule_has_a_bad_snippet_and_a_rationale():
+    assert set(BAD) == set(RULES)
+    for r in RULES.values():
+        assert len(r.rationale) > 40 and r.rationale.endswith(".")
+
+
+# Honest candidates written for the evaluator-core tests (checked when present).
+HONEST_CANDIDATES = ["mlp_triton.py", "lenet_triton.py", "relu_attention_triton.py",
+                     "mlp_torch.py", "attention_cuda.py", "mlp_cuda_relu.py",
+                     "resnet_block_bn_relu_cuda.py", "wrong_tile_triton.py", "off_by_little.py"]
+
+
+def test_honest_candidates_are_silent():
+    assert static_violations(HONEST) == []
+    paths = [*FIXTURES.glob("*.py"), *(CANDIDATES / n for n in HONEST_CANDIDATES)]
+    for path in [p for p in paths if p.is_file()]:
+        assert static_violations(path.read_text()) == [], path.name
+
+
+def test_severity_depends_on_policy():
+    snippet = "import torch\ntorch.backends.cudnn.benchmark = True\nimport threading\n"
+    strict = {v.rule: v.severity for v in static_violations(snippet, "strict")}
+    kb = {v.rule: v.severity for v in static_violations(snippet, "kernelbench")}
+    assert strict == {"global_backend_flags": "reject", "threads_or_processes": "reject"}
+    assert kb == {"global_backend_flags": "flag", "threads_or_processes": "flag"}
+    assert {v.severity for v in static_violations(BAD["shape_keyed_cache"][0])} == {"flag"}
+    relaxed = static_violations(snippet, severities={"global_backend_flags": "flag"})
+    assert {v.rule: v.severity for v in relaxed}["global_backend_flags"] == "flag"
+
+
+def test_pipeline_adapter_and_deduplication():
+    snippet = "import inspect, gc\n"
+    found = ast_rules(snippet, "torch", "strict")
+    assert [(v.rule, v.line) for v in found] == [("frame_introspection", 1)]
+
+
+def test_local_rebinding_and_unrelated_attributes_do_not_fire():
+    snippet = (
+        "import time\nfrom torch import allclose\n"
+        "allclose = None  # only this module's name\n"
+        "class Cfg:\n    modules = []\n"
+        "def f(self, x):\n    self.cache = {}\n    self.cache[x.shape] = 1\n"
+        "    t = time.perf_counter()\n    return t\n"
+    )
+    assert _rules(snippet) == {"shape_keyed_cache"}

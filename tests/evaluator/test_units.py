@@ -1,0 +1,133 @@
+"""Pure functions of the evaluator: output comparison, timing statistics, the child environment,
+policies and seeds. No child processes here."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+from evaluator.config import POLICIES, EvalConfig, UnknownPolicyError, get_policy
+from evaluator.correctness import compare_outputs, compare_tensor
+from evaluator.result import EvalResult
+from evaluator.sandbox import child_env
+from evaluator.state import derive_seed
+from evaluator.timing import summarize, time_callable
+
+
+def test_allclose_semantics_and_worst_elements():
+    expected = torch.zeros(4, 8)
+    got = expected.clone()
+    got[1, 2] = 3e-4  # outside 1e-4 + 1e-4*0
+    got[3, 7] = 5e-5  # inside
+    got[0, 0] = 0.5
+    d = compare_tensor(0, expected, got, "torch.Tensor", 1e-4)
+    assert not d.ok and d.mismatch_fraction == pytest.approx(2 / 32)
+    assert d.max_abs_err == pytest.approx(0.5)
+    assert [w.index for w in d.worst] == [[0, 0], [1, 2]]
+    assert d.worst[0].got == pytest.approx(0.5) and d.worst[0].expected == 0.0
+    # The relative part of the bound scales with |expected|.
+    big = torch.full((3,), 100.0)
+    assert compare_tensor(0, big, big + 0.009, "torch.Tensor", 1e-4).ok
+    assert not compare_tensor(0, big, big + 0.02, "torch.Tensor", 1e-4).ok
+
+
+def test_nan_never_matches_and_inf_matches_only_itself():
+    expected = torch.tensor([1.0, float("inf"), float("-inf"), float("nan")])
+    d = compare_tensor(0, expected, expected.clone(), "torch.Tensor", 1e-2)
+    assert not d.ok and d.mismatch_fraction == 0.25  # the NaN position
+    assert (d.nan_expected, d.nan_got, d.inf_expected, d.inf_got) == (1, 1, 2, 2)
+    flipped = torch.tensor([1.0, float("-inf"), float("-inf"), 0.0])
+    d2 = compare_tensor(0, expected, flipped, "torch.Tensor", 1e-2)
+    assert d2.mismatch_fraction == 0.5
+    assert sorted(w.index for w in d2.worst) == [[1], [3]]
+
+
+def _result_with(diff):
+    from evaluator.result import CorrectnessTrial
+
+    return EvalResult(evaluator_version="t", status="incorrect", stage_reached="correctness",
+                      problem_id="p", problem_sha256="x", candidate_sha256="y", policy="strict",
+                      device="cpu", started_at="now",
+                      correctness=[CorrectnessTrial(trial=0, passed=False, outputs=[diff])])
+
+
+def test_worst_element_values_round_trip_through_json_even_when_nan():
+    expected = torch.tensor([1.0, 2.0])
+    got = torch.tensor([float("nan"), 2.0])
+    r = _result_with(compare_tensor(0, expected, got, "torch.Tensor", 1e-4))
+    back = EvalResult.model_validate_json(r.model_dump_json())
+    w = back.correctness[0].outputs[0].worst[0]
+    assert w.index == [0] and math.isnan(w.got) and w.expected == 1.0
+
+
+def test_type_shape_dtype_and_count_mismatches():
+    e = torch.ones(2, 3)
+    assert compare_tensor(0, e, None, "mod.Lazy", 1e-4).got_type == "mod.Lazy"
+    assert compare_tensor(0, e, torch.ones(3, 2), "torch.Tensor", 1e-4).message.startswith("shape")
+    assert "dtype" in compare_tensor(0, e, e.double(), "torch.Tensor", 1e-4).message
+    [d] = compare_outputs([e, e], [e], ["torch.Tensor"], 1e-4)
+    assert not d.ok and "returned 1 outputs, expected 2" in d.message
+
+
+def test_summarize_reports_order_statistics():
+    s = summarize([4.0, 1.0, 3.0, 2.0, 100.0], clock="cuda_event", comparable=True)
+    assert (s.median_ms, s.min_ms, s.max_ms, s.n_trials) == (3.0, 1.0, 100.0, 5)
+    assert s.mean_ms == pytest.approx(22.0)
+    assert s.iqr_ms == pytest.approx(2.0)
+
+
+def test_host_timing_rotates_input_sets_and_measures_the_call():
+    seen = []
+
+    def fn(x):
+        seen.append(x)
+        time.sleep(0.002)
+
+    stats = time_callable(fn, [[0], [1], [2]], device="cpu", trials=6, warmup_calls=2,
+                          warmup_ms=0.0)
+    assert seen == [0, 1, 0, 1, 2, 0, 1, 2]  # 2 warm-up calls, then 6 rotating trials
+    assert stats.n_trials == 6 and stats.clock == "host" and not stats.comparable
+    assert 2.0 <= stats.min_ms < 50.0
+
+
+def test_child_env_is_an_allow_list(monkeypatch, tmp_path):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-x")
+    monkeypatch.setenv("TRITON_API_TOKEN", "t")
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/somewhere")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("SOME_RANDOM_SETTING", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    env = child_env(tmp_path, "cuda:1", {"TRITON_INTERPRET": "0"})
+    assert "OPENAI_API_KEY" not in env and "TRITON_API_TOKEN" not in env
+    assert "SOME_RANDOM_SETTING" not in env
+    assert env["TRITON_CACHE_DIR"] == "/somewhere"
+    assert env["TRITON_INTERPRET"] == "0"  # only what we set, never inherited
+    assert env["CUDA_VISIBLE_DEVICES"] == "5"
+    assert env["HOME"] == str(tmp_path)
+    assert child_env(tmp_path, "cpu")["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_policies_are_named_and_unknown_names_list_the_known_ones():
+    assert set(POLICIES) == {"strict", "kernelbench"}
+    strict, kb = get_policy("strict"), get_policy("kernelbench")
+    assert strict.allow_tf32 is False and kb.allow_tf32 is None
+    assert (kb.tolerance("fp32"), kb.tolerance("bf16"), kb.correct_trials) == (1e-4, 1e-2, 5)
+    assert (kb.speedup_stat, kb.timing_trials) == ("mean", 100)
+    with pytest.raises(UnknownPolicyError, match="known policies: kernelbench, strict"):
+        get_policy("fast")
+    with pytest.raises(ValueError, match="unknown policy"):
+        EvalConfig(policy="fast")
+    assert EvalConfig().policy == "strict"
+    with pytest.raises(ValueError):
+        EvalConfig(device="gpu")
+
+
+def test_seeds_depend_on_the_salt_and_the_trial():
+    a = [derive_seed("salt-a", "input", k) for k in range(5)]
+    assert len(set(a)) == 5
+    assert a != [derive_seed("salt-b", "input", k) for k in range(5)]
+    assert derive_seed("salt-a", "input", 0) != derive_seed("salt-a", "forward", 0)
+    assert all(0 <= s < 2**63 for s in a)
