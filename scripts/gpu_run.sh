@@ -6,9 +6,12 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/kloop-out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# Into the interpreter's own site-packages (not --target + PYTHONPATH): the evaluator starts its
+# candidate and reference processes with a scrubbed environment, and they must import these too.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade .whl/*.whl || exit 1
+site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$PWD" > "$site/kloop-dev.pth"
+export PYTHONUNBUFFERED=1
 python3 - <<'PY' | tee "$OUT/env.txt"
 import platform, subprocess, torch, triton
 print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,
