@@ -9,7 +9,10 @@ $(PY) setup:
 	bash scripts/setup.sh
 
 demo: $(PY)
-	$(VENV)/bin/kloop problems list --level 3
+	rm -rf runs/demo-replay
+	$(VENV)/bin/kloop replay runs/example-l3-1-mlp-triton --out runs/demo-replay --device auto
+	$(VENV)/bin/kloop report runs/demo-replay --out runs/demo-replay/report
+	@echo "report: runs/demo-replay/report"
 
 test: $(PY)
 	$(PY) -m pytest -m "not gpu" -q
