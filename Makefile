@@ -10,7 +10,7 @@ $(PY) setup:
 
 demo: $(PY)
 	rm -rf runs/demo-replay
-	$(VENV)/bin/kloop replay runs/example-l3-1-mlp-triton --out runs/demo-replay --device auto
+	$(VENV)/bin/kloop replay runs/examples/l3-1-mlp-triton --out runs/demo-replay --device auto
 	$(VENV)/bin/kloop report runs/demo-replay --out runs/demo-replay/report
 	@echo "report: runs/demo-replay/report"
 

@@ -6,6 +6,8 @@ the last layer), a correct kernel with small tiles, and a faster one with wider 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -31,3 +33,17 @@ def test_demo_runs_through_the_real_evaluator(tmp_path):
     assert ep.best is not None and ep.best.comparable is False
     assert ep.best.turn == 4 and turns[3].eval.runtime_ms < turns[2].eval.runtime_ms
     assert (out / "best" / "1_MLP.py").read_text() == turns[3].code
+
+
+@pytest.mark.slow
+def test_bundled_example_replays_with_the_same_verdicts(tmp_path):
+    """The README's main job: the committed example run, re-driven through the real loop and
+    evaluator with its recorded replies and no provider."""
+    example = Path(__file__).resolve().parents[2] / "runs" / "examples" / "l3-1-mlp-triton"
+    out = tmp_path / "replayed"
+    res = CliRunner().invoke(app, ["replay", str(example), "--device", "cpu", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "all 4 turns have the same verdict" in res.output
+    before = [t.status for t in RunStore.open(example).turns()]
+    after = [t.status for t in RunStore.open(out).turns()]
+    assert before == after == ["compile_error", "incorrect", "correct", "correct"]

@@ -82,10 +82,8 @@ def test_report_on_a_path_that_is_no_run(tmp_path):
 
 
 def test_bundled_example_run(tmp_path):
-    examples = sorted(REPO.glob("runs/example*/config.json")) + sorted(REPO.glob("runs/examples/*/config.json")) \
-        + sorted(REPO.glob("agent/demo/*/config.json"))
-    if not examples:
-        pytest.skip("no bundled example run committed yet (runs/example-*/ or agent/demo/<run>/)")
+    examples = sorted(REPO.glob("runs/examples/*/config.json"))
+    assert examples, "the bundled example run under runs/examples/ is missing"
     run = examples[0].parent
     out = tmp_path / "example-report"
     result = CliRunner().invoke(app(), ["report", str(run), "--out", str(out), "--html", "--bootstrap", "50"])
