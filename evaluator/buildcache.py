@@ -70,6 +70,8 @@ class BuildRecord(BaseModel):
 
 
 BUILD_RECORDS: list[BuildRecord] = []
+LOADED_MODULES: list[Any] = []
+"""The extension modules handed to the candidate (the ghost-kernel check stubs their functions)."""
 
 
 class CudaNotAvailable(BaseException):
@@ -164,6 +166,7 @@ def _import_built(entry: Path) -> Any:
         raise ImportError(f"cannot import {so}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    LOADED_MODULES.append(module)
     return module
 
 
@@ -241,6 +244,8 @@ def _build(args: dict[str, Any], key: str) -> Any:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _publish(tmp, entry, result, args)
+    if args.get("is_python_module", True):
+        LOADED_MODULES.append(result)
     BUILD_RECORDS.append(BuildRecord(
         name=args["name"], key=key, mode="build", cache_hit=False, ok=True,
         seconds=time.monotonic() - start, path=str(entry)))

@@ -1,19 +1,23 @@
 """The code that runs inside the candidate process (started by `evaluator.child`).
 
 Load (import `candidate.py`, build `ModelNew` the KernelBench way) -> correctness trials on the
-inputs the reference worker wrote (outputs saved for the harness to judge) -> wait for the
-harness -> timing -> post-timing trial -> profile. Any exception is reported as a typed error
-and ends the process; the harness turns silence (a crash) into an error itself.
+inputs the reference worker wrote (outputs saved for the harness to judge; `evaluator.trials`
+runs them with their probes) -> process-level probes (`evaluator.probes`) -> wait for the
+harness -> timing, with the refill trial halfway and the side-stream ratio after -> probes
+again -> post-timing trial -> profile. Any exception is reported as a typed error and ends the
+process; the harness turns silence (a crash) into an error itself.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel
 
 from evaluator.child import (
     Channel,
@@ -24,15 +28,13 @@ from evaluator.child import (
 )
 from evaluator.construct import (
     apply_numerics,
-    as_output_list,
-    clone_all,
     construct,
     draw_inputs,
     init_inputs,
     load_problem,
     sync,
-    to_device,
 )
+from evaluator.probes import Baseline
 from evaluator.protocol import (
     AwaitMsg,
     CandidateJob,
@@ -42,77 +44,128 @@ from evaluator.protocol import (
     DoneMsg,
     ErrorMsg,
     FlagMsg,
+    NeedMsg,
+    ProbeMsg,
     ProfileMsg,
     TimingMsg,
-    TrialMsg,
 )
 from evaluator.result import CompileLog, ErrorInfo
-from evaluator.timing import time_callable
+from evaluator.timing import sync_gap_ratio, time_callable
+from evaluator.trials import Loaded, run_trial
 
 log = logging.getLogger(__name__)
 
 
 def run_candidate(job: CandidateJob, ch: Channel) -> None:
-    spec, path = job.problem, job.candidate_path
-    apply_numerics(spec.allow_tf32)
+    apply_numerics(job.problem.allow_tf32)
     if job.cpu_emulation:
         from evaluator import emulation
 
         emulation.install()
         ch.send(FlagMsg(flag="cpu_emulation"))
+    # Before any candidate code runs: what its code must not change.
+    base = Baseline.take()
     ch.stage("load")
-    model = _load(job, ch)
-    if model is None:
+    loaded = _load(job, ch)
+    if loaded is None:
         return
     ch.stage("correctness")
     for trial in job.trials:
-        if not _run_trial(model, trial, job, ch):
+        if not _trial(loaded, trial, job, ch):
             return
+    _send_all(ch, base.report("after the correctness trials"))
     if job.cpu_emulation and job.triton_aot:
         triton_aot(job, ch)
     ch.send(AwaitMsg())
     if read_control().next == "stop":
         ch.send(DoneMsg())
         return
-    if job.timing is not None:
-        ch.stage("timing")
-        try:
-            problem = load_problem(spec)
-            sets = [draw_inputs(problem, seed, spec) for seed in job.timing.input_seeds]
-            stats = time_callable(
-                model, sets, device=spec.device, trials=job.timing.trials,
-                warmup_calls=job.timing.warmup_calls, warmup_ms=job.timing.warmup_ms,
-                l2_flush=job.timing.l2_flush,
-            )
-        except BaseException as e:
-            ch.error("timing", e, path, "runtime_error")
-            return
-        ch.send(TimingMsg(name="candidate", stats=stats))
+    if job.timing is not None and not _timing(loaded, job, ch, base):
+        return
     if job.post_timing is not None:
         ch.stage("correctness")
-        if not _run_trial(model, job.post_timing, job, ch):
+        if not _trial(loaded, job.post_timing, job, ch):
             return
     if job.profile:
-        _profile(model, job, ch)
+        _profile(loaded.model, job, ch)
     ch.send(DoneMsg())
+
+
+class _TrialFailed(Exception):
+    """The trial inside the timing loop failed and was reported; stop timing."""
+
+
+def _timing(loaded: Loaded, job: CandidateJob, ch: Channel, base: Baseline) -> bool:
+    assert job.timing is not None
+    ch.stage("timing")
+    spec, timing = job.problem, job.timing
+    ratio = None
+    try:
+        sets = [draw_inputs(load_problem(spec), seed, spec) for seed in timing.input_seeds]
+
+        def interleaved(last: list[Any]) -> None:
+            assert job.refill is not None
+            if not _trial(loaded, job.refill, job, ch, into=list(last)):
+                raise _TrialFailed
+        stats = time_callable(
+            loaded.model, sets, device=spec.device, trials=timing.trials,
+            warmup_calls=timing.warmup_calls, warmup_ms=timing.warmup_ms,
+            l2_flush=timing.l2_flush, between=interleaved if job.refill else None,
+        )
+        if spec.device == "cuda":
+            ratio = sync_gap_ratio(loaded.model, sets)
+    except _TrialFailed:
+        return False
+    except BaseException as e:
+        ch.error("timing", e, job.candidate_path, "runtime_error")
+        return False
+    # Judged before the timings are: a replaced timer would have produced them.
+    _send_all(ch, base.report("after timing"))
+    if ratio is not None:
+        ch.send(ProbeMsg(probe="side_stream", value=ratio))
+    ch.send(TimingMsg(name="candidate", stats=stats))
+    return True
+
+
+def _send_all(ch: Channel, msgs: list[BaseModel]) -> None:
+    for msg in msgs:
+        ch.send(msg)
+
+
+def _trial(loaded: Loaded, trial: CandTrial, job: CandidateJob, ch: Channel,
+           into: list[Any] | None = None) -> bool:
+    def fetch(index: int) -> bytes:
+        ch.send(NeedMsg(index=index))
+        control = read_control()
+        if control.next != "inputs" or control.data is None:
+            raise RuntimeError("the harness did not hand over the trial's inputs")
+        return base64.b64decode(control.data)
+
+    try:
+        msgs = run_trial(loaded, trial, job, into, fetch)
+    except BaseException as e:
+        _fail(ch, "correctness", e, job)
+        return False
+    _send_all(ch, msgs)
+    return True
 
 
 def run_forward(job: CandidateJob, ch: Channel, calls: int = 2) -> None:
     """Build the candidate and call it a few times on timing inputs (replayed under ncu)."""
     apply_numerics(job.problem.allow_tf32)
-    model = _load(job, ch)
-    if model is None:
+    loaded = _load(job, ch)
+    if loaded is None:
         return
     inputs = draw_inputs(load_problem(job.problem), job.timing.input_seeds[0] if job.timing
                          else 0, job.problem)
     with torch.no_grad():
         for _ in range(calls):
-            model(*inputs)
+            loaded.model(*inputs)
     sync(job.problem.device)
     ch.send(DoneMsg())
 
 
-def _load(job: CandidateJob, ch: Channel) -> torch.nn.Module | None:
+def _load(job: CandidateJob, ch: Channel) -> Loaded | None:
     spec, path = job.problem, job.candidate_path
     _install_build_cache(job.build_dir, path, check_only=False)
     if job.cpu_emulation:
@@ -134,10 +187,13 @@ def _load(job: CandidateJob, ch: Channel) -> torch.nn.Module | None:
         return None
     try:
         apply_overrides(module, spec.overrides)
-        return construct(module.ModelNew, init_inputs(problem, spec), spec)
+        model = construct(module.ModelNew, init_inputs(problem, spec), spec)
     except BaseException as e:
         _fail(ch, "load", e, job)
         return None
+    from evaluator.backend import custom_kernel_names
+
+    return Loaded(module, model, custom_kernel_names(Path(path).read_text()))
 
 
 def _fail(ch: Channel, stage: str, exc: BaseException, job: CandidateJob,
@@ -164,51 +220,6 @@ def _fail(ch: Channel, stage: str, exc: BaseException, job: CandidateJob,
 def _first_message(log_: CompileLog) -> str:
     d = log_.diagnostics[0] if log_.diagnostics else None
     return d.message if d else "Triton compilation failed"
-
-
-def _run_trial(model: torch.nn.Module, trial: CandTrial, job: CandidateJob, ch: Channel) -> bool:
-    device = job.problem.device
-    try:
-        inputs = to_device(torch.load(trial.inputs_path, weights_only=True), device)
-        args = clone_all(inputs)
-        # Same generator state as the reference's forward (problems that draw inside forward).
-        torch.manual_seed(trial.forward_seed)
-        with torch.no_grad():
-            out = model(*args)
-        sync(device)
-        outs = as_output_list(out)
-        saved = [o.detach().cpu() if type(o) is torch.Tensor else None for o in outs]
-        torch.save(saved, trial.output_path)
-    except BaseException as e:
-        _fail(ch, "correctness", e, job)
-        return False
-    ch.send(TrialMsg(
-        index=trial.index,
-        output_types=[_type_name(o) for o in outs],
-        mutated_inputs=mutated_inputs(inputs, args),
-    ))
-    return True
-
-
-def mutated_inputs(before: list[Any], after: list[Any]) -> list[int]:
-    """Indices of the input tensors whose contents or shape changed during the call."""
-    changed = []
-    for i, (a, b) in enumerate(zip(before, after, strict=True)):
-        if not isinstance(a, torch.Tensor):
-            continue
-        if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
-            changed.append(i)
-        elif a.is_floating_point():
-            if not bool(((a == b) | (a.isnan() & b.isnan())).all()):
-                changed.append(i)
-        elif not torch.equal(a, b):
-            changed.append(i)
-    return changed
-
-
-def _type_name(obj: Any) -> str:
-    t = type(obj)
-    return "torch.Tensor" if t is torch.Tensor else f"{t.__module__}.{t.__qualname__}"
 
 
 def _profile(model: torch.nn.Module, job: CandidateJob, ch: Channel) -> None:

@@ -1,29 +1,40 @@
-"""Policy and anti-cheat rules, as lists the pipeline runs. The anti-cheat issue adds to them.
+"""Policy and anti-cheat rules, as lists the pipeline runs; each rule has a name, a one-line
+rationale and a severity per policy (`RUNTIME_RULES`: `strict` rejects, `kernelbench`, which
+reproduces KernelBench's verdicts, only flags).
 
-- `STATIC_CHECKS`: run on the source in the harness before anything executes.
-  `check(source, backend, policy_name) -> list[Violation]`.
-- `TRIAL_CHECKS`: run in the harness on what the candidate child reported for one trial
-  (after its outputs were judged). `check(run, trial_msg) -> list[Violation]`.
-- Probes inside the candidate process (like the input-mutation comparison) live in
-  `evaluator.candidate` and report through `TrialMsg` fields; the rule deciding what they mean
-  lives here.
+- `STATIC_CHECKS`: on the source in the harness before anything executes (`evaluator.static`).
+- `TRIAL_CHECKS`: on what the candidate child reported for one trial, after its outputs were
+  judged. `check(run, trial_msg) -> list[Violation]`.
+- `PROBE_CHECKS`: on what a probe in the candidate process saw (`evaluator.probes`, reported as
+  `ProbeMsg`). `check(run, probe_msg) -> list[Violation]`.
+- `determinism`: on the two outputs of the repeated trial, in the harness.
+- `RESULT_CHECKS`: on the finished run (speedups, problem facts). They only flag.
 
-A violation with severity `reject` makes the status `rejected`; `flag` only records it.
+A violation with severity `reject` makes the status `rejected`; `flag` only records it. Every
+rule that fires also puts its name in the result's flags, once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
-from evaluator.protocol import TrialMsg
+import torch
+
+from evaluator.correctness import compare_outputs
+from evaluator.protocol import ProbeMsg, TrialMsg
 from evaluator.result import Backend, Violation
 
 if TYPE_CHECKING:
     from evaluator.state import EvalRun
 
+Severity = Literal["reject", "flag"]
 StaticCheck = Callable[[str, Backend, str], list[Violation]]
 TrialCheck = Callable[["EvalRun", TrialMsg], list[Violation]]
+ProbeCheck = Callable[["EvalRun", ProbeMsg], list[Violation]]
+ResultCheck = Callable[["EvalRun"], None]
+SIDE_STREAM_RATIO = 1.5
 
 
 def ast_rules(source: str, backend: Backend, policy: str) -> list[Violation]:
@@ -36,10 +47,68 @@ def ast_rules(source: str, backend: Backend, policy: str) -> list[Violation]:
 STATIC_CHECKS: list[StaticCheck] = [ast_rules]
 
 
+@dataclass(frozen=True)
+class RuntimeRule:
+    name: str
+    rationale: str
+    strict: Severity = "reject"
+    kernelbench: Severity = "flag"
+
+    def severity(self, policy: str) -> Severity:
+        return self.kernelbench if policy == "kernelbench" else self.strict
+
+
+RUNTIME_RULES = {r.name: r for r in (
+    RuntimeRule("no_custom_kernel",
+                "A candidate with kernels that never launch, or whose output does not change "
+                "when they do nothing, is PyTorch dressed up as a kernel (catalog B5, B1)."),
+    RuntimeRule("deferred_work",
+                "An output still being written after the call returned means work escaped the "
+                "timed region: side streams, deferred launches (catalog T1, T4)."),
+    RuntimeRule("background_threads",
+                "A thread started by the candidate can finish the work after the timer stopped "
+                "(catalog T2)."),
+    RuntimeRule("timer_tampering",
+                "A replaced timer, synchronisation or comparison function fakes the timings or "
+                "the checks (catalog T3, C11)."),
+    RuntimeRule("backend_flags_changed",
+                "TF32, cudnn.benchmark or precision changes give the candidate numerics or speed "
+                "the baselines did not get (catalog B6, C8)."),
+    RuntimeRule("nondeterministic",
+                "Two calls on the same inputs must agree: reads of uninitialised or stale memory "
+                "pass once and fail later (catalog C9); bitwise differences only are flagged."),
+    RuntimeRule("side_stream_suspected",
+                "Time that appears only with a device-wide synchronize before the end event is "
+                "work on other streams (catalog T1); flagged for review.", strict="flag"),
+    RuntimeRule("protocol_violation",
+                "The candidate process wrote messages of its own onto the harness's result "
+                "channel (a forged timing, a trial twice): nothing it reports can be trusted "
+                "(catalog C11).", kernelbench="reject"),
+    RuntimeRule("implausible_speedup",
+                "Speedups above the policy's bound over eager are usually measurement or "
+                "correctness holes; flagged for review.", strict="flag"),
+)}
+
+
+def violate(run: EvalRun, rule: str, message: str, severity: Severity | None = None) -> Violation:
+    """A violation of a runtime rule with the run's policy severity; its name joins the flags."""
+    r = RUNTIME_RULES[rule]
+    run.flags.append(rule)
+    return Violation(rule=rule, severity=severity or r.severity(run.policy.name),
+                     message=f"{message}: {r.rationale}")
+
+
+def _fired(run: EvalRun, rule: str) -> bool:
+    return any(v.rule == rule for v in run.violations)
+
+
+# ---- per trial -----------------------------------------------------------------------------
+
+
 # Rationale: a forward that writes into its inputs corrupts whatever reuses them (the timing
 # loop's rotated input sets, the caller's tensors); KernelBench passes uncloned inputs.
 def input_mutation(run: EvalRun, msg: TrialMsg) -> list[Violation]:
-    if not msg.mutated_inputs or any(v.rule == "input_mutation" for v in run.violations):
+    if not msg.mutated_inputs or _fired(run, "input_mutation"):
         return []
     run.flags.append("input_mutation")
     return [Violation(
@@ -49,8 +118,165 @@ def input_mutation(run: EvalRun, msg: TrialMsg) -> list[Violation]:
     )]
 
 
-TRIAL_CHECKS: list[TrialCheck] = [input_mutation]
+# Rationale: catalog T1/T4, see RUNTIME_RULES["deferred_work"].
+def deferred_work(run: EvalRun, msg: TrialMsg) -> list[Violation]:
+    if not msg.deferred or _fired(run, "deferred_work"):
+        return []
+    return [violate(run, "deferred_work", f"the output of trial {msg.index} changed between "
+                    "the return of forward and a full device synchronize")]
+
+
+# Rationale: catalog T2. Libraries may start their worker threads in the very first call, so
+# the first trial's count is not held against the candidate.
+def background_threads(run: EvalRun, msg: TrialMsg) -> list[Violation]:
+    if msg.threads_grew <= 0 or msg.index == 0 or _fired(run, "background_threads"):
+        return []
+    return [violate(run, "background_threads", f"{msg.threads_grew} thread(s) started during "
+                    f"forward were still running when it returned (trial {msg.index})")]
+
+
+TRIAL_CHECKS: list[TrialCheck] = [input_mutation, deferred_work, background_threads]
 
 
 def trial_violations(run: EvalRun, msg: TrialMsg) -> list[Violation]:
     return [v for check in TRIAL_CHECKS for v in check(run, msg)]
+
+
+# ---- probes in the candidate process -------------------------------------------------------
+
+
+# Rationale: catalog T3, C11 — kloop's timer and its own functions were bound before the
+# candidate was imported; any of them replaced means its timings cannot be trusted.
+def identity(run: EvalRun, msg: ProbeMsg) -> list[Violation]:
+    if msg.probe != "identity" or not msg.names or _fired(run, "timer_tampering"):
+        return []
+    return [violate(run, "timer_tampering", f"replaced {', '.join(msg.names[:8])} ({msg.detail})")]
+
+
+# Rationale: catalog B6, C8 — flags set by the candidate at import or in forward.
+def backend_flags(run: EvalRun, msg: ProbeMsg) -> list[Violation]:
+    if msg.probe != "backend_flags" or not msg.names or _fired(run, "backend_flags_changed"):
+        return []
+    return [violate(run, "backend_flags_changed", f"{'; '.join(msg.names)} ({msg.detail})")]
+
+
+# Rationale: catalog T2 — Python threads alive that were not there before the candidate ran.
+def python_threads(run: EvalRun, msg: ProbeMsg) -> list[Violation]:
+    if msg.probe != "threads" or not msg.value or msg.value <= 0 or \
+            _fired(run, "background_threads"):
+        return []
+    return [violate(run, "background_threads", f"{int(msg.value)} Python thread(s) the "
+                    f"candidate started are alive {msg.detail}")]
+
+
+# Rationale: catalog B5 — a kernel backend whose kernels never launched during a forward.
+def launches(run: EvalRun, msg: ProbeMsg) -> list[Violation]:
+    if msg.probe != "launches":
+        return []
+    if not msg.conclusive:
+        run.flags.append("launch_count_unavailable")
+        return []
+    if msg.value or _fired(run, "no_custom_kernel"):
+        return []
+    return [violate(run, "no_custom_kernel", f"none of the candidate's {run.backend} kernels "
+                    "launched during a forward")]
+
+
+# Rationale: catalog B5 — kernels that run but do not matter: the output is the same when
+# every one of them is replaced by a no-op.
+def ghost(run: EvalRun, msg: ProbeMsg) -> list[Violation]:
+    if msg.probe != "ghost":
+        return []
+    if not msg.conclusive:
+        run.flags.append("ghost_check_inconclusive")
+        return []
+    if not msg.value or _fired(run, "no_custom_kernel"):
+        return []
+    return [violate(run, "no_custom_kernel", f"ghost kernels: {msg.detail}")]
+
+
+# Rationale: catalog T1 (see RUNTIME_RULES); a ratio, so it only ever flags for review.
+def side_stream(run: EvalRun, msg: ProbeMsg) -> list[Violation]:
+    if msg.probe != "side_stream" or msg.value is None or msg.value <= SIDE_STREAM_RATIO:
+        return []
+    return [violate(run, "side_stream_suspected", f"timing with a device-wide synchronize "
+                    f"before the end event is {msg.value:.2f}x the plain event timing")]
+
+
+PROBE_CHECKS: list[ProbeCheck] = [identity, backend_flags, python_threads, launches, ghost,
+                                  side_stream]
+
+
+def probe_violations(run: EvalRun, msg: ProbeMsg) -> list[Violation]:
+    return [v for check in PROBE_CHECKS for v in check(run, msg)]
+
+
+# ---- determinism (harness) -----------------------------------------------------------------
+
+
+def _bitwise_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    for x, y in zip(a, b, strict=True):
+        eq = x == y
+        if x.is_floating_point():
+            eq |= x.isnan() & y.isnan()
+        if not bool(eq.all()):
+            return False
+    return True
+
+
+def determinism(run: EvalRun, first: list, second: list, tol: float) -> list[Violation]:
+    """The repeated call's outputs against the first call's: beyond the tolerance rejects (under
+    strict), within it but not bitwise equal (atomics, split reductions) only flags."""
+    if not all(isinstance(x, torch.Tensor) for x in [*first, *second]) or not first:
+        return []
+    diffs = compare_outputs(first, second, ["torch.Tensor"] * len(second), tol)
+    if not all(d.ok for d in diffs):
+        bad = next(d for d in diffs if not d.ok)
+        return [violate(run, "nondeterministic", f"a second call on the same inputs differs "
+                        f"beyond the tolerance: {bad.message}")]
+    if len(first) != len(second) or not _bitwise_equal(first, second):
+        return [violate(run, "nondeterministic", "a second call on the same inputs differs in "
+                        "the last bits (within the tolerance)", severity="flag")]
+    return []
+
+
+# ---- the finished run ----------------------------------------------------------------------
+
+
+def is_degenerate(run: EvalRun) -> bool:
+    """The problem's output does not depend on its input at this run's tolerance."""
+    at = run.problem.meta.degenerate_at
+    return at is not None and at <= run.policy.tolerance(run.config.precision) * (1 + 1e-9)
+
+
+# Rationale: catalog C5 — reports must be able to leave these problems out; where the problem
+# has no trial that makes a constant output fail, say so too.
+def degenerate_problem(run: EvalRun) -> None:
+    if not is_degenerate(run):
+        return
+    run.flags.append("degenerate_problem")
+    probe = run.problem.meta.degenerate_probe
+    if probe is None or not run.policy.degenerate_trials or f"{probe}_skipped" in run.flags:
+        run.flags.append("degenerate_no_probe")
+
+
+# Rationale: catalog B1 — plain PyTorch is honest but has no kernel of the candidate's; it is
+# judged on its outputs and flagged (only pretending to have kernels is rejected).
+def torch_only(run: EvalRun) -> None:
+    if run.backend == "torch":
+        run.flags.append("no_custom_kernel")
+
+
+def implausible_speedup(run: EvalRun) -> None:
+    speedup = run.speedup(run.eager)
+    if speedup is not None and speedup > run.policy.excessive_speedup:
+        run.violations.append(violate(run, "implausible_speedup", f"{speedup:.1f}x over eager "
+                                      f"(bound {run.policy.excessive_speedup:g}x)"))
+
+
+RESULT_CHECKS: list[ResultCheck] = [degenerate_problem, torch_only, implausible_speedup]
+
+
+def result_checks(run: EvalRun) -> None:
+    for check in RESULT_CHECKS:
+        check(run)

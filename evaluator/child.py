@@ -116,6 +116,10 @@ def read_control() -> Control:
 
 def main(argv: list[str]) -> int:
     mode, job_path, fd = argv[1], Path(argv[2]), int(argv[3])
+    if mode in ("candidate", "compile"):
+        from evaluator.isolation import confine_child
+
+        confine_child()
     channel = Channel(fd)
     raw = job_path.read_text()
     if mode == "candidate":

@@ -44,6 +44,20 @@ class Policy(BaseModel):
     """Which timing statistic the speedups are computed from."""
     post_timing_check: bool = True
     """Re-check the output on one more fresh input after timing."""
+    interleaved_check: bool = True
+    """Check one output on fresh data halfway through the timing loop, written into the first
+    timing input set's own tensors (phase detection, caches keyed by pointer or shape)."""
+    degenerate_trials: bool = True
+    """On problems whose output does not depend on the input at this tolerance, add the
+    problem's probe trial (`ProblemMeta.degenerate_probe`) so a constant output fails."""
+    reparam_trial: bool = True
+    """One trial on a second model of each side whose parameters are perturbed alike (when the
+    candidate's parameter layout is the reference's): kernels that assume the initial weights
+    (BatchNorm's ones and zeros) or return constants fail it."""
+    require_custom_kernel: bool = False
+    """Reject plain-PyTorch candidates (no kernel of their own) that would otherwise be correct.
+    Off: they are judged on their outputs and flagged `no_custom_kernel`; a candidate whose own
+    kernels never launch or do not matter is rejected either way."""
     input_mutation: Literal["reject", "flag"] = "reject"
     """What a candidate that writes into its input tensors gets."""
     excessive_speedup: float = 10.0
@@ -59,7 +73,8 @@ POLICIES: dict[str, Policy] = {
         Policy(
             name="strict",
             description="Isolated run, TF32 off in reference and candidate, rotated timing "
-            "inputs, post-timing re-check, input mutation rejected; median for speedups.",
+            "inputs, re-checks during and after timing, degenerate-problem trials, runtime "
+            "anti-cheat rules and input mutation rejected; median for speedups.",
         ),
         # KernelBench main: same tolerances and trial counts, PyTorch's default backend flags,
         # the mean of 100 L2-flushed trials on one input set. Process isolation stays: it
@@ -72,6 +87,9 @@ POLICIES: dict[str, Policy] = {
             timing_input_sets=1,
             speedup_stat="mean",
             post_timing_check=False,
+            interleaved_check=False,
+            degenerate_trials=False,
+            reparam_trial=False,
             input_mutation="flag",
         ),
     )
@@ -156,6 +174,10 @@ class EvalConfig(BaseModel):
     """Keep the temporary directories for debugging (their paths are logged)."""
     output_tail_bytes: int = 65536
     """How much of a child's stdout and stderr is kept (the tail)."""
+    sandbox_uid: int | None = 65534
+    """When the harness runs as root, run candidate code under this uid and gid (65534 is
+    `nobody`) if it can reach the interpreter, kloop and the GPU; otherwise, or with None, under
+    the harness's uid without capabilities (results are flagged `isolation_same_uid`)."""
     salt: str | None = None
     """Seed salt for the correctness inputs; None draws a fresh random one per evaluation
     (so a candidate cannot hard-code its inputs). Set it only to reproduce a run."""

@@ -8,6 +8,8 @@ training mode (KernelBench never calls `.eval()`; BatchNorm uses batch statistic
 
 from __future__ import annotations
 
+import hashlib
+import math
 import platform
 import socket
 import sys
@@ -62,6 +64,42 @@ def draw_inputs(problem: ModuleType, seed: int, spec: ProblemSpec) -> list[Any]:
     """`get_inputs()` after seeding with `seed`, placed on the device in the run precision."""
     torch.manual_seed(seed)
     return [_place(x, spec) for x in problem.get_inputs()]
+
+
+def scaled_inputs(inputs: list[Any], seed: int, scale: float) -> list[Any]:
+    """Floating inputs replaced by `scale` * standard-normal draws of the same shape: signs and
+    magnitudes `get_inputs()` never produces (the probe trial of some degenerate problems)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            draw = torch.randn(x.shape, generator=gen, dtype=torch.float32) * scale
+            x = draw.to(device=x.device, dtype=x.dtype)
+        out.append(x)
+    return out
+
+
+def parameter_layout(model: torch.nn.Module) -> list[list[Any]]:
+    """[name, shape] of every parameter, sorted by name."""
+    return sorted([name, list(p.shape)] for name, p in model.named_parameters())
+
+
+def perturb_parameters(model: torch.nn.Module, seed: int) -> None:
+    """Move every floating parameter by half its own standard deviation (0.05 for constant ones:
+    BatchNorm's ones and zeros) times seeded normal noise, computed on CPU in float32 so that
+    the reference and the candidate, given equal parameters, get bitwise-equal ones. Buffers
+    are left alone."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not p.is_floating_point():
+                continue
+            digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+            gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") >> 1)
+            base = p.detach().to("cpu", torch.float32)
+            std = float(base.std()) if base.numel() > 1 else 0.0
+            spread = 0.5 * std if math.isfinite(std) and std > 0 else 0.05
+            noise = torch.randn(base.shape, generator=gen, dtype=torch.float32) * spread
+            p.copy_((base + noise).to(device=p.device, dtype=p.dtype))
 
 
 def to_device(inputs: list[Any], device: str) -> list[Any]:

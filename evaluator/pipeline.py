@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from evaluator.checks import result_checks
 from evaluator.config import EvalConfig
 from evaluator.reference import ReferenceOutput
 from evaluator.result import EvalResult
@@ -53,6 +54,7 @@ def evaluate(problem: Problem | str, candidate_source: str,
     finally:
         run.cleanup()
     run.flags += [f"problem_{f}" for f in problem.meta.flags()]
+    result_checks(run)
     return run.to_result()
 
 

@@ -60,6 +60,14 @@ class RefTrial(_Rec):
     """Written into the candidate's work dir: the only thing the candidate gets."""
     expected_path: str
     """Written into the harness-private dir: the candidate never sees it."""
+    perturb_seed: int | None = None
+    """Run this trial on a second model whose parameters are perturbed with this seed (the
+    `reparam` trial: assumed weights, constants on degenerate problems)."""
+    layout_path: str | None = None
+    """With `perturb_seed`: where the reference's parameter layout is written for the candidate."""
+    input_scale: float | None = None
+    """Floating inputs are `input_scale` * standard-normal draws instead of `get_inputs()`'s
+    (the `scaled_inputs` trial of a degenerate problem)."""
 
 
 class ReferenceJob(_Rec):
@@ -80,6 +88,19 @@ class CandTrial(_Rec):
     forward_seed: int
     inputs_path: str
     output_path: str
+    perturb_seed: int | None = None
+    """Run this trial on a second ModelNew with its parameters perturbed like the reference's
+    (see RefTrial), if its parameter layout is the one at `layout_path`."""
+    layout_path: str | None = None
+    repeat_output_path: str | None = None
+    """Call again on the same inputs and save that output here (determinism check)."""
+    count_launches: bool = False
+    """Count the candidate's own kernel launches during the call (no_custom_kernel check)."""
+    ghost: bool = False
+    """First call once with the candidate's kernels replaced by no-ops (ghost-kernel check)."""
+    inputs_from_harness: bool = False
+    """The inputs are never on disk where the candidate could see them beforehand: ask the
+    harness for them (`NeedMsg`) when the trial starts."""
 
 
 class CandidateJob(_Rec):
@@ -96,6 +117,11 @@ class CandidateJob(_Rec):
     triton_aot: bool = False
     """Under the interpreter: compile the launched Triton kernels for sm_90 too."""
     build_dir: str | None = None
+    refill: CandTrial | None = None
+    """A trial run in the middle of the timing loop, in the first timing input set's own
+    tensors (phase detection, pointer-keyed caches)."""
+    tolerance: float = 1e-4
+    """The policy's tolerance at this precision (the ghost check compares at it)."""
 
 
 class CompileJob(_Rec):
@@ -128,6 +154,37 @@ class TrialMsg(_Rec):
     """Python type of each returned object (`torch.Tensor` for plain tensors)."""
     mutated_inputs: list[int] = Field(default_factory=list)
     """Indices of input tensors the call wrote into."""
+    threads_grew: int = 0
+    """Threads of the process started during the call and still alive when it returned."""
+    deferred: bool = False
+    """The output changed between the call's return and a full device synchronisation."""
+    skipped: str | None = None
+    """Why the trial could not run on this candidate (a `reparam` trial whose parameter layout
+    differs from the reference's); no output then."""
+
+
+ProbeName = Literal["identity", "backend_flags", "threads", "launches", "ghost", "side_stream"]
+
+
+class ProbeMsg(_Rec):
+    """What an anti-cheat probe in the candidate process saw; `evaluator.checks` judges it."""
+
+    kind: Literal["probe"] = "probe"
+    probe: ProbeName
+    names: list[str] = Field(default_factory=list)
+    """What changed: tampered functions, changed backend flags (`name: before -> after`)."""
+    value: float | None = None
+    """A count (launches, extra threads) or a ratio (side_stream); None when not measurable."""
+    conclusive: bool = True
+    """False when the probe could not decide (e.g. the ghost forward raised)."""
+    detail: str = ""
+
+
+class NeedMsg(_Rec):
+    """The candidate child asks for a trial's inputs, which the harness holds in memory."""
+
+    kind: Literal["need"] = "need"
+    index: int
 
 
 class AwaitMsg(_Rec):
@@ -166,14 +223,16 @@ class DoneMsg(_Rec):
 
 
 ChildMessage = Annotated[
-    StageMsg | ErrorMsg | TrialMsg | AwaitMsg | TimingMsg | ProfileMsg | CompileMsg | EnvMsg
-    | FlagMsg | DoneMsg,
+    StageMsg | ErrorMsg | TrialMsg | ProbeMsg | AwaitMsg | NeedMsg | TimingMsg | ProfileMsg
+    | CompileMsg | EnvMsg | FlagMsg | DoneMsg,
     Field(discriminator="kind"),
 ]
 MESSAGE = TypeAdapter(ChildMessage)
 
 
 class Control(_Rec):
-    """Harness -> candidate child, after `await`: time it, or stop here."""
+    """Harness -> candidate child: after `await`, time it or stop here; after `need`, the
+    inputs (`torch.save` bytes, base64) or stop."""
 
-    next: Literal["time", "stop"]
+    next: Literal["time", "stop", "inputs"]
+    data: str | None = None

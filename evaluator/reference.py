@@ -36,6 +36,9 @@ from evaluator.construct import (
     env_info,
     init_inputs,
     load_problem,
+    parameter_layout,
+    perturb_parameters,
+    scaled_inputs,
     sync,
 )
 from evaluator.protocol import (
@@ -93,12 +96,16 @@ def run_reference(job: ReferenceJob, ch: Channel) -> None:
         model = construct(problem.Model, init_inputs(problem, spec), spec)
         for t in job.trials:
             inputs = draw_inputs(problem, t.input_seed, spec)
+            if t.input_scale is not None:
+                inputs = scaled_inputs(inputs, t.input_seed, t.input_scale)
             torch.save(_to_cpu(inputs), t.inputs_path)
+            trial_model = model if t.perturb_seed is None else _perturbed(problem, spec, t)
             torch.manual_seed(t.forward_seed)
             with torch.no_grad():
-                out = model(*clone_all(inputs))
+                out = trial_model(*clone_all(inputs))
             sync(spec.device)
             torch.save([_to_cpu_one(o) for o in as_output_list(out)], t.expected_path)
+            del trial_model
     except BaseException as e:
         ch.error("reference", e, spec.path, "runtime_error")
         return
@@ -106,6 +113,16 @@ def run_reference(job: ReferenceJob, ch: Channel) -> None:
         ch.stage("baselines")
         _baselines(job, model, problem, env, ch)
     ch.send(DoneMsg())
+
+
+def _perturbed(problem, spec, t) -> torch.nn.Module:
+    """A second reference model with perturbed parameters; its parameter layout goes to the
+    candidate, which can only take part when its own layout is the same."""
+    model = construct(problem.Model, init_inputs(problem, spec), spec)
+    assert t.perturb_seed is not None and t.layout_path is not None
+    Path(t.layout_path).write_text(json.dumps(parameter_layout(model)))
+    perturb_parameters(model, t.perturb_seed)
+    return model
 
 
 def _to_cpu_one(x: Any) -> Any:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from evaluator import isolation
+from evaluator.isolation import SandboxPlan
 from evaluator.protocol import MESSAGE, ChildMessage, ChildMode, Control, StageMsg
 
 log = logging.getLogger(__name__)
@@ -109,8 +111,10 @@ class Child:
     """One running child; use as a context manager so it is always killed and reaped."""
 
     def __init__(self, mode: ChildMode, job: BaseModel, workdir: Path, env: dict[str, str],
-                 timeouts: dict[str, float], rss_limit_bytes: int | None, tail_bytes: int):
+                 timeouts: dict[str, float], rss_limit_bytes: int | None, tail_bytes: int,
+                 sandbox: SandboxPlan | None = None):
         self.mode, self.workdir, self.env = mode, workdir, env
+        self.sandbox = sandbox
         self.timeouts = timeouts
         self.rss_limit = rss_limit_bytes
         self.tails = (_Tail(tail_bytes), _Tail(tail_bytes))
@@ -129,13 +133,18 @@ class Child:
         self._t0 = time.monotonic()
         self._hard_deadline = self._t0 + sum(self.timeouts.values())
         self._set_stage("startup")
+        isolation.harden_harness()
+        identity = self._identity()
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "evaluator.child", self.mode, str(self.job_path),
-                 str(write_fd)],
-                cwd=self.workdir, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, pass_fds=(write_fd,), start_new_session=True,
-            )
+            with isolation.SPAWN_LOCK:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "evaluator.child", self.mode, str(self.job_path),
+                     str(write_fd)],
+                    cwd=self.workdir, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, pass_fds=(write_fd,), start_new_session=True,
+                    **identity,
+                )
+                isolation.register(self.proc.pid)
         finally:
             os.close(write_fd)
         self._spawn(self._read_messages, os.fdopen(read_fd, "rb"))
@@ -146,9 +155,27 @@ class Child:
 
     def __exit__(self, *exc) -> None:
         self._kill_group()
-        self.proc.wait()
+        self._reap()
         for t in self._threads:
             t.join(timeout=5)
+
+    def _identity(self) -> dict:
+        plan = self.sandbox
+        if plan is None:
+            return {}
+        if plan.drop_caps:
+            self.env[isolation.CONFINE_ENV] = "caps"
+        if plan.uid is None:
+            return {}
+        return {"user": plan.uid, "group": plan.gid, "extra_groups": []}
+
+    def _reap(self) -> int:
+        """Wait for the leader, then kill whatever escaped its process group."""
+        rc = self.proc.wait()
+        isolation.unregister(self.proc.pid)
+        if self.sandbox is not None:
+            isolation.reap_orphans()
+        return rc
 
     def messages(self) -> Iterator[ChildMessage]:
         """Messages in order, until the child closes the pipe (exits or is killed)."""
@@ -165,8 +192,9 @@ class Child:
 
     def outcome(self) -> ChildOutcome:
         """Wait for the child to end (the watchdog enforces the limits) and describe it."""
-        rc = self.proc.wait()
+        self.proc.wait()
         self._kill_group()
+        rc = self._reap()
         for t in self._threads:
             t.join(timeout=5)
         with self._lock:
@@ -222,13 +250,20 @@ class Child:
                 late = time.monotonic() > self._deadline
             if late:
                 self._kill("timeout")
-                return
+                break
             if self.rss_limit is not None and _rss_bytes(self.proc.pid) > self.rss_limit:
                 self._kill("memory")
-                return
+                break
             time.sleep(_POLL_S)
-        # The leader is gone: whatever it left behind (and any pipe it holds) goes with it.
+        # The leader is gone (or killed): whatever it left behind goes with it, including
+        # processes that left its group, which may hold the result pipe open.
         self._kill_group()
+        if self.sandbox is not None:
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            isolation.reap_orphans()
 
     def _kill(self, reason: str) -> None:
         with self._lock:

@@ -13,42 +13,33 @@ import logging
 import re
 import sys
 from pathlib import Path
-from typing import Any
 
-import torch
-
-from evaluator.checks import STATIC_CHECKS, trial_violations
-from evaluator.correctness import compare_outputs
+from evaluator.checks import STATIC_CHECKS
+from evaluator.isolation import private_dir
+from evaluator.judge import (
+    STAGE_OF_CHILD,
+    Sequence,
+    candidate_job,
+    final_verdict,
+    first_diagnostic,
+    hold_inputs,
+    on_message,
+    ref_trials,
+)
 from evaluator.protocol import (
-    AwaitMsg,
     CandidateJob,
-    CandTrial,
     CompileJob,
     CompileMsg,
-    Control,
     DoneMsg,
     ErrorMsg,
-    FlagMsg,
-    ProfileMsg,
     ReferenceJob,
-    RefTrial,
-    StageMsg,
-    TimingMsg,
-    TrialMsg,
 )
 from evaluator.reference import collect_reference
-from evaluator.result import CorrectnessTrial, ErrorInfo, OutputDiff
+from evaluator.result import ErrorInfo
 from evaluator.sandbox import child_env
-from evaluator.state import EvalRun, cuda_arch_list, derive_seed, device_lock
+from evaluator.state import EvalRun, cuda_arch_list, device_lock
 
 log = logging.getLogger(__name__)
-
-_STAGE_OF_CHILD = {
-    "startup": "load", "load": "load", "compile": "compile", "correctness": "correctness",
-    "timing": "timing", "profile": "profile",
-}
-_MAX_OUTPUT_SLACK = 1 << 20
-
 
 def static_stage(run: EvalRun) -> None:
     """Parse (never execute) the source, detect its backend, run the static rules."""
@@ -119,7 +110,7 @@ def _compile(run: EvalRun) -> None:
         run.flags.append("compile_check_incomplete")
     elif log_ is not None and not log_.ok:
         run.stop("compile_error", "compile", ErrorInfo(
-            type="CompileError", message=_first_diagnostic(run)))
+            type="CompileError", message=first_diagnostic(run)))
     elif error is None and not done:
         run.fail_from_outcome(outcome, "compile")
     # A runtime error while importing only to compile is judged where the candidate really runs.
@@ -128,21 +119,13 @@ def _compile(run: EvalRun) -> None:
         run.flags.append("not_run:no_gpu")
 
 
-def _first_diagnostic(run: EvalRun) -> str:
-    log_ = run.compile
-    if log_ is None or not log_.diagnostics:
-        return "compilation failed"
-    d = log_.diagnostics[0]
-    return f"{d.file or '?'}:{d.line or '?'}: {d.message}"
-
-
 def build_dir(run: EvalRun) -> Path:
-    return run.config.cache_dir / "extensions"
+    return run.writable_cache / "extensions"
 
 
 def _build_env(run: EvalRun) -> dict[str, str]:
-    env = {"KLOOP_CACHE_DIR": str(run.config.cache_dir),
-           "KLOOP_NVCC_CHECK_CACHE": str(run.config.cache_dir / "nvcc_check"),
+    env = {"KLOOP_CACHE_DIR": str(run.writable_cache),
+           "KLOOP_NVCC_CHECK_CACHE": str(run.writable_cache / "nvcc_check"),
            "TRITON_CACHE_DIR": str(run.root / "triton")}
     if run.on_cpu:
         return env
@@ -158,10 +141,12 @@ def reference_stage(run: EvalRun, job: ReferenceJob | None = None) -> None:
     run.stage = "correctness"
     job = job or reference_job(run)
     with device_lock(run.device), run.timed("reference"):
-        env = {"TORCHINDUCTOR_CACHE_DIR": str(run.config.cache_dir / "inductor")}
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(private_dir(run.config.cache_dir) / "inductor")}
         with run.spawn("reference", job, run.root / "ref", ["reference", "baselines"],
                        env) as child:
             out = collect_reference(child, job)
+    # It holds every trial's seeds; gone before any candidate code runs.
+    (run.root / "ref" / "job_reference.json").unlink(missing_ok=True)
     run.reference = out
     run.stage_seconds.update(out.stage_seconds)
     run.env, run.eager, run.compiled = out.env, out.eager, out.compiled
@@ -169,21 +154,10 @@ def reference_stage(run: EvalRun, job: ReferenceJob | None = None) -> None:
 
 
 def reference_job(run: EvalRun) -> ReferenceJob:
-    n = run.policy.correct_trials + (1 if run.policy.post_timing_check else 0)
-    trials = [
-        RefTrial(
-            index=k, kind="random" if k < run.policy.correct_trials else "post_timing",
-            input_seed=derive_seed(run.salt, "input", k),
-            forward_seed=derive_seed(run.salt, "forward", k),
-            inputs_path=str(run.root / "cand" / f"inputs_{k}.pt"),
-            expected_path=str(run.root / "ref" / f"expected_{k}.pt"),
-        )
-        for k in range(n)
-    ]
     return ReferenceJob(
-        problem=run.problem_spec(), trials=trials, baselines=baseline_kinds(run),
+        problem=run.problem_spec(), trials=ref_trials(run), baselines=baseline_kinds(run),
         timing=run.timing_spec("baseline"),
-        baseline_cache=str(run.config.cache_dir / "baselines"),
+        baseline_cache=str(private_dir(run.config.cache_dir) / "baselines"),
         baseline_key_extra={"policy": run.policy.name},
     )
 
@@ -197,22 +171,23 @@ def baseline_kinds(run: EvalRun) -> list[str]:
 
 
 def candidate_stage(run: EvalRun) -> None:
-    """Run the candidate child and judge what it produces, trial by trial."""
+    """Run the candidate child and judge what it produces, trial by trial (evaluator.judge)."""
     run.stage = "load"
-    job = _candidate_job(run)
+    job = candidate_job(run, reference_job(run), build_dir(run))
+    seq = Sequence(held=hold_inputs(run, job))
     done = False
     with device_lock(run.device), run.timed("candidate"):
         with run.spawn("candidate", job, run.root / "cand",
                        ["load", "correctness", "timing", "profile", "compile"],
                        _candidate_env(run)) as child:
             for msg in child.messages():
-                done = _on_message(run, job, child, msg) or done
+                done = on_message(run, job, seq, child, msg) or done
             outcome = child.outcome()
     run.mark(None)
     if run.status is None and not done:
-        run.fail_from_outcome(outcome, _STAGE_OF_CHILD.get(outcome.stage, "load"))
+        run.fail_from_outcome(outcome, STAGE_OF_CHILD.get(outcome.stage, "load"))
     if run.status is None:
-        _final_verdict(run, job)
+        final_verdict(run, job)
     if run.status == "correct" and run.config.ncu and not run.on_cpu:
         with device_lock(run.device), run.timed("ncu"):
             _ncu_pass(run, job)
@@ -244,127 +219,3 @@ def _candidate_env(run: EvalRun) -> dict[str, str]:
     if run.on_cpu:
         env["TRITON_INTERPRET"] = "1"
     return env
-
-
-def _candidate_job(run: EvalRun) -> CandidateJob:
-    ref = reference_job(run)
-    trials = [
-        CandTrial(index=t.index, kind=t.kind, forward_seed=t.forward_seed,
-                  inputs_path=t.inputs_path,
-                  output_path=str(run.root / "cand" / f"output_{t.index}.pt"))
-        for t in ref.trials
-    ]
-    n = run.policy.correct_trials
-    mem = int(run.config.cpu_memory_limit_gb * (1 << 30)) if run.on_cpu else None
-    return CandidateJob(
-        problem=run.problem_spec(), candidate_path=str(run.root / "cand" / "candidate.py"),
-        backend=run.backend or "torch", trials=trials[:n],
-        post_timing=trials[n] if len(trials) > n else None,
-        timing=run.timing_spec(run.salt), profile=run.config.profile, ncu=run.config.ncu,
-        memory_limit_bytes=mem, cpu_emulation=run.on_cpu and run.backend == "triton",
-        triton_aot=run.config.triton_aot, build_dir=str(build_dir(run)),
-    )
-
-
-def _on_message(run: EvalRun, job: CandidateJob, child, msg: Any) -> bool:
-    if isinstance(msg, StageMsg):
-        run.stage = _STAGE_OF_CHILD.get(msg.stage, run.stage)
-        run.mark(msg.stage)
-    elif isinstance(msg, FlagMsg):
-        run.flags.append(msg.flag)
-    elif isinstance(msg, ErrorMsg):
-        run.stop(msg.status, _STAGE_OF_CHILD.get(msg.stage, run.stage), msg.error)
-    elif isinstance(msg, TrialMsg):
-        _judge_trial(run, job, msg)
-    elif isinstance(msg, AwaitMsg):
-        go = _all_passed(run, job) and not _rejected(run) and not _compile_failed(run)
-        child.send(Control(next="time" if go else "stop"))
-    elif isinstance(msg, TimingMsg) and msg.name == "candidate":
-        run.timing = msg.stats
-    elif isinstance(msg, ProfileMsg):
-        run.profile = msg.summary
-    elif isinstance(msg, CompileMsg):
-        run.compile = msg.log
-    elif isinstance(msg, DoneMsg):
-        return True
-    return False
-
-
-def _trial_spec(job: CandidateJob, index: int) -> CandTrial | None:
-    for t in [*job.trials, job.post_timing]:
-        if t is not None and t.index == index:
-            return t
-    return None
-
-
-def _judge_trial(run: EvalRun, job: CandidateJob, msg: TrialMsg) -> None:
-    spec = _trial_spec(job, msg.index)
-    if spec is None or any(t.trial == msg.index for t in run.trials):
-        run.flags.append("unexpected_trial_message")
-        return
-    assert run.reference is not None
-    expected = run.reference.expected[msg.index]
-    got, problem = _load_output(Path(spec.output_path), expected)
-    if problem is not None:
-        diffs = [OutputDiff(ok=False, expected_shape=list(expected[0].shape),
-                            expected_dtype=str(expected[0].dtype), message=problem)]
-    else:
-        diffs = compare_outputs(expected, got, msg.output_types, run.policy.tolerance(
-            run.config.precision))
-    if any(d.got_type for d in diffs):
-        run.flags.append("non_tensor_output")
-    passed = all(d.ok for d in diffs)
-    run.trials.append(CorrectnessTrial(
-        trial=msg.index, kind=spec.kind, passed=passed, outputs=diffs,
-        message=None if passed else next((d.message for d in diffs if not d.ok), None)))
-    run.violations += trial_violations(run, msg)
-
-
-def _load_output(path: Path, expected: list[Any]) -> tuple[list[Any], str | None]:
-    """Load what the candidate wrote, never unpickling code and never reading a huge file."""
-    if not path.exists():
-        return [], "the candidate wrote no output for this trial"
-    limit = 4 * sum(e.numel() * e.element_size() for e in expected) + _MAX_OUTPUT_SLACK
-    if path.stat().st_size > limit:
-        return [], f"output file of {path.stat().st_size} bytes is far larger than expected"
-    try:
-        got = torch.load(path, weights_only=True)
-    except Exception as e:
-        return [], f"unreadable output file: {type(e).__name__}: {e}"
-    finally:
-        path.unlink(missing_ok=True)
-    if not isinstance(got, list):
-        return [], "malformed output file"
-    return got, None
-
-
-def _all_passed(run: EvalRun, job: CandidateJob) -> bool:
-    judged = {t.trial: t.passed for t in run.trials}
-    return all(judged.get(t.index, False) for t in job.trials)
-
-
-def _compile_failed(run: EvalRun) -> bool:
-    return run.compile is not None and not run.compile.ok and not run.compile.infra_error
-
-
-def _rejected(run: EvalRun) -> bool:
-    return any(v.severity == "reject" for v in run.violations)
-
-
-def _final_verdict(run: EvalRun, job: CandidateJob) -> None:
-    expected = [t.index for t in job.trials]
-    if job.post_timing is not None and run.timing is not None:
-        expected.append(job.post_timing.index)
-    judged = {t.trial: t for t in run.trials}
-    missing = [k for k in expected if k not in judged]
-    if _compile_failed(run):
-        run.stop("compile_error", "compile", ErrorInfo(
-            type="CompileError", message=_first_diagnostic(run)))
-    elif _rejected(run):
-        run.stop("rejected", run.stage)
-    elif missing or not all(judged[k].passed for k in expected):
-        if missing:
-            run.error = ErrorInfo(type="MissingTrials", message=f"trials {missing} never ran")
-        run.stop("incorrect", run.stage)
-    else:
-        run.stop("correct", "done")

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from evaluator import __version__
+from evaluator import __version__, isolation
 from evaluator.config import EvalConfig, Policy
+from evaluator.isolation import SandboxPlan
 from evaluator.protocol import ProblemSpec, TimingSpec
 from evaluator.reference import ReferenceOutput
 from evaluator.result import (
@@ -125,6 +126,10 @@ class EvalRun:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     env: EnvInfo | None = None
     reference: ReferenceOutput | None = None
+    skipped_trials: dict[int, str] = field(default_factory=dict)
+    """Trials the candidate could not take part in (index -> why); not required to pass."""
+    sandbox: SandboxPlan | None = None
+    """How candidate code runs (uid, capabilities); see `evaluator.isolation`."""
     _mark: tuple[str, float] | None = None
 
     @classmethod
@@ -133,13 +138,20 @@ class EvalRun:
         if parent is not None:
             parent.mkdir(parents=True, exist_ok=True)
         root = Path(tempfile.mkdtemp(prefix="kloop-eval-", dir=parent))
-        for sub in ("cand", "ref", "compile"):
+        for sub in ("cand", "ref", "compile", "triton"):
             (root / sub).mkdir()
+        device = resolve_device(config.device)
+        plan = isolation.plan_sandbox(config.sandbox_uid, device != "cpu", problem.path,
+                                      config.cache_dir)
+        if plan.uid is not None:
+            # The sandbox uid may pass through the root to its own dirs, never into ref/.
+            root.chmod(0o711)
+            (root / "ref").chmod(0o700)
+            isolation.give_to(plan, root / "triton")
         return cls(
             problem=problem, source=source, config=config, policy=config.resolved_policy(),
-            device=resolve_device(config.device), root=root,
-            salt=config.salt or secrets.token_hex(16),
-            started_at=datetime.now(timezone.utc).isoformat(),
+            device=device, root=root, salt=config.salt or secrets.token_hex(16),
+            started_at=datetime.now(timezone.utc).isoformat(), sandbox=plan,
         )
 
     # ---- helpers used by the stages ---------------------------------------------------------
@@ -203,7 +215,21 @@ class EvalRun:
             extra.setdefault("OMP_NUM_THREADS", str(c.cpu_threads))
         env = child_env(workdir / "home", device or self.device, extra)
         rss = int(c.host_rss_limit_gb * (1 << 30))
-        return Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes)
+        # Candidate code runs in the candidate and compile children (importing it builds).
+        plan = self.sandbox if mode in ("candidate", "compile") else None
+        child = Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes, plan)
+        if plan is not None:
+            isolation.give_to(plan, workdir)
+            if plan.same_uid:
+                self.flags.append("isolation_same_uid")
+        return child
+
+    @property
+    def writable_cache(self) -> Path:
+        """Where children may write shared caches (extension builds, nvcc checks)."""
+        if self.sandbox is not None and self.sandbox.cache_dir is not None:
+            return self.sandbox.cache_dir
+        return self.config.cache_dir
 
     def fail_from_outcome(self, outcome: ChildOutcome, stage: Stage) -> None:
         """A child that ended without reporting: timeout, memory kill, signal or exit code."""
@@ -243,13 +269,13 @@ class EvalRun:
             policy=self.policy.name, device=self.device,
             problem_overrides=self.config.problem_overrides, compile=self.compile,
             correctness=self.trials, timing=self.timing, eager=self.eager,
-            compiled=self.compiled, speedup_vs_eager=self._speedup(self.eager),
-            speedup_vs_compile=self._speedup(self.compiled), profile=self.profile,
+            compiled=self.compiled, speedup_vs_eager=self.speedup(self.eager),
+            speedup_vs_compile=self.speedup(self.compiled), profile=self.profile,
             violations=self.violations, flags=sorted(set(self.flags)), error=self.error,
             stage_seconds=self.stage_seconds, env=self.env, started_at=self.started_at,
         )
 
-    def _speedup(self, baseline: TimingStats | None) -> float | None:
+    def speedup(self, baseline: TimingStats | None) -> float | None:
         t = self.timing
         if t is None or baseline is None or not t.comparable or self.status != "correct":
             return None

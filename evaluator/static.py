@@ -251,8 +251,23 @@ def _persistent(ctx: Context, node: ast.AST) -> bool:
         node.value.id in ("self", "cls")
 
 
+def _written_containers(ctx: Context) -> set[str]:
+    """Source text of every container something is stored into (`c[k] = v`, `c.setdefault`,
+    `c.update`...): a table that is only ever read is a constant, not a cache."""
+    out = set()
+    for n in ctx.nodes(ast.Subscript):
+        if isinstance(n.ctx, ast.Store):  # type: ignore[attr-defined]
+            out.add(ast.unparse(n.value))  # type: ignore[attr-defined]
+    for call in ctx.nodes(ast.Call):
+        f = call.func  # type: ignore[attr-defined]
+        if isinstance(f, ast.Attribute) and f.attr in ("setdefault", "update", "__setitem__"):
+            out.add(ast.unparse(f.value))
+    return out
+
+
 def _cache_lookups(ctx: Context) -> Iterator[tuple[int, str]]:
-    """(line, key kind) of every keyed access to a persistent container."""
+    """(line, key kind) of every keyed access to a persistent container that is written to."""
+    written = _written_containers(ctx)
     for fn in ctx.nodes(ast.FunctionDef, ast.AsyncFunctionDef):
         local = {t.id: n.value for n in ast.walk(fn) if isinstance(n, ast.Assign)
                  for t in n.targets if isinstance(t, ast.Name)}
@@ -267,7 +282,8 @@ def _cache_lookups(ctx: Context) -> Iterator[tuple[int, str]]:
                     n.func.attr in ("get", "setdefault", "pop", "__contains__", "__getitem__"):
                 pairs.append((n.func.value, n.args[0]))
             for container, key in pairs:
-                kind = _key_kind(ctx, key, local) if _persistent(ctx, container) else None
+                cache = _persistent(ctx, container) and ast.unparse(container) in written
+                kind = _key_kind(ctx, key, local) if cache else None
                 if kind:
                     yield n.lineno, kind
 

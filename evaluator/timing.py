@@ -19,6 +19,7 @@ from evaluator.result import TimingStats
 
 _MIN_FLUSH_BYTES = 256 << 20
 _MAX_WARMUP_CALLS = 1000
+_GAP_FLOOR_MS = 0.02
 # Bound now, before any candidate code is imported into this process: a candidate that later
 # replaces `torch.cuda.synchronize` or `time.perf_counter` does not change what we call.
 _cuda_sync = torch.cuda.synchronize
@@ -35,6 +36,7 @@ def time_callable(
     warmup_calls: int,
     warmup_ms: float,
     l2_flush: bool = True,
+    between: Callable[[Sequence[Any]], None] | None = None,
 ) -> TimingStats:
     """Time `fn(*inputs)` over `trials` calls, rotating through `input_sets`.
 
@@ -46,16 +48,22 @@ def time_callable(
         warmup_calls: untimed calls first; then more calls until `warmup_ms` has passed.
         warmup_ms: minimum host time spent warming up after the warm-up calls.
         l2_flush: write a buffer larger than the L2 before every CUDA trial.
+        between: called once, untimed, halfway through the trials, with the input set of the
+            timed call just before (a correctness check in the same tensors, which the
+            candidate cannot tell apart from a timed call).
     """
     if trials < 1 or not input_sets:
         raise ValueError("time_callable needs trials >= 1 and at least one input set")
     on_cuda = device.startswith("cuda")
+    first, second = trials - trials // 2, trials // 2
     with torch.no_grad():
         _warm_up(fn, input_sets, on_cuda, warmup_calls, warmup_ms)
-        if on_cuda:
-            times = _cuda_trials(fn, input_sets, trials, l2_flush)
-        else:
-            times = _host_trials(fn, input_sets, trials)
+        run = _cuda_trials if on_cuda else _host_trials
+        times = run(fn, input_sets, first, l2_flush)
+        if between is not None:
+            between(input_sets[(first - 1) % len(input_sets)])
+        if second:
+            times += run(fn, input_sets, second, l2_flush, start=first)
     return summarize(times, clock="cuda_event" if on_cuda else "host", comparable=on_cuda)
 
 
@@ -95,30 +103,60 @@ def _flush_buffer() -> torch.Tensor:
     return torch.empty(size // 4, dtype=torch.int32, device="cuda")
 
 
-def _cuda_trials(fn, input_sets, trials: int, l2_flush: bool) -> list[float]:
+def _cuda_trials(fn, input_sets, trials: int, l2_flush: bool, start: int = 0) -> list[float]:
     flush = _flush_buffer() if l2_flush else None
-    start, end = _cuda_event(enable_timing=True), _cuda_event(enable_timing=True)
+    begin, end = _cuda_event(enable_timing=True), _cuda_event(enable_timing=True)
     n = len(input_sets)
     times = []
-    for i in range(trials):
+    for i in range(start, start + trials):
         args = input_sets[i % n]
         if flush is not None:
             flush.zero_()
         _cuda_sync()
-        start.record()
+        begin.record()
         fn(*args)
         end.record()
         _cuda_sync()
-        times.append(start.elapsed_time(end))
+        times.append(begin.elapsed_time(end))
     return times
 
 
-def _host_trials(fn, input_sets, trials: int) -> list[float]:
+def _host_trials(fn, input_sets, trials: int, l2_flush: bool = False,
+                 start: int = 0) -> list[float]:
     n = len(input_sets)
     times = []
-    for i in range(trials):
+    for i in range(start, start + trials):
         args = input_sets[i % n]
         t0 = _perf_counter()
         fn(*args)
         times.append((_perf_counter() - t0) * 1000.0)
     return times
+
+
+def sync_gap_ratio(fn, input_sets: Sequence[Sequence[Any]], trials: int = 10) -> float:
+    """Time with a device-wide synchronize before the end event over time without (work on
+    other streams is only inside the first), net of the synchronize's own cost; about 1 for
+    work on the current stream. CUDA only."""
+    begin, end = _cuda_event(enable_timing=True), _cuda_event(enable_timing=True)
+    n = len(input_sets)
+
+    def once(call, device_sync: bool) -> float:
+        _cuda_sync()
+        begin.record()
+        call()
+        if device_sync:
+            _cuda_sync()
+        end.record()
+        _cuda_sync()
+        return begin.elapsed_time(end)
+
+    with torch.no_grad():
+        plain, synced, idle = [], [], []
+        for i in range(trials):
+            args = input_sets[i % n]
+            plain.append(once(lambda a=args: fn(*a), False))
+            synced.append(once(lambda a=args: fn(*a), True))
+            idle.append(once(lambda: None, True))
+    cost = float(np.median(idle))
+    # The floor keeps jitter on microsecond kernels from looking like hidden work.
+    return max(float(np.median(synced)) - cost, 0.0) / max(float(np.median(plain)), _GAP_FLOOR_MS)

@@ -20,7 +20,7 @@ import tokenize
 from functools import cached_property
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -54,6 +54,12 @@ class ProblemMeta(BaseModel):
     """Smallest tolerance at which the output no longer depends on the input (1e-4 or 1e-2):
     at that tolerance and above, a constant tensor passes the correctness check."""
     degenerate_reason: str | None = None
+    degenerate_probe: Literal["reparam", "scaled_inputs"] | None = None
+    """The extra correctness trial that makes a constant output fail on a degenerate problem:
+    `scaled_inputs` (inputs `degenerate_input_scale` * randn, under which the output depends on
+    the input) or `reparam` (both models' parameters perturbed alike); None when neither does
+    (see scripts/probe_degenerate.py)."""
+    degenerate_input_scale: float | None = None
     tf32_sensitive_at: float | None = None
     """Largest tolerance at which the default-TF32 reference fails against strict fp32
     (None: within 1e-4)."""

@@ -1,8 +1,9 @@
 """Regenerate problems/level3_meta.json from the fingerprint facts and the H200 probe facts.
 
 Sources: tests/data/level3_fingerprints.json (full-size parameter counts and output shapes of the
-official files) and ../shared/research/kernelbench_facts.md §9 (input-independent outputs and TF32
-sensitivity measured on an H200). Run: python scripts/make_problem_meta.py
+official files), ../shared/research/kernelbench_facts.md §9 (input-independent outputs and TF32
+sensitivity measured on an H200) and scripts/probe_degenerate.py (which extra trial makes a
+constant output fail on each degenerate problem). Run: python scripts/make_problem_meta.py
 """
 
 import json
@@ -23,6 +24,16 @@ DEGENERATE = {
     46: (1e-2, "every output element is about 1/128; a constant passes at 1e-2"),
     47: (1e-2, "every output element is about 1/128; a constant passes at 1e-2"),
 }
+# scripts/probe_degenerate.py (CPU, fingerprint sizes, at each problem's degenerate_at): the
+# extra trial that makes a constant output fail. ("scaled_inputs", s): inputs s * randn, the
+# smallest tried scale at which the output both differs from a normal trial's and depends on the
+# input (a cached output fails it however it is cached). ("reparam", None): every parameter
+# perturbed alike in both models (28's output ignores the image at any scale, by construction).
+DEGENERATE_PROBE = {3: ("scaled_inputs", 1e4), 5: ("scaled_inputs", 1e2),
+                    7: ("scaled_inputs", 1e2), 11: ("scaled_inputs", 1e4),
+                    12: ("scaled_inputs", 1e4), 18: ("scaled_inputs", 1e4), 28: ("reparam", None),
+                    35: ("scaled_inputs", 3.0), 46: ("scaled_inputs", 3.0),
+                    47: ("scaled_inputs", 3.0)}
 # §9: the default-TF32 fp32 reference misses a strict-fp32 computation at this tolerance.
 TF32_1E2 = {10, 20, 24, 45}
 TF32_1E4 = {6, 8, 9, 13, 14, 15, 16, 19, 21, 22, 23, 25, 29, 36, 37, 39, 40, 41, 42} | TF32_1E2
@@ -48,6 +59,8 @@ def main() -> None:
             "params": fp["full_size"]["params"],
             "degenerate_at": deg[0] if deg else None,
             "degenerate_reason": deg[1] if deg else None,
+            "degenerate_probe": DEGENERATE_PROBE[n][0] if deg else None,
+            "degenerate_input_scale": DEGENERATE_PROBE[n][1] if deg else None,
             "tf32_sensitive_at": 1e-2 if n in TF32_1E2 else 1e-4 if n in TF32_1E4 else None,
             "notes": NOTES.get(n),
         }

@@ -50,7 +50,8 @@ def test_missing_modelnew_is_a_compile_error(results):
 def test_output_just_outside_tolerance_is_incorrect_with_its_error(results):
     r = results["off_by_little.py"]
     assert (r.status, r.stage_reached) == ("incorrect", "correctness")
-    assert len(r.correctness) == 5 and not any(t.passed for t in r.correctness)
+    assert [t.kind for t in r.correctness] == ["random"] * 5 + ["reparam"]
+    assert not any(t.passed for t in r.correctness)
     diff = r.correctness[0].outputs[0]
     assert 2.5e-4 < diff.max_abs_err < 3.5e-4
     assert diff.mismatch_fraction == 1.0
@@ -117,12 +118,12 @@ def test_input_mutation_is_rejected_under_strict(results):
     assert all(t.passed for t in r.correctness)  # its outputs were right
 
 
-def test_tensor_subclass_output_is_incorrect_and_flagged(results):
+def test_tensor_subclass_output_is_rejected_before_it_runs(results):
+    # The runtime side (only plain torch.Tensor outputs are accepted) is exercised under the
+    # kernelbench policy by tests/exploits (C12).
     r = results["subclass_output.py"]
-    assert r.status == "incorrect"
-    diff = r.correctness[0].outputs[0]
-    assert diff.got_type and diff.got_type.endswith("Lazy")
-    assert "non_tensor_output" in r.flags
+    assert (r.status, r.stage_reached) == ("rejected", "static")
+    assert {v.rule for v in r.violations} == {"tensor_subclass"}
 
 
 def test_candidate_sees_no_secrets_and_not_the_real_home(results):

@@ -50,6 +50,6 @@ def test_baseline_times_and_caches_the_reference(cache_dir):
     first = kloop(*args, cache_dir=cache_dir)
     assert first.returncode == 0, first.stderr
     assert "L3/1" in first.stdout
-    records = list((cache_dir / "baselines").glob("*.json"))
+    records = list((cache_dir / "private" / "baselines").glob("*.json"))
     assert records
     assert any(json.loads(r.read_text())["eager"]["clock"] == "host" for r in records)

@@ -40,7 +40,7 @@ def test_honest_triton_candidate_is_correct(honest, name):
     r = honest[name]
     assert r.status == "correct", (r.error, [t.message for t in r.correctness])
     assert (r.stage_reached, r.backend, r.has_custom_kernel) == ("done", "triton", True)
-    assert [t.kind for t in r.correctness] == ["random"] * 5 + ["post_timing"]
+    assert [t.kind for t in r.correctness] == ["random"] * 5 + ["reparam", "refill", "post_timing"]
     assert all(t.passed and t.outputs[0].max_abs_err < 1e-4 for t in r.correctness)
     assert "cpu_emulation" in r.flags
     assert r.compile is not None and r.compile.ok and r.compile.target == "sm_90"

@@ -1,9 +1,19 @@
-"""Isolation: a crash does not leak into the next candidate, the memory watchdog, policies."""
+"""Isolation: a crash does not leak into the next candidate, the memory watchdog, policies, the
+harness's /proc files, processes that escape their group."""
 
 from __future__ import annotations
 
+import json
+import os
+import secrets
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
 from eval_helpers import candidate, cpu_config
 
+from evaluator import isolation
 from evaluator.pipeline import evaluate
 
 
@@ -31,3 +41,55 @@ def test_kernelbench_policy_only_flags_input_mutation(cache_dir):
     assert "input_mutation" in r.flags
     # KernelBench checks no output after timing.
     assert [t.kind for t in r.correctness] == ["random"] * 5
+
+
+def test_candidate_cannot_read_the_harness_proc_files(cache_dir, monkeypatch):
+    secret = secrets.token_hex(12)
+    monkeypatch.setenv("KLOOP_TEST_SECRET", secret)
+    r = evaluate("L3/1", candidate("proc_spy.py"), cpu_config(cache_dir))
+    assert r.status == "runtime_error", r.error
+    found = json.loads(r.error.message.split("FOUND ", 1)[1])
+    assert secret not in r.error.message
+    assert found["environ"].startswith("denied") and found["maps"].startswith("denied")
+    assert "mem" not in found or found["mem"] == [] or found["mem"].startswith("denied")
+    assert isolation.harness_dumpable() is False
+    # Under another uid, or as root without capabilities: never with the harness's powers.
+    assert ("isolation_same_uid" in r.flags) == (os.geteuid() != 0 or not _sandbox_uid_works())
+
+
+def test_escaped_sleeper_is_killed_when_the_evaluation_ends(cache_dir):
+    drop = Path(tempfile.mkdtemp(prefix="kloop-escape-"))
+    drop.chmod(0o777)  # the sandbox uid writes the sleeper's pid here
+    pid_file = drop / "sleeper.pid"
+    source = candidate("escapes_group.py").replace("{pid_file}", str(pid_file))
+    r = evaluate("L3/1", source, cpu_config(cache_dir))
+    assert r.status == "correct", r.error
+    pid = int(pid_file.read_text())
+    time.sleep(0.2)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def _sandbox_uid_works() -> bool:
+    from problems.registry import get_problem
+
+    plan = isolation.plan_sandbox(65534, False, get_problem("L3/1").path, Path(tempfile.gettempdir()))
+    return plan.uid is not None
+
+
+def test_candidate_runs_under_the_planned_identity(cache_dir):
+    from problems.registry import get_problem
+
+    config = cpu_config(cache_dir)
+    plan = isolation.plan_sandbox(config.sandbox_uid, False, get_problem("L3/1").path,
+                                  config.cache_dir)
+    r = evaluate("L3/1", candidate("whoami.py"), config)
+    ident = dict(kv.split("=") for kv in r.error.message.split("IDENTITY ", 1)[1].split())
+    assert ident["nnp"] == "1"
+    if plan.uid is not None:
+        assert (int(ident["uid"]), int(ident["gid"])) == (plan.uid, plan.gid)
+        assert "isolation_same_uid" not in r.flags
+    else:
+        assert int(ident["uid"]) == os.geteuid() and "isolation_same_uid" in r.flags
+    if plan.uid is not None or plan.drop_caps:
+        assert int(ident["cap"], 16) == 0

@@ -60,7 +60,7 @@ BAD = {
     ],
     "shape_keyed_cache": [
         "OUT = {}\ndef forward(x):\n    if x.shape in OUT:\n        return OUT[x.shape]\n"
-        "    return x\n",
+        "    OUT[x.shape] = x\n    return x\n",
         "import functools\n@functools.lru_cache(maxsize=None)\ndef f(x):\n    return x * 2\n",
     ],
     "global_backend_flags": [
@@ -164,6 +164,14 @@ def test_honest_candidates_are_silent():
     paths = [*FIXTURES.glob("*.py"), *(CANDIDATES / n for n in HONEST_CANDIDATES)]
     for path in [p for p in paths if p.is_file()]:
         assert static_violations(path.read_text()) == [], path.name
+
+
+def test_a_table_that_is_only_read_is_not_a_cache():
+    snippet = ("BLOCK_FOR_K = {64: 32, 128: 64}\ndef pick(x):\n    k = x.shape[1]\n"
+               "    return BLOCK_FOR_K.get(k, 16)\n")
+    assert static_violations(snippet) == []
+    written = snippet + "def remember(x):\n    BLOCK_FOR_K[x.shape[1]] = 8\n"
+    assert {v.rule for v in static_violations(written)} == {"shape_keyed_cache"}
 
 
 def test_severity_depends_on_policy():

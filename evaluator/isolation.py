@@ -1,0 +1,373 @@
+"""Keeping candidate code away from the harness and from later evaluations (Linux; elsewhere a no-op).
+
+Harness side:
+- `harden_harness()` (once, before the first child): the harness becomes non-dumpable, so no
+  other process without CAP_SYS_PTRACE can read its /proc files (environ, mem, maps), and a child
+  subreaper, so a process that escapes its killed process group (double fork, setsid) re-parents
+  to the harness instead of init and `reap_orphans()` can find and kill it.
+- `plan_sandbox()`: run candidate code under an unprivileged uid/gid when the harness is root
+  and everything the child needs (interpreter, packages, kloop, the GPU device nodes) is
+  reachable by that uid; else under the harness's uid (the result is flagged
+  `isolation_same_uid`), with every capability dropped when that uid is root.
+- `reap_orphans()`: SIGKILL and reap what escaped from sandboxed children.
+
+Child side: `confine_child()` sets no_new_privs (inherited by every descendant and never
+cleared: it also marks a process as sandbox-born for `reap_orphans`) and drops capabilities
+when asked.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import hashlib
+import logging
+import os
+import signal
+import stat
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
+PR_CAPBSET_DROP = 24
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+_CAP_VERSION_3 = 0x20080522
+CONFINE_ENV = "KLOOP_CONFINE"
+"""Set by the harness in a sandboxed child's environment: `caps` = drop all capabilities."""
+_R, _W, _X = 4, 2, 1
+VAULT_UID = 65533
+"""Owner of the harness-private cache dir; any uid that runs nothing will do."""
+_SWEEP_ROUNDS = 50
+
+# Children the harness spawned and has not reaped yet: never swept. The lock is held while a
+# child is being created, so a sweep never sees a new child before it is registered.
+SPAWN_LOCK = threading.Lock()
+_LIVE: set[int] = set()
+_hardened = False
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def _prctl(option: int, arg: int = 0) -> int:
+    libc = _libc()
+    if libc is None:
+        return -1
+    return int(libc.prctl(option, ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                          ctypes.c_ulong(0)))
+
+
+# ---- harness side -------------------------------------------------------------------------
+
+
+def harden_harness() -> None:
+    """Non-dumpable and child subreaper (see module doc); idempotent."""
+    global _hardened
+    if _hardened or _libc() is None:
+        return
+    if _prctl(PR_SET_DUMPABLE, 0) != 0:
+        log.warning("could not make the harness non-dumpable (errno %d)", ctypes.get_errno())
+    if _prctl(PR_SET_CHILD_SUBREAPER, 1) != 0:
+        log.warning("could not make the harness a child subreaper (errno %d)", ctypes.get_errno())
+    _hardened = True
+
+
+def harness_dumpable() -> bool | None:
+    return None if _libc() is None else bool(_prctl(PR_GET_DUMPABLE))
+
+
+@dataclass(frozen=True)
+class SandboxPlan:
+    """How candidate children run: under `uid`/`gid` (None: the harness's own), and whether they
+    drop every capability (root without a usable unprivileged uid)."""
+
+    uid: int | None
+    gid: int | None
+    drop_caps: bool
+    cache_dir: Path | None
+    """Writable cache root for the sandbox uid (extension builds, nvcc checks); None: the
+    configured cache dir."""
+    reason: str
+
+    @property
+    def same_uid(self) -> bool:
+        return self.uid is None
+
+
+def _permits(st: os.stat_result, uid: int, gid: int, want: int) -> bool:
+    if uid == st.st_uid:
+        bits = (st.st_mode >> 6) & 7
+    elif gid == st.st_gid:
+        bits = (st.st_mode >> 3) & 7
+    else:
+        bits = st.st_mode & 7
+    return bits & want == want
+
+
+def reachable(path: Path, uid: int, gid: int, want: int) -> str | None:
+    """None when `uid`/`gid` (no capabilities, no supplementary groups) can traverse to `path`
+    and use it with `want` (r=4, w=2, x=1); else the first path component that stops it."""
+    for p in dict.fromkeys([path.absolute(), path.resolve()]):
+        for parent in reversed(p.parents):
+            try:
+                if not _permits(os.stat(parent), uid, gid, _X):
+                    return str(parent)
+            except OSError:
+                return str(parent)
+        try:
+            if not _permits(os.stat(p), uid, gid, want):
+                return str(p)
+        except OSError:
+            return str(p)
+    return None
+
+
+def _needed_paths(problem_path: Path) -> list[tuple[Path, int]]:
+    import torch
+
+    from evaluator.sandbox import KLOOP_ROOT
+
+    out = [(Path(sys.executable), _X), (Path(os.__file__).parent, _R | _X),
+           (Path(sys.prefix), _R | _X), (Path(sys.base_prefix), _R | _X),
+           (Path(torch.__file__).parent, _R | _X), (KLOOP_ROOT / "evaluator", _R | _X),
+           (problem_path, _R)]
+    for key in ("purelib", "platlib"):
+        out.append((Path(sysconfig.get_paths()[key]), _R | _X))
+    return out
+
+
+def _device_nodes_usable(uid: int, gid: int) -> str | None:
+    for node in sorted(Path("/dev").glob("nvidia*")):
+        try:
+            st = os.stat(node)
+        except OSError:
+            continue
+        if stat.S_ISCHR(st.st_mode) and not _permits(st, uid, gid, _R | _W):
+            return str(node)
+    return None
+
+
+def _first_blocked(paths: Iterable[tuple[Path, int]], uid: int, gid: int) -> str | None:
+    for path, want in paths:
+        blocked = reachable(path, uid, gid, want)
+        if blocked is not None:
+            return blocked
+    return None
+
+
+def sandbox_cache_dir(cache_dir: Path, uid: int, gid: int) -> Path | None:
+    """A writable cache root owned by `uid` under the system temp dir (the configured cache dir
+    usually sits in root's home, which `uid` cannot traverse); one per configured cache dir."""
+    tag = hashlib.sha256(str(cache_dir.resolve()).encode()).hexdigest()[:12]
+    top = Path(tempfile.gettempdir()) / f"kloop-sandbox-{uid}"
+    path = top / tag
+    for d in (top, path):
+        try:
+            d.mkdir(mode=0o700, exist_ok=True)
+            st = os.lstat(d)
+            if not stat.S_ISDIR(st.st_mode):
+                return None
+            os.chown(d, uid, gid, follow_symlinks=False)
+        except OSError as e:
+            log.info("sandbox cache dir %s unusable: %s", d, e)
+            return None
+    return path
+
+
+def plan_sandbox(sandbox_uid: int | None, on_gpu: bool, problem_path: Path,
+                 cache_dir: Path) -> SandboxPlan:
+    """Decide how candidate children run (see module doc): a few stat calls per evaluation."""
+    if _libc() is None:
+        return SandboxPlan(None, None, False, None, "not Linux")
+    if os.geteuid() != 0:
+        return SandboxPlan(None, None, False, None, "harness is not root")
+    needed = _needed_paths(problem_path)
+    reason = "sandbox uid disabled in the config"
+    if sandbox_uid is not None:
+        gid = sandbox_uid
+        blocked = _first_blocked(needed, sandbox_uid, gid)
+        if blocked is None and on_gpu:
+            blocked = _device_nodes_usable(sandbox_uid, gid)
+        cache = sandbox_cache_dir(cache_dir, sandbox_uid, gid) if blocked is None else None
+        if blocked is None and cache is not None:
+            return SandboxPlan(sandbox_uid, gid, False, cache, f"uid {sandbox_uid}")
+        reason = f"uid {sandbox_uid} cannot reach {blocked or 'a writable cache dir'}"
+    # Root without capabilities still owns root's files, but cannot read non-dumpable processes.
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    blocked_root = _first_blocked([*needed, (cache_dir, _R | _W | _X)], 0, 0)
+    log.info("candidate children run as root (%s)%s", reason,
+             "" if blocked_root is None else f"; keeping capabilities: {blocked_root} needs them")
+    return SandboxPlan(None, None, blocked_root is None, None, reason)
+
+
+def private_dir(cache_dir: Path) -> Path:
+    """`cache_dir/private`, for what only the harness and the reference worker write (baseline
+    timings, the inductor cache of the torch.compile baseline). When the harness is root it
+    belongs to an otherwise unused uid with mode 0700, so no candidate, under the sandbox uid or
+    as root without capabilities, can look inside, let alone rewrite a baseline; root with
+    capabilities (harness, reference worker) passes anyway."""
+    path = cache_dir / "private"
+    path.mkdir(parents=True, exist_ok=True)
+    if _libc() is not None and os.geteuid() == 0:
+        st = os.lstat(path)
+        if (st.st_uid, stat.S_IMODE(st.st_mode)) != (VAULT_UID, 0o700):
+            os.chown(path, VAULT_UID, VAULT_UID, follow_symlinks=False)
+            path.chmod(0o700)
+    return path
+
+
+def give_to(plan: SandboxPlan, *paths: Path) -> None:
+    """Hand harness-created work dirs (recursively, never following links) to the sandbox uid."""
+    if plan.uid is None:
+        return
+    for top in paths:
+        for dirpath, dirnames, filenames in os.walk(top):
+            for name in [*dirnames, *filenames]:
+                os.chown(os.path.join(dirpath, name), plan.uid, plan.gid, follow_symlinks=False)
+        os.chown(top, plan.uid, plan.gid, follow_symlinks=False)
+
+
+def register(pid: int) -> None:
+    _LIVE.add(pid)
+
+
+def unregister(pid: int) -> None:
+    _LIVE.discard(pid)
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, session id) from /proc/<pid>/stat."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2:].split()
+    try:
+        return fields[0], int(fields[1]), int(fields[3])
+    except (IndexError, ValueError):
+        return None
+
+
+def _status_fields(pid: int) -> dict[str, str]:
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                out[key] = value.strip()
+    except OSError:
+        pass
+    return out
+
+
+def _sandbox_born(pid: int, me: dict[str, str]) -> bool:
+    """A process started under a sandboxed child: another uid than ours, or no_new_privs where
+    the harness has none. Without either marker the session test alone decides."""
+    st = _status_fields(pid)
+    if st.get("Uid", "").split()[:1] != me.get("Uid", "").split()[:1]:
+        return True
+    if me.get("NoNewPrivs") == "0":
+        return st.get("NoNewPrivs") == "1"
+    return True
+
+
+def _orphans(me_pid: int, me_sid: int, me: dict[str, str]) -> list[tuple[int, str]]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        info = _proc_stat(pid)
+        # Our own helpers (nvidia-smi, ncu, git) share our session; sandboxed children start
+        # their own, and nothing can join ours again.
+        if info is None or info[1] != me_pid or info[2] == me_sid or pid in _LIVE:
+            continue
+        if _sandbox_born(pid, me):
+            found.append((pid, info[0]))
+    return found
+
+
+def reap_orphans() -> int:
+    """SIGKILL every process that escaped a sandboxed child and re-parented to the harness (a
+    subreaper), and reap it; repeats while killing uncovers more. Returns how many."""
+    if _libc() is None or not _hardened:
+        return 0
+    me_pid, me_sid = os.getpid(), os.getsid(0)
+    me = _status_fields(me_pid)
+    killed: set[int] = set()
+    with SPAWN_LOCK:
+        for _ in range(_SWEEP_ROUNDS):
+            found = _orphans(me_pid, me_sid, me)
+            if not found:
+                break
+            for pid, state in found:
+                if state != "Z":
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                killed.add(pid)
+            time.sleep(0.01)
+            for pid, _state in found:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+    if killed:
+        log.warning("killed %d process(es) that escaped a candidate's process group", len(killed))
+    return len(killed)
+
+
+# ---- child side ---------------------------------------------------------------------------
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def _drop_capabilities(libc: ctypes.CDLL) -> None:
+    try:
+        last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    except (OSError, ValueError):
+        last = 63
+    # The bounding set first (needs CAP_SETPCAP, which the capset below removes): with it empty
+    # an exec as root cannot regain anything.
+    for cap in range(last + 1):
+        _prctl(PR_CAPBSET_DROP, cap)
+    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    header = _CapHeader(_CAP_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+
+
+def confine_child() -> None:
+    """In a child that will run candidate code, before importing it (see module doc)."""
+    libc = _libc()
+    if libc is None:
+        return
+    if _prctl(PR_SET_NO_NEW_PRIVS, 1) != 0:
+        log.warning("could not set no_new_privs (errno %d)", ctypes.get_errno())
+    if os.environ.pop(CONFINE_ENV, "") == "caps":
+        _drop_capabilities(libc)

@@ -1,0 +1,315 @@
+"""Anti-cheat probes that run inside the candidate process; `evaluator.checks` judges what they see.
+
+- `Baseline.take()` at child start (after kloop's own set-up, before the candidate is imported):
+  the identity of timer, synchronisation and comparison functions and of kloop's own functions,
+  the global backend flags, the number of Python threads. `report()` compares against it.
+- `os_threads()`: threads of the process, native ones included (counted around each call).
+- `triton_launches()`: counts, or turns into no-ops, every Triton launch (a class-level patch of
+  the launcher, so it reaches every kernel object however the candidate holds it).
+- `record_extension_outputs()` / `ghost_extensions()`: the candidate's compiled extension
+  functions, first watched to learn what they return, then replaced by stubs that launch
+  nothing and return NaN of that layout.
+- `custom_launches()`: the candidate's own kernels in a profiled call (GPU).
+
+They share the candidate's address space, so a determined candidate could defeat them; they back
+up the static rules and the harness-side checks, which do not depend on the candidate process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from evaluator.protocol import ProbeMsg
+
+# Functions a candidate could replace to fake a time, a synchronisation or a comparison. Not
+# torch.manual_seed: importing torch._dynamo (the profiler may) wraps it.
+WATCHED = (
+    "torch.cuda.Event", "torch.cuda.Event.record", "torch.cuda.Event.elapsed_time",
+    "torch.cuda.Event.synchronize", "torch.cuda.Event.query", "torch.cuda.synchronize",
+    "torch.cuda.current_stream", "torch.cuda.Stream.synchronize", "torch.cuda.Stream.wait_stream",
+    "time.perf_counter", "time.perf_counter_ns", "time.monotonic", "time.time",
+    "torch.allclose", "torch.isclose", "torch.equal", "torch.testing.assert_close",
+    "torch.save", "torch.load", "torch.Tensor.cpu", "torch.Tensor.detach",
+    "torch.Tensor.clone", "torch.Tensor.copy_", "torch.Tensor.to", "torch.Tensor.__eq__",
+    "numpy.median", "numpy.percentile", "os.write", "evaluator.child.Channel.send",
+)
+# kloop's own code in this process: every module-level function must stay the same object with
+# the same code.
+OWN_MODULES = ("evaluator.timing", "evaluator.candidate", "evaluator.trials", "evaluator.probes",
+               "evaluator.child", "evaluator.construct", "evaluator.correctness")
+
+
+def _flag_getters() -> dict[str, Callable[[], Any]]:
+    b = torch.backends
+    return {
+        "cuda.matmul.allow_tf32": lambda: b.cuda.matmul.allow_tf32,
+        "cudnn.allow_tf32": lambda: b.cudnn.allow_tf32,
+        "cudnn.benchmark": lambda: b.cudnn.benchmark,
+        "cudnn.deterministic": lambda: b.cudnn.deterministic,
+        "cudnn.enabled": lambda: b.cudnn.enabled,
+        "float32_matmul_precision": torch.get_float32_matmul_precision,
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled,
+        "matmul.allow_fp16_reduced_precision_reduction":
+            lambda: b.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "matmul.allow_bf16_reduced_precision_reduction":
+            lambda: b.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        "cuda.matmul.fp32_precision": lambda: b.cuda.matmul.fp32_precision,
+        "cudnn.conv.fp32_precision": lambda: b.cudnn.conv.fp32_precision,
+        "cudnn.rnn.fp32_precision": lambda: b.cudnn.rnn.fp32_precision,
+        "default_dtype": torch.get_default_dtype,
+        "flash_sdp": b.cuda.flash_sdp_enabled,
+        "mem_efficient_sdp": b.cuda.mem_efficient_sdp_enabled,
+        "math_sdp": b.cuda.math_sdp_enabled,
+    }
+
+
+def _resolve(dotted: str) -> Any:
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(dotted)
+
+
+def _watched() -> dict[str, Any]:
+    out = {}
+    for name in WATCHED:
+        try:
+            out[name] = _resolve(name)
+        except (ImportError, AttributeError):
+            continue
+    for mod_name in OWN_MODULES:
+        mod = sys.modules.get(mod_name)
+        # Everything callable they hold, their own functions and the ones they bound at
+        # import (the timing module's `_cuda_sync`, `_perf_counter`...).
+        for attr, value in vars(mod).items() if mod is not None else ():
+            if callable(value):
+                out[f"{mod_name}.{attr}"] = value
+    return out
+
+
+def _flags() -> dict[str, str]:
+    out = {}
+    for name, get in _flag_getters().items():
+        try:
+            out[name] = repr(get())
+        except (AttributeError, RuntimeError):
+            continue
+    return out
+
+
+@dataclass
+class Baseline:
+    """What the process looked like before any candidate code ran."""
+
+    objects: dict[str, Any] = field(default_factory=dict)
+    codes: dict[str, Any] = field(default_factory=dict)
+    flags: dict[str, str] = field(default_factory=dict)
+    py_threads: int = 0
+
+    @classmethod
+    def take(cls) -> Baseline:
+        objects = _watched()
+        return cls(objects=objects,
+                   codes={k: getattr(v, "__code__", None) for k, v in objects.items()},
+                   flags=_flags(), py_threads=threading.active_count())
+
+    def tampered(self) -> list[str]:
+        now = _watched()
+        return sorted(name for name, obj in self.objects.items()
+                      if now.get(name) is not obj
+                      or getattr(obj, "__code__", None) is not self.codes[name])
+
+    def changed_flags(self) -> list[str]:
+        now = _flags()
+        return [f"{k}: {v} -> {now.get(k)}" for k, v in self.flags.items() if now.get(k) != v]
+
+    def extra_threads(self) -> int:
+        return threading.active_count() - self.py_threads
+
+    def report(self, when: str) -> list[ProbeMsg]:
+        """The process-level probes, clean or not (`when` names the phase in the detail)."""
+        extra = self.extra_threads()
+        return [
+            ProbeMsg(probe="identity", names=self.tampered(), detail=when),
+            ProbeMsg(probe="backend_flags", names=self.changed_flags(), detail=when),
+            ProbeMsg(probe="threads", value=float(extra), detail=f"{when}: "
+                     f"{', '.join(t.name for t in threading.enumerate()[-extra:]) if extra > 0 else ''}"),
+        ]
+
+
+def os_threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+# ---- the candidate's own kernels ----------------------------------------------------------
+
+
+@dataclass
+class Launches:
+    count: int = 0
+
+
+def _launcher_classes() -> list[type]:
+    out = []
+    if "triton" not in sys.modules:
+        return out
+    with contextlib.suppress(ImportError):
+        from triton.runtime.jit import JITFunction
+
+        out.append(JITFunction)
+    with contextlib.suppress(ImportError):
+        from triton.runtime.interpreter import InterpretedFunction
+
+        out.append(InterpretedFunction)
+    return out
+
+
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def triton_launches(noop: bool = False) -> Iterator[Launches]:
+    """Count every Triton kernel launch in the block that went through; with `noop`, count and
+    skip them all."""
+    seen = Launches()
+    saved = []
+    for cls in _launcher_classes():
+        original = cls.run
+        saved.append((cls, cls.__dict__.get("run", _MISSING)))
+
+        def run(self, *args, _original=original, **kwargs):
+            if noop:
+                seen.count += 1
+                return None
+            result = _original(self, *args, **kwargs)
+            seen.count += 1  # a launch that raised (bad arguments) launched nothing
+            return result
+
+        cls.run = run
+    try:
+        yield seen
+    finally:
+        for cls, original in saved:
+            if original is _MISSING:
+                del cls.run
+            else:
+                cls.run = original
+
+
+# Output layout of each extension function by the shapes of its arguments, recorded during a
+# real call, so that a stub can return what the real function would have.
+_OUTPUTS: dict[tuple[Any, ...], Any] = {}
+
+
+def _call_key(name: str, args: tuple, kwargs: dict) -> tuple[Any, ...]:
+    return (name, *(tuple(a.shape) if isinstance(a, torch.Tensor) else repr(a)
+                    for a in [*args, *kwargs.values()]))
+
+
+def _layout(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return (tuple(out.shape), out.dtype, out.device)
+    if isinstance(out, (tuple, list)):
+        return [_layout(o) for o in out]
+    return None
+
+
+def _nan(layout: Any) -> Any:
+    if isinstance(layout, list):
+        return tuple(_nan(x) for x in layout)
+    if layout is None:
+        return None
+    shape, dtype, device = layout
+    fill = float("nan") if dtype.is_floating_point else 0
+    return torch.full(shape, fill, dtype=dtype, device=device)
+
+
+def _nan_like(args: tuple, kwargs: dict) -> Any:
+    like = next((a for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)), None)
+    return None if like is None else _nan((tuple(like.shape), like.dtype, like.device))
+
+
+@contextlib.contextmanager
+def _swap_extensions(holders: list[dict[str, Any]],
+                     make: Callable[[str, Any], Any]) -> Iterator[None]:
+    """Replace the functions of the extensions the candidate built (load_inline) by
+    `make(name, function)` wherever the modules or `holders` (module and instance dicts) refer
+    to them."""
+    from evaluator.buildcache import LOADED_MODULES
+
+    funcs = {id(f): n for m in LOADED_MODULES for n, f in vars(m).items()
+             if not n.startswith("_") and callable(f) and not isinstance(f, type)}
+    made: dict[int, Any] = {}
+    swapped = []
+    for d in [vars(m) for m in LOADED_MODULES] + holders:
+        for key, value in list(d.items()):
+            if id(value) in funcs:
+                swapped.append((d, key, value))
+                d[key] = made.setdefault(id(value), make(funcs[id(value)], value))
+    try:
+        yield
+    finally:
+        for d, key, value in swapped:
+            d[key] = value
+
+
+def record_extension_outputs(holders: list[dict[str, Any]]) -> contextlib.AbstractContextManager:
+    """Calls go through to the real extension functions; their output layouts are recorded."""
+    def make(name: str, fn: Any) -> Any:
+        def recorder(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            _OUTPUTS[_call_key(name, args, kwargs)] = _layout(out)
+            return out
+        return recorder
+    return _swap_extensions(holders, make)
+
+
+@contextlib.contextmanager
+def ghost_extensions(holders: list[dict[str, Any]]) -> Iterator[Launches]:
+    """Extension functions become stubs that launch nothing and return NaN laid out as the real
+    call returned it (recorded earlier), else like their first tensor argument."""
+    seen = Launches()
+
+    def make(name: str, fn: Any) -> Any:
+        def stub(*args, **kwargs):
+            seen.count += 1
+            layout = _OUTPUTS.get(_call_key(name, args, kwargs), _MISSING)
+            return _nan_like(args, kwargs) if layout is _MISSING else _nan(layout)
+        return stub
+
+    with _swap_extensions(holders, make):
+        yield seen
+
+
+def custom_launches(call: Callable[[], Any], names: set[str]) -> tuple[Any, int | None]:
+    """(result of `call()`, launches of kernels named in `names` on the GPU during it); the
+    count is None when there are no names to look for."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from evaluator.profile import _rows, classify
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        result = call()
+        torch.cuda.synchronize()
+    if not names:
+        return result, None
+    return result, sum(calls for name, _, calls in _rows(prof, "cuda")
+                       if classify(name, names) == "custom")

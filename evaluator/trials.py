@@ -1,0 +1,241 @@
+"""One correctness trial inside the candidate process, with the probes that watch its call.
+
+Every trial: the inputs the reference worker wrote, cloned; the reference's forward seed; one
+call under `no_grad`; the outputs saved for the harness to judge. Around the call: threads
+started during it, and whether the output still changes after it returned (deferred work). As
+the harness asks per trial: count the candidate's own kernel launches, call again on the same
+inputs (determinism), call once first with the kernels replaced by no-ops (ghost kernels), or run
+on a second ModelNew whose parameters are perturbed like the reference's (the reparam trial).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from pydantic import BaseModel
+
+from evaluator.construct import (
+    as_output_list,
+    clone_all,
+    construct,
+    init_inputs,
+    load_problem,
+    parameter_layout,
+    perturb_parameters,
+    sync,
+    to_device,
+)
+from evaluator.correctness import compare_outputs
+from evaluator.probes import (
+    custom_launches,
+    ghost_extensions,
+    os_threads,
+    record_extension_outputs,
+    triton_launches,
+)
+from evaluator.protocol import CandidateJob, CandTrial, ProbeMsg, TrialMsg
+
+
+@dataclass
+class Loaded:
+    """The imported candidate and the model the harness's trials run on."""
+
+    module: ModuleType
+    model: torch.nn.Module
+    kernel_names: set[str]
+    """The candidate's own kernel names (`__global__` functions, `@triton.jit` functions)."""
+
+
+@dataclass
+class _Call:
+    outs: list[Any]
+    threads_grew: int
+    deferred: bool
+
+
+@dataclass
+class _Ghost:
+    outs: list[Any] | None
+    detail: str
+
+
+def run_trial(loaded: Loaded, trial: CandTrial, job: CandidateJob, into: list[Any] | None = None,
+              fetch: Callable[[int], bytes] | None = None) -> list[BaseModel]:
+    """Run one trial; returns the messages for the harness, the TrialMsg first. `into`: write
+    the inputs into these tensors and call on them (the trial inside the timing loop). `fetch`:
+    gets the `torch.save` bytes of inputs the harness holds. Raises whatever the candidate
+    raised."""
+    device = job.problem.device
+    if trial.inputs_from_harness:
+        assert fetch is not None
+        source: Any = io.BytesIO(fetch(trial.index))
+    else:
+        source = trial.inputs_path
+    inputs = to_device(torch.load(source, weights_only=True), device)
+    model = loaded.model
+    if trial.perturb_seed is not None:
+        model = _perturbed(loaded, job, trial)
+        if isinstance(model, str):
+            return [TrialMsg(index=trial.index, output_types=[], skipped=model)]
+    ghost = _ghost_call(loaded, model, inputs, trial, job) if trial.ghost else None
+    args = _fill(into, inputs) if into is not None else clone_all(inputs)
+    launches: int | None = None
+    if trial.count_launches and device == "cuda":
+        with record_extension_outputs(_holders(loaded, model)):
+            call, launches = custom_launches(lambda: _call(model, args, trial, device),
+                                             loaded.kernel_names)
+    elif trial.count_launches:
+        with triton_launches() as seen:
+            call = _call(model, args, trial, device)
+        launches = seen.count
+    else:
+        call = _call(model, args, trial, device)
+    torch.save([_saved(o) for o in call.outs], trial.output_path)
+    msgs: list[BaseModel] = [TrialMsg(
+        index=trial.index, output_types=[_type_name(o) for o in call.outs],
+        mutated_inputs=mutated_inputs(inputs, args), threads_grew=call.threads_grew,
+        deferred=call.deferred,
+    )]
+    if trial.count_launches:
+        msgs.append(ProbeMsg(probe="launches", value=None if launches is None else float(launches),
+                             conclusive=launches is not None,
+                             detail="" if launches is not None else "no kernel names to count"))
+    if ghost is not None:
+        msgs.append(_ghost_verdict(ghost, call.outs, job.tolerance))
+    if trial.repeat_output_path is not None:
+        again = _call(model, clone_all(inputs), trial, device)
+        torch.save([_saved(o) for o in again.outs], trial.repeat_output_path)
+    return msgs
+
+
+def _call(model: torch.nn.Module, args: list[Any], trial: CandTrial, device: str) -> _Call:
+    # Same generator state as the reference's forward (problems that draw inside forward).
+    torch.manual_seed(trial.forward_seed)
+    before = os_threads()
+    with torch.no_grad():
+        out = model(*args)
+    grew = os_threads() - before
+    outs = as_output_list(out)
+    snapshot = [o.detach().clone() if type(o) is torch.Tensor else None for o in outs]
+    sync(device)
+    return _Call(outs, grew, not _same(snapshot, outs))
+
+
+def mutated_inputs(before: list[Any], after: list[Any]) -> list[int]:
+    """Indices of the input tensors whose contents or shape changed during the call."""
+    changed = []
+    for i, (a, b) in enumerate(zip(before, after, strict=True)):
+        if not isinstance(a, torch.Tensor):
+            continue
+        if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
+            changed.append(i)
+        elif a.is_floating_point():
+            if not bool(((a == b) | (a.isnan() & b.isnan())).all()):
+                changed.append(i)
+        elif not torch.equal(a, b):
+            changed.append(i)
+    return changed
+
+
+def _same(before: list[Any], after: list[Any]) -> bool:
+    """Bitwise equal, NaN equal to NaN."""
+    for a, b in zip(before, after, strict=True):
+        if a is None:
+            continue
+        if a.shape != b.shape:
+            return False
+        eq = a == b
+        if a.is_floating_point() or a.is_complex():
+            eq |= a.isnan() & b.isnan()
+        if not bool(eq.all()):
+            return False
+    return True
+
+
+def _saved(o: Any) -> Any:
+    return o.detach().cpu() if type(o) is torch.Tensor else None
+
+
+def _type_name(obj: Any) -> str:
+    t = type(obj)
+    return "torch.Tensor" if t is torch.Tensor else f"{t.__module__}.{t.__qualname__}"
+
+
+def _fill(into: list[Any], inputs: list[Any]) -> list[Any]:
+    """The timed input tensors with this trial's values copied in (same storage, so a cache
+    keyed by pointer, id or shape answers with what it saw for the old values)."""
+    out = []
+    for dst, src in zip(into, inputs, strict=True):
+        same = (isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor)
+                and dst.shape == src.shape and dst.dtype == src.dtype and dst.device == src.device)
+        if same:
+            dst.copy_(src)
+        out.append(dst if same else (src.clone() if isinstance(src, torch.Tensor) else src))
+    return out
+
+
+def _perturbed(loaded: Loaded, job: CandidateJob, trial: CandTrial) -> torch.nn.Module | str:
+    """A second ModelNew with its parameters perturbed as the reference's were; or why not."""
+    spec = job.problem
+    assert trial.perturb_seed is not None and trial.layout_path is not None
+    model = construct(loaded.module.ModelNew, init_inputs(load_problem(spec), spec), spec)
+    if parameter_layout(model) != json.loads(Path(trial.layout_path).read_text()):
+        return "its parameter names or shapes differ from the reference's"
+    perturb_parameters(model, trial.perturb_seed)
+    return model
+
+
+def _holders(loaded: Loaded, model: torch.nn.Module) -> list[dict[str, Any]]:
+    """Where the candidate may keep its extension functions: its module and its modules."""
+    return [vars(loaded.module)] + [vars(m) for m in model.modules()]
+
+
+def _ghost_call(loaded: Loaded, model: torch.nn.Module, inputs: list[Any], trial: CandTrial,
+                job: CandidateJob) -> _Ghost:
+    """One call with every kernel of the candidate's replaced by a no-op, made before the real
+    call on these inputs: memory left over from earlier calls holds other inputs' values."""
+    device = job.problem.device
+    args = clone_all(inputs)
+    holders = _holders(loaded, model)
+
+    def call() -> Any:
+        torch.manual_seed(trial.forward_seed)
+        with torch.no_grad():
+            out = model(*args)
+        sync(device)
+        return out
+
+    try:
+        with triton_launches(noop=True) as tri, ghost_extensions(holders) as ext:
+            if device == "cuda":
+                out, real = custom_launches(call, loaded.kernel_names)
+            else:
+                out, real = call(), 0
+    except Exception as e:  # the stubs broke the forward: nothing to conclude
+        return _Ghost(None, f"the forward raised {type(e).__name__} with its kernels stubbed")
+    if tri.count + ext.count == 0:
+        return _Ghost(None, "no kernel call went through a stub")
+    if real is None:
+        return _Ghost(None, "no kernel names to check the stubs against")
+    if real > 0:
+        return _Ghost(None, f"{real} launches of the candidate's kernels bypassed the stubs")
+    outs = [o.detach().cpu() if type(o) is torch.Tensor else None for o in as_output_list(out)]
+    return _Ghost(outs, f"{tri.count + ext.count} kernel calls stubbed")
+
+
+def _ghost_verdict(ghost: _Ghost, real_outs: list[Any], tol: float) -> ProbeMsg:
+    """value 1: the output did not change when the kernels did nothing (they are decorative)."""
+    real = [_saved(o) for o in real_outs]
+    if ghost.outs is None or any(o is None for o in real):
+        return ProbeMsg(probe="ghost", conclusive=False, detail=ghost.detail or "non-tensor output")
+    types = ["torch.Tensor" if o is not None else "None" for o in ghost.outs]
+    unchanged = all(d.ok for d in compare_outputs(real, ghost.outs, types, tol))
+    return ProbeMsg(probe="ghost", value=1.0 if unchanged else 0.0,
+                    detail=f"{ghost.detail}; the output {'did not change' if unchanged else 'changed'}")

@@ -1,0 +1,90 @@
+"""GPU side of the runtime anti-cheat rules (run on the H200): side streams, deferred work, CUDA
+and Triton ghost kernels through the profiler, unlaunched CUDA kernels, uninitialised outputs on
+CUDA, and honest candidates that must come out clean under every probe.
+
+Run with `pytest tests/evaluator/test_anticheat_gpu.py -m gpu -v` on the GPU machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+from eval_helpers import MLP_SMALL, candidate
+
+from evaluator.config import EvalConfig
+from evaluator.pipeline import evaluate, evaluate_many
+
+pytestmark = pytest.mark.gpu
+
+MLP_MEDIUM = {"batch_size": 64, "input_size": 4096, "layer_sizes": [4096, 4096],
+              "output_size": 2048}
+# Work long enough on the GPU (milliseconds) that it is still running when forward returns.
+MLP_BIG = {"batch_size": 1024, "input_size": 4096, "layer_sizes": [4096, 4096],
+           "output_size": 4096}
+SUSPICIOUS = {"no_custom_kernel", "deferred_work", "background_threads", "timer_tampering",
+              "backend_flags_changed", "nondeterministic", "side_stream_suspected",
+              "implausible_speedup", "launch_count_unavailable", "input_mutation"}
+
+
+def gpu_config(cache_dir, **overrides) -> EvalConfig:
+    fields = dict(device="cuda", cache_dir=cache_dir, baselines="eager",
+                  problem_overrides=MLP_MEDIUM)
+    fields.update(overrides)
+    return EvalConfig(**fields)
+
+
+def _rejected_by(r) -> set[str]:
+    return {v.rule for v in r.violations if v.severity == "reject"}
+
+
+def test_side_stream_output_is_still_being_written_when_forward_returns(cache_dir):
+    r = evaluate("L3/1", candidate("side_stream.py"),
+                 gpu_config(cache_dir, problem_overrides=MLP_BIG))
+    assert r.status == "rejected" and "deferred_work" in _rejected_by(r), (r.violations, r.flags)
+
+
+def test_switching_to_a_side_stream_in_the_timing_loop_is_caught_there(cache_dir):
+    r = evaluate("L3/1", candidate("side_stream_phase.py"),
+                 gpu_config(cache_dir, problem_overrides=MLP_BIG))
+    assert r.status == "rejected", (r.violations, r.flags, [t.kind for t in r.correctness])
+    assert "deferred_work" in _rejected_by(r)
+    assert "side_stream_suspected" in r.flags
+
+
+def test_ghost_and_unlaunched_kernels_on_the_gpu(cache_dir):
+    names = ["ghost_cuda.py", "unlaunched_cuda.py", "ghost_triton.py", "empty_output.py"]
+    results = dict(zip(names, evaluate_many([("L3/1", candidate(n)) for n in names],
+                                            gpu_config(cache_dir), max_workers=2), strict=True))
+    for name in names[:3]:
+        r = results[name]
+        assert (r.status, _rejected_by(r)) == ("rejected", {"no_custom_kernel"}), (
+            name, r.violations, r.flags, r.error)
+    assert "ghost kernels" in results["ghost_cuda.py"].violations[0].message
+    assert "launched" in results["unlaunched_cuda.py"].violations[0].message
+    assert "ghost kernels" in results["ghost_triton.py"].violations[0].message
+    # An uninitialised output never holds a reference result: it was never in this process.
+    assert results["empty_output.py"].status == "incorrect"
+
+
+def test_honest_candidates_pass_every_probe_on_the_gpu(cache_dir):
+    items = [("L3/1", candidate("mlp_triton.py")), ("L3/1", candidate("mlp_cuda_relu.py")),
+             ("L3/43", candidate("attention_cuda.py"))]
+    results = evaluate_many(items, gpu_config(cache_dir, problem_overrides={}), max_workers=3)
+    for (problem, _), r in zip(items, results, strict=True):
+        assert r.status == "correct", (problem, r.error, r.violations, r.flags)
+        assert r.violations == [] and not SUSPICIOUS & set(r.flags), (problem, r.flags)
+        kinds = [t.kind for t in r.correctness]
+        assert kinds[-2:] == ["refill", "post_timing"] and "reparam" in kinds
+
+
+def test_kernelbench_policy_only_flags_a_side_stream(cache_dir):
+    r = evaluate("L3/1", candidate("side_stream_phase.py"),
+                 gpu_config(cache_dir, policy="kernelbench", problem_overrides=MLP_BIG))
+    assert r.status == "correct", (r.error, r.violations)
+    assert "side_stream_suspected" in r.flags
+
+
+def test_identity_and_probes_with_a_small_problem(cache_dir):
+    """Microsecond kernels: the side-stream ratio must not flag an honest candidate."""
+    r = evaluate("L3/1", candidate("mlp_triton.py"),
+                 gpu_config(cache_dir, problem_overrides=MLP_SMALL, baselines="none"))
+    assert r.status == "correct" and not SUSPICIOUS & set(r.flags), (r.flags, r.violations)

@@ -1,0 +1,123 @@
+"""The pieces of the runtime anti-cheat checks that need no child process: parameter
+perturbation, the identity and flag baseline, the interleaved timing hook, the determinism rule,
+path reachability for the sandbox uid."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+import types
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.nn as nn
+
+from evaluator import buildcache, isolation
+from evaluator.checks import determinism
+from evaluator.config import get_policy
+from evaluator.construct import parameter_layout, perturb_parameters
+from evaluator.probes import Baseline, ghost_extensions, record_extension_outputs
+from evaluator.timing import time_callable
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(42)
+    return nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 4))
+
+
+def test_perturbation_is_identical_for_identical_models_and_leaves_buffers_alone():
+    a, b = _net(), _net()
+    buffers = {k: v.clone() for k, v in a.named_buffers()}
+    perturb_parameters(a, 7)
+    perturb_parameters(b, 7)
+    assert parameter_layout(a) == parameter_layout(b)
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert torch.equal(pa, pb), name
+    # BatchNorm's initial ones and zeros move too (kernels that assume them fail).
+    assert not torch.equal(a[1].weight, torch.ones(8)) and not torch.equal(a[1].bias, torch.zeros(8))
+    assert all(torch.equal(v, buffers[k]) for k, v in a.named_buffers())
+    c = _net()
+    perturb_parameters(c, 8)
+    assert not torch.equal(a[0].weight, c[0].weight)
+
+
+def test_baseline_sees_replaced_timers_and_changed_backend_flags():
+    base = Baseline.take()
+    assert base.tampered() == [] and base.changed_flags() == []
+    real_clock, real_flag = time.perf_counter, torch.backends.cudnn.benchmark
+    try:
+        time.perf_counter = lambda: 0.0
+        torch.backends.cudnn.benchmark = not real_flag
+        assert "time.perf_counter" in base.tampered()
+        assert base.changed_flags() == [f"cudnn.benchmark: {real_flag!r} -> {not real_flag!r}"]
+    finally:
+        time.perf_counter, torch.backends.cudnn.benchmark = real_clock, real_flag
+    assert base.tampered() == [] and base.changed_flags() == []
+
+
+def test_interleaved_check_runs_once_halfway_on_the_previous_calls_inputs():
+    seen: list[str] = []
+    sets = [[torch.zeros(1)], [torch.ones(1)], [torch.full((1,), 2.0)]]
+    calls: list[float] = []
+    time_callable(lambda x: calls.append(float(x)), sets, device="cpu", trials=6,
+                  warmup_calls=0, warmup_ms=0.0, l2_flush=False,
+                  between=lambda last: seen.append(f"{len(calls)}:{float(last[0])}"))
+    # Timed calls use sets 0,1,2,0,1,2; the check comes after the third, on set 2's tensors.
+    assert seen == ["3:2.0"] and calls == [0.0, 1.0, 2.0, 0.0, 1.0, 2.0]
+
+
+def _run(policy: str) -> SimpleNamespace:
+    return SimpleNamespace(flags=[], violations=[], policy=get_policy(policy))
+
+
+def test_determinism_flags_last_bit_noise_and_rejects_real_differences():
+    first = [torch.linspace(0, 1, 64)]
+    assert determinism(_run("strict"), first, [first[0].clone()], 1e-4) == []
+    noisy = [first[0] + 1e-7]
+    [v] = determinism(_run("strict"), first, noisy, 1e-4)
+    assert (v.rule, v.severity) == ("nondeterministic", "flag")
+    wrong = [first[0] + 1e-2]
+    [v] = determinism(_run("strict"), first, wrong, 1e-4)
+    assert (v.rule, v.severity) == ("nondeterministic", "reject")
+    [v] = determinism(_run("kernelbench"), first, wrong, 1e-4)
+    assert v.severity == "flag"
+
+
+def test_reachability_for_the_sandbox_uid():
+    top = Path(tempfile.mkdtemp())  # directly under the world-traversable temp dir
+    open_dir = top / "open"
+    open_dir.mkdir()
+    (open_dir / "f").write_text("x")
+    top.chmod(0o755)
+    open_dir.chmod(0o755)
+    assert isolation.reachable(open_dir / "f", 65534, 65534, 4) is None
+    open_dir.chmod(0o700)
+    assert isolation.reachable(open_dir / "f", 65534, 65534, 4) == str(open_dir)
+    # Its owner is never stopped by its own mode bits.
+    st = open_dir.stat()
+    assert isolation.reachable(open_dir / "f", st.st_uid, st.st_gid, 4) is None
+    shutil.rmtree(top)
+
+
+def test_ghost_stubs_return_nan_laid_out_as_the_real_call_and_are_undone(monkeypatch):
+    ext = types.ModuleType("fake_ext")
+
+    def attention(qkv, n_head):  # the output is narrower than the first argument
+        return qkv[..., : qkv.shape[-1] // 3] * 2
+
+    ext.attention = attention
+    monkeypatch.setattr(buildcache, "LOADED_MODULES", [ext])
+    net = nn.Module()
+    net.attn = ext.attention  # held by the instance, as `self.fn = ext.fn` does
+    holders = [vars(net)]
+    x = torch.randn(2, 4, 12)
+    with record_extension_outputs(holders):
+        real = net.attn(x, 2)
+    with ghost_extensions(holders) as seen:
+        ghost, other = net.attn(x, 2), ext.attention(torch.randn(3, 6), 2)
+    assert seen.count == 2
+    assert ghost.shape == real.shape == (2, 4, 4) and bool(ghost.isnan().all())
+    assert other.shape == (3, 6)  # never seen: shaped like its first argument
+    assert net.attn is attention and ext.attention is attention
