@@ -24,13 +24,19 @@ def _problem_set(problems_dir: Path | None) -> ProblemSet:
     return load_problem_set(problems_dir)
 
 
+def chosen_problems(pset: ProblemSet, cfg: RunConfig) -> list[Problem]:
+    """The problems a config names, in the order given, then its level's in registry order."""
+    chosen = [pset.get(p) for p in cfg.problems]
+    if cfg.level is not None:
+        chosen += [p for p in pset.filter(cfg.level) if p not in chosen]
+    return chosen
+
+
 def load_problems(cfg: RunConfig) -> list[Problem]:
-    """The problems a config asks for, in the order given (a level in registry order)."""
+    """The problems a config asks for (see `chosen_problems`), checked."""
     try:
         pset = _problem_set(cfg.problems_dir)
-        chosen = [pset.get(p) for p in cfg.problems]
-        if cfg.level is not None:
-            chosen += [p for p in pset.filter(cfg.level) if p not in chosen]
+        chosen = chosen_problems(pset, cfg)
     except ProblemError as e:
         raise ConfigError(str(e)) from None
     if not chosen:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from agent.components import chosen_problems
 from agent.config import RunConfig
 from agent.records import EpisodeRecord, TurnRecord
 from agent.store import RunConfigRecord, RunDirError, RunStore
@@ -101,10 +102,7 @@ def run_tolerance(cfg: RunConfig) -> float | None:
 def _problem_set_of(cfg: RunConfig, tol: float | None, seen: list[str], episodes: list[EpisodeRecord],
                     warnings: list[str]) -> list[ProblemInfo]:
     try:
-        pset = _problem_set(cfg.problems_dir)
-        chosen = [pset.get(p) for p in cfg.problems]
-        if cfg.level is not None:
-            chosen += [p for p in pset.filter(cfg.level) if p not in chosen]
+        chosen = chosen_problems(_problem_set(cfg.problems_dir), cfg)
     except ProblemError as e:
         warnings.append(f"problem set not resolvable ({e}); using the problems found in the records")
         return [ProblemInfo(id=p, stem=p, degenerate=False) for p in seen]
