@@ -64,7 +64,7 @@ def run_candidate(job: CandidateJob, ch: Channel) -> None:
         emulation.install()
         ch.send(FlagMsg(flag="cpu_emulation"))
     # Before any candidate code runs: what its code must not change.
-    base = Baseline.take()
+    base = Baseline.take(job.problem.device)
     ch.stage("load")
     loaded = _load(job, ch)
     if loaded is None:
@@ -102,6 +102,7 @@ def _timing(loaded: Loaded, job: CandidateJob, ch: Channel, base: Baseline) -> b
     ratio = None
     try:
         sets = [draw_inputs(load_problem(spec), seed, spec) for seed in timing.input_seeds]
+        base.restore_l2()
 
         def interleaved(last: list[Any]) -> None:
             assert job.refill is not None

@@ -80,6 +80,9 @@ RUNTIME_RULES = {r.name: r for r in (
     RuntimeRule("side_stream_suspected",
                 "Time that appears only with a device-wide synchronize before the end event is "
                 "work on other streams (catalog T1); flagged for review.", strict="flag"),
+    RuntimeRule("l2_persistence",
+                "A persisting-L2 carve-out keeps the candidate's data in the L2 across the "
+                "flush between timed calls (catalog T5); kloop resets it before timing."),
     RuntimeRule("protocol_violation",
                 "The candidate process wrote messages of its own onto the harness's result "
                 "channel (a forged timing, a trial twice): nothing it reports can be trusted "
@@ -153,6 +156,13 @@ def identity(run: EvalRun, msg: ProbeMsg) -> list[Violation]:
     return [violate(run, "timer_tampering", f"replaced {', '.join(msg.names[:8])} ({msg.detail})")]
 
 
+# Rationale: catalog T5, see RUNTIME_RULES["l2_persistence"].
+def l2_persistence(run: EvalRun, msg: ProbeMsg) -> list[Violation]:
+    if msg.probe != "l2_persistence" or not msg.names or _fired(run, "l2_persistence"):
+        return []
+    return [violate(run, "l2_persistence", f"{msg.names[0]} ({msg.detail})")]
+
+
 # Rationale: catalog B6, C8 — flags set by the candidate at import or in forward.
 def backend_flags(run: EvalRun, msg: ProbeMsg) -> list[Violation]:
     if msg.probe != "backend_flags" or not msg.names or _fired(run, "backend_flags_changed"):
@@ -204,7 +214,7 @@ def side_stream(run: EvalRun, msg: ProbeMsg) -> list[Violation]:
 
 
 PROBE_CHECKS: list[ProbeCheck] = [identity, backend_flags, python_threads, launches, ghost,
-                                  side_stream]
+                                  side_stream, l2_persistence]
 
 
 def probe_violations(run: EvalRun, msg: ProbeMsg) -> list[Violation]:

@@ -18,6 +18,8 @@ up the static rules and the harness-side checks, which do not depend on the cand
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import importlib
 import os
 import sys
@@ -120,13 +122,24 @@ class Baseline:
     codes: dict[str, Any] = field(default_factory=dict)
     flags: dict[str, str] = field(default_factory=dict)
     py_threads: int = 0
+    l2_bytes: int | None = None
+    """The persisting-L2 carve-out (GPU), which survives the L2 flush between timed calls."""
 
     @classmethod
-    def take(cls) -> Baseline:
+    def take(cls, device: str = "cpu") -> Baseline:
         objects = _watched()
+        l2 = None
+        if device == "cuda":
+            torch.zeros(1, device="cuda")  # the context the limit belongs to
+            l2 = persisting_l2_bytes()
         return cls(objects=objects,
                    codes={k: getattr(v, "__code__", None) for k, v in objects.items()},
-                   flags=_flags(), py_threads=threading.active_count())
+                   flags=_flags(), py_threads=threading.active_count(), l2_bytes=l2)
+
+    def restore_l2(self) -> None:
+        """Put the carve-out back before timing, whatever the candidate set."""
+        if self.l2_bytes is not None and persisting_l2_bytes() != self.l2_bytes:
+            set_persisting_l2_bytes(self.l2_bytes)
 
     def tampered(self) -> list[str]:
         now = _watched()
@@ -144,12 +157,42 @@ class Baseline:
     def report(self, when: str) -> list[ProbeMsg]:
         """The process-level probes, clean or not (`when` names the phase in the detail)."""
         extra = self.extra_threads()
+        l2 = persisting_l2_bytes() if self.l2_bytes is not None else None
+        changed = l2 is not None and l2 != self.l2_bytes
         return [
+            ProbeMsg(probe="l2_persistence", detail=when, names=[
+                f"persisting L2 carve-out {self.l2_bytes} -> {l2} bytes"] if changed else []),
             ProbeMsg(probe="identity", names=self.tampered(), detail=when),
             ProbeMsg(probe="backend_flags", names=self.changed_flags(), detail=when),
             ProbeMsg(probe="threads", value=float(extra), detail=f"{when}: "
                      f"{', '.join(t.name for t in threading.enumerate()[-extra:]) if extra > 0 else ''}"),
         ]
+
+
+CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06
+
+
+@functools.lru_cache(maxsize=1)
+def _driver() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
+def persisting_l2_bytes() -> int | None:
+    """The current CUDA context's persisting-L2 carve-out in bytes; None when unreadable."""
+    lib = _driver()
+    value = ctypes.c_size_t()
+    if lib is None or lib.cuCtxGetLimit(ctypes.byref(value), CU_LIMIT_PERSISTING_L2_CACHE_SIZE):
+        return None
+    return int(value.value)
+
+
+def set_persisting_l2_bytes(size: int) -> None:
+    lib = _driver()
+    if lib is not None:
+        lib.cuCtxSetLimit(CU_LIMIT_PERSISTING_L2_CACHE_SIZE, ctypes.c_size_t(size))
 
 
 def os_threads() -> int:

@@ -163,7 +163,8 @@ class TrialMsg(_Rec):
     differs from the reference's); no output then."""
 
 
-ProbeName = Literal["identity", "backend_flags", "threads", "launches", "ghost", "side_stream"]
+ProbeName = Literal["identity", "backend_flags", "threads", "launches", "ghost", "side_stream",
+                    "l2_persistence"]
 
 
 class ProbeMsg(_Rec):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -65,6 +66,7 @@ def test_escaped_sleeper_is_killed_when_the_evaluation_ends(cache_dir):
     r = evaluate("L3/1", source, cpu_config(cache_dir))
     assert r.status == "correct", r.error
     pid = int(pid_file.read_text())
+    shutil.rmtree(drop)
     time.sleep(0.2)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
