@@ -51,8 +51,9 @@ class Policy(BaseModel):
     """On problems whose output does not depend on the input at this tolerance, add the
     problem's probe trial (`ProblemMeta.degenerate_probe`) so a constant output fails."""
     reparam_trial: bool = True
-    """One trial on a second model of each side whose parameters are perturbed alike (when the
-    candidate's parameter layout is the reference's): kernels that assume the initial weights
+    """One trial on a second model of each side, built alike with re-randomised parameters (when
+    the candidate's parameter layout is the reference's; inside the constructor, so weights an
+    honest candidate packs in `__init__` stay valid): kernels that assume the initial weights
     (BatchNorm's ones and zeros) or return constants fail it."""
     require_custom_kernel: bool = False
     """Reject plain-PyTorch candidates (no kernel of their own) that would otherwise be correct.

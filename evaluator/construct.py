@@ -8,11 +8,13 @@ training mode (KernelBench never calls `.eval()`; BatchNorm uses batch statistic
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import math
 import platform
 import socket
 import sys
+import types
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -84,21 +86,94 @@ def parameter_layout(model: torch.nn.Module) -> list[list[Any]]:
     return sorted([name, list(p.shape)] for name, p in model.named_parameters())
 
 
-def perturb_parameters(model: torch.nn.Module, seed: int) -> None:
-    """Move every floating parameter by half its own standard deviation (0.05 for constant ones:
-    BatchNorm's ones and zeros) times seeded normal noise, computed on CPU in float32 so that
-    the reference and the candidate, given equal parameters, get bitwise-equal ones. Buffers
-    are left alone."""
+def reparam_model(cls: type, init: list[Any], spec: ProblemSpec, seed: int,
+                  layout: list[list[Any]] | None = None) -> torch.nn.Module | str:
+    """The reparam trial's model, built the same way in both processes, or why it cannot be.
+
+    Built under another construction seed, so every randomly initialised parameter is redrawn
+    by the same draws in both models, and with `torch.nn.init`'s constant fills (BatchNorm's and
+    LayerNorm's ones and zeros, MobileNetV2's explicit re-inits) replaced by seeded noisy fills,
+    so constants a kernel assumes move too. Both happen inside the constructor: copies a
+    candidate packs in `__init__` (pre-transposed weights, concatenated affine parameters) are
+    made from the new values. Parameters still constant after that (made with `torch.zeros`
+    outside `torch.nn.init`) are perturbed afterwards, the one case a packed copy would miss.
+    `layout`: the reference's parameter layout; a model with another one cannot take part."""
+    torch.manual_seed(_derived(seed, "construction") % (2**63))
+    with torch.no_grad(), _noisy_constant_init(seed):
+        model = cls(*init)
+    if layout is not None and parameter_layout(model) != layout:
+        return "its parameter names or shapes differ from the reference's"
+    model = model.to(device=spec.device, dtype=_DTYPES[spec.precision])
+    perturb_constant_parameters(model, seed)
+    return model
+
+
+_CONSTANT_SPREAD = 0.05
+
+
+def _derived(seed: int, key: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:8], "big") >> 1
+
+
+def _noise(seed: int, key: str, shape: Any) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(_derived(seed, key))
+    return torch.randn(tuple(shape), generator=gen, dtype=torch.float32) * _CONSTANT_SPREAD
+
+
+@contextlib.contextmanager
+def _noisy_constant_init(seed: int) -> Iterator[None]:
+    """`torch.nn.init.ones_`/`zeros_`/`constant_` fill `value + 0.05 * noise` instead, wherever
+    they are bound (modules import them by name: MultiheadAttention's `constant_`). The noise
+    of a tensor depends on its value, shape and the order in which distinct tensors of that
+    value and shape are first filled, not on how often it is filled: a model that skips a
+    redundant re-init still matches one that does it."""
+    init = torch.nn.init
+    keys: dict[int, tuple[torch.Tensor, str]] = {}  # the tensor is kept so its id stays unique
+    counts: dict[tuple[float, tuple[int, ...]], int] = {}
+
+    def fill(tensor: torch.Tensor, value: float) -> torch.Tensor:
+        with torch.no_grad():
+            if not tensor.is_floating_point():
+                return tensor.fill_(value)
+            if id(tensor) not in keys:
+                group = (float(value), tuple(tensor.shape))
+                counts[group] = counts.get(group, 0) + 1
+                keys[id(tensor)] = (tensor, f"const:{group}:{counts[group]}")
+            noise = _noise(seed, keys[id(tensor)][1], tensor.shape)
+            return tensor.copy_((noise + float(value)).to(device=tensor.device,
+                                                          dtype=tensor.dtype))
+
+    replacements = {id(init.ones_): lambda tensor: fill(tensor, 1.0),
+                    id(init.zeros_): lambda tensor: fill(tensor, 0.0),
+                    id(init.constant_): lambda tensor, val: fill(tensor, val)}
+    patched: list[tuple[dict[str, Any], str, Any]] = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for name, value in list(namespace.items()):
+            if id(value) in replacements and isinstance(value, types.FunctionType):
+                patched.append((namespace, name, value))
+                namespace[name] = replacements[id(value)]
+    try:
+        yield
+    finally:
+        for namespace, name, value in patched:
+            namespace[name] = value
+
+
+def perturb_constant_parameters(model: torch.nn.Module, seed: int) -> None:
+    """Move every floating parameter that is still constant (all elements equal) by 0.05 times
+    seeded normal noise, computed on CPU in float32, so that the reference and the candidate,
+    given equal parameters, get bitwise-equal ones. Buffers are left alone."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if not p.is_floating_point():
+            if not p.is_floating_point() or p.numel() == 0:
                 continue
-            digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-            gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") >> 1)
             base = p.detach().to("cpu", torch.float32)
-            std = float(base.std()) if base.numel() > 1 else 0.0
-            spread = 0.5 * std if math.isfinite(std) and std > 0 else 0.05
-            noise = torch.randn(base.shape, generator=gen, dtype=torch.float32) * spread
+            if not bool((base == base.reshape(-1)[0]).all()):
+                continue
+            noise = _noise(seed, f"param:{name}", base.shape)
             p.copy_((base + noise).to(device=p.device, dtype=p.dtype))
 
 

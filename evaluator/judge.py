@@ -4,7 +4,7 @@ outputs compared against expected outputs the candidate process never held.
 
 Trials, in order (indices shared with the reference worker): `random` (fresh salted inputs;
 the first also counts kernel launches and is called twice for determinism, the last is preceded
-by a ghost-kernel call), `scaled_inputs` (a degenerate problem's probe), `reparam` (perturbed
+by a ghost-kernel call), `scaled_inputs` (a degenerate problem's probe), `reparam` (re-randomised
 parameters on both sides; skipped when the candidate's parameter layout differs), then `refill`
 (inside the timing loop, in the tensors of the previous timed call) and `post_timing`.
 """

@@ -61,7 +61,7 @@ class RefTrial(_Rec):
     expected_path: str
     """Written into the harness-private dir: the candidate never sees it."""
     perturb_seed: int | None = None
-    """Run this trial on a second model whose parameters are perturbed with this seed (the
+    """Run this trial on a second model re-randomised with this seed (the
     `reparam` trial: assumed weights, constants on degenerate problems)."""
     layout_path: str | None = None
     """With `perturb_seed`: where the reference's parameter layout is written for the candidate."""
@@ -89,7 +89,7 @@ class CandTrial(_Rec):
     inputs_path: str
     output_path: str
     perturb_seed: int | None = None
-    """Run this trial on a second ModelNew with its parameters perturbed like the reference's
+    """Run this trial on a second ModelNew re-randomised like the reference's
     (see RefTrial), if its parameter layout is the one at `layout_path`."""
     layout_path: str | None = None
     repeat_output_path: str | None = None

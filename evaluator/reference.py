@@ -37,7 +37,7 @@ from evaluator.construct import (
     init_inputs,
     load_problem,
     parameter_layout,
-    perturb_parameters,
+    reparam_model,
     scaled_inputs,
     sync,
 )
@@ -116,12 +116,12 @@ def run_reference(job: ReferenceJob, ch: Channel) -> None:
 
 
 def _perturbed(problem, spec, t) -> torch.nn.Module:
-    """A second reference model with perturbed parameters; its parameter layout goes to the
-    candidate, which can only take part when its own layout is the same."""
-    model = construct(problem.Model, init_inputs(problem, spec), spec)
+    """The reparam trial's reference model; its parameter layout goes to the candidate, which
+    can only take part when its own layout is the same."""
     assert t.perturb_seed is not None and t.layout_path is not None
+    model = reparam_model(problem.Model, init_inputs(problem, spec), spec, t.perturb_seed)
+    assert isinstance(model, torch.nn.Module)
     Path(t.layout_path).write_text(json.dumps(parameter_layout(model)))
-    perturb_parameters(model, t.perturb_seed)
     return model
 
 

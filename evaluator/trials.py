@@ -5,7 +5,7 @@ call under `no_grad`; the outputs saved for the harness to judge. Around the cal
 started during it, and whether the output still changes after it returned (deferred work). As
 the harness asks per trial: count the candidate's own kernel launches, call again on the same
 inputs (determinism), call once first with the kernels replaced by no-ops (ghost kernels), or run
-on a second ModelNew whose parameters are perturbed like the reference's (the reparam trial).
+on a second ModelNew re-randomised like the reference's (the reparam trial).
 """
 
 from __future__ import annotations
@@ -24,11 +24,9 @@ from pydantic import BaseModel
 from evaluator.construct import (
     as_output_list,
     clone_all,
-    construct,
     init_inputs,
     load_problem,
-    parameter_layout,
-    perturb_parameters,
+    reparam_model,
     sync,
     to_device,
 )
@@ -182,14 +180,12 @@ def _fill(into: list[Any], inputs: list[Any]) -> list[Any]:
 
 
 def _perturbed(loaded: Loaded, job: CandidateJob, trial: CandTrial) -> torch.nn.Module | str:
-    """A second ModelNew with its parameters perturbed as the reference's were; or why not."""
+    """The reparam trial's ModelNew, built as the reference's was; or why it cannot take part."""
     spec = job.problem
     assert trial.perturb_seed is not None and trial.layout_path is not None
-    model = construct(loaded.module.ModelNew, init_inputs(load_problem(spec), spec), spec)
-    if parameter_layout(model) != json.loads(Path(trial.layout_path).read_text()):
-        return "its parameter names or shapes differ from the reference's"
-    perturb_parameters(model, trial.perturb_seed)
-    return model
+    layout = json.loads(Path(trial.layout_path).read_text())
+    return reparam_model(loaded.module.ModelNew, init_inputs(load_problem(spec), spec), spec,
+                         trial.perturb_seed, layout)
 
 
 def _holders(loaded: Loaded, model: torch.nn.Module) -> list[dict[str, Any]]:

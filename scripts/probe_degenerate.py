@@ -7,7 +7,8 @@ of a normal trial (seed-42 model, `get_inputs()`) with:
   other_input   — another normal trial (confirms the problem is degenerate at this size),
   scaled_inputs — the same model on scale * randn inputs, for scale in SCALES; also whether two
                   such inputs give different outputs (the output depends on the input there),
-  reparam       — the same model with every parameter perturbed (seeded), on normal inputs.
+  reparam       — the reparam trial's model (redrawn under another seed, constants moved), on
+                  normal inputs.
 The chosen probe is the smallest scale at which the output both differs from the normal one and
 depends on the input (a cached output fails it however it was cached), else reparam if its
 output differs (a constant or module-level cache fails it), else none. The result is what
@@ -30,7 +31,7 @@ from evaluator.construct import (  # noqa: E402
     construct,
     draw_inputs,
     init_inputs,
-    perturb_parameters,
+    reparam_model,
     scaled_inputs,
 )
 from evaluator.protocol import ProblemSpec  # noqa: E402
@@ -65,8 +66,7 @@ def probe(problem, overrides: dict) -> dict:
         # however it was cached.
         row[f"scaled_{scale:g}"] = {"differs": not _agree(normal, a, tol),
                                     "input_dependent": not _agree(a, b, tol)}
-    perturbed = construct(module.Model, init_inputs(module, spec), spec)
-    perturb_parameters(perturbed, 1234567)
+    perturbed = reparam_model(module.Model, init_inputs(module, spec), spec, 1234567)
     row["reparam_differs"] = not _agree(normal, _forward(perturbed, draw_inputs(module, 4, spec)),
                                         tol)
     scale = next((s for s in SCALES if all(row[f"scaled_{s:g}"].values())), None)

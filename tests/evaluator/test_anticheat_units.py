@@ -1,5 +1,5 @@
-"""The pieces of the runtime anti-cheat checks that need no child process: parameter
-perturbation, the identity and flag baseline, the interleaved timing hook, the determinism rule,
+"""The pieces of the runtime anti-cheat checks that need no child process: the reparam
+model, the identity and flag baseline, the interleaved timing hook, the determinism rule,
 path reachability for the sandbox uid."""
 
 from __future__ import annotations
@@ -17,30 +17,61 @@ import torch.nn as nn
 from evaluator import buildcache, isolation
 from evaluator.checks import determinism
 from evaluator.config import get_policy
-from evaluator.construct import parameter_layout, perturb_parameters
+from evaluator.construct import parameter_layout, reparam_model
 from evaluator.probes import Baseline, ghost_extensions, record_extension_outputs
+from evaluator.protocol import ProblemSpec
 from evaluator.timing import time_callable
 
-
-def _net() -> nn.Module:
-    torch.manual_seed(42)
-    return nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 4))
+_SPEC = ProblemSpec(path="unused", sha256="0", overrides={}, device="cpu", precision="fp32",
+                    allow_tf32=False)
 
 
-def test_perturbation_is_identical_for_identical_models_and_leaves_buffers_alone():
-    a, b = _net(), _net()
-    buffers = {k: v.clone() for k, v in a.named_buffers()}
-    perturb_parameters(a, 7)
-    perturb_parameters(b, 7)
-    assert parameter_layout(a) == parameter_layout(b)
+class _Net(nn.Module):
+    def __init__(self, width: int = 8):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.bn = nn.BatchNorm1d(width)
+        self.attn = nn.MultiheadAttention(width, 2)  # imports nn.init.constant_ by name
+        self.token = nn.Parameter(torch.zeros(1, width))  # constant, made outside nn.init
+
+
+class _PackingNet(_Net):
+    """Packs copies in __init__ and re-runs a redundant init, as honest candidates may."""
+
+    def __init__(self, width: int = 8):
+        super().__init__(width)
+        nn.init.ones_(self.bn.weight)
+        self.register_buffer("wt", self.fc.weight.detach().t().contiguous())
+        self.register_buffer("affine", torch.stack([self.bn.weight, self.bn.bias]).detach())
+
+
+def test_reparam_models_agree_and_copies_packed_in_init_stay_valid():
+    layout = parameter_layout(_Net())
+    a = reparam_model(_Net, [], _SPEC, 7)
+    b = reparam_model(_PackingNet, [], _SPEC, 7, layout)
+    assert isinstance(a, nn.Module) and isinstance(b, nn.Module)
     for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         assert torch.equal(pa, pb), name
-    # BatchNorm's initial ones and zeros move too (kernels that assume them fail).
-    assert not torch.equal(a[1].weight, torch.ones(8)) and not torch.equal(a[1].bias, torch.zeros(8))
-    assert all(torch.equal(v, buffers[k]) for k, v in a.named_buffers())
-    c = _net()
-    perturb_parameters(c, 8)
-    assert not torch.equal(a[0].weight, c[0].weight)
+    assert torch.equal(b.wt, b.fc.weight.t())
+    assert torch.equal(b.affine, torch.stack([b.bn.weight, b.bn.bias]))
+    # Every parameter differs from the seed-42 model's, the constants included (kernels that
+    # assume BatchNorm's ones and zeros fail); buffers are untouched.
+    torch.manual_seed(42)
+    plain = _Net()
+    for (name, pa), (_, pp) in zip(a.named_parameters(), plain.named_parameters(), strict=True):
+        assert not torch.equal(pa, pp), name
+    assert torch.equal(a.bn.running_mean, torch.zeros(8))
+    assert torch.equal(a.bn.running_var, torch.ones(8))
+    c = reparam_model(_Net, [], _SPEC, 8)
+    assert not torch.equal(a.fc.weight, c.fc.weight) and not torch.equal(a.bn.bias, c.bn.bias)
+    # The init functions are restored afterwards.
+    assert torch.equal(nn.init.zeros_(torch.empty(3)), torch.zeros(3))
+    assert torch.equal(torch.nn.modules.activation.constant_(torch.empty(2), 0.0), torch.zeros(2))
+
+
+def test_reparam_model_with_another_layout_cannot_take_part():
+    reason = reparam_model(_Net, [], _SPEC, 7, parameter_layout(_Net(4)))
+    assert reason == "its parameter names or shapes differ from the reference's"
 
 
 def test_baseline_sees_replaced_timers_and_changed_backend_flags():
