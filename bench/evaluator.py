@@ -75,21 +75,33 @@ def stage_times(device: str) -> None:
                       f"total {time.monotonic() - t0:6.1f}")
 
 
-def _import_time(mode: str, path: Path, root: Path) -> float:
-    p = subprocess.run([sys.executable, "-c", _IMPORT_SCRIPT, mode, str(path), str(root)],
-                       cwd=REPO, capture_output=True, text=True, check=True)
-    return float(p.stdout.strip().splitlines()[-1])
+def _import_times(jobs: list[tuple[str, Path, Path]]) -> list[float]:
+    """Import each (mode, candidate, root) in its own fresh interpreter, all at once."""
+    procs = [subprocess.Popen([sys.executable, "-c", _IMPORT_SCRIPT, mode, str(path), str(root)],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for mode, path, root in jobs]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate()
+        if p.returncode != 0:
+            raise RuntimeError(f"import failed ({p.returncode}): {stderr[-2000:]}")
+        out.append(float(stdout.strip().splitlines()[-1]))
+    return out
 
 
 def compile_times() -> None:
-    print("\n== compile time (s): plain load_inline vs kloop's cached path, fresh processes ==")
-    print(f"{'candidate':34} {'plain cold':>10} {'plain warm':>10} {'kloop cold':>10} "
+    """Plain and kloop builds of every CUDA candidate run concurrently (cold, then warm), so
+    both paths are measured side by side under the same machine load."""
+    print("\n== compile time (s): plain load_inline vs kloop's cached path, fresh processes, "
+          f"{2 * len(CUDA_SOURCES)} builds at once ==")
+    print(f"{'candidate':34} {'plain cold':>10} {'kloop cold':>10} {'plain warm':>10} "
           f"{'kloop warm':>10}")
-    for name in CUDA_SOURCES:
-        path = CANDIDATES / name
-        with tempfile.TemporaryDirectory() as plain, tempfile.TemporaryDirectory() as kloop:
-            row = [_import_time("plain", path, Path(plain)), _import_time("plain", path, Path(plain)),
-                   _import_time("kloop", path, Path(kloop)), _import_time("kloop", path, Path(kloop))]
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs = [(mode, CANDIDATES / name, Path(tmp) / mode / name)
+                for name in CUDA_SOURCES for mode in ("plain", "kloop")]
+        cold, warm = _import_times(jobs), _import_times(jobs)
+    for i, name in enumerate(CUDA_SOURCES):
+        row = [cold[2 * i], cold[2 * i + 1], warm[2 * i], warm[2 * i + 1]]
         print(f"{name:34} " + " ".join(f"{t:10.2f}" for t in row))
 
 

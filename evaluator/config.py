@@ -162,6 +162,10 @@ class EvalConfig(BaseModel):
     """Which reference baselines to time: `auto` is both on CUDA and eager only on CPU."""
     profile: bool = True
     """One profiled forward for correct candidates."""
+    device_lock: Literal["host", "process"] = "host"
+    """Who else's GPU stages wait for ours: `host` (every kloop process on this machine sharing
+    `cache_dir`, through a file lock, so timings of concurrent runs never overlap) or `process`
+    (only evaluations in this process; concurrent processes then time under each other's load)."""
     ncu: bool = False
     """Also collect Nsight Compute metrics for the top custom kernel (GPU with ncu only)."""
     triton_aot: bool = True

@@ -37,7 +37,7 @@ from evaluator.protocol import (
 from evaluator.reference import collect_reference
 from evaluator.result import ErrorInfo
 from evaluator.sandbox import child_env
-from evaluator.state import EvalRun, cuda_arch_list, device_lock
+from evaluator.state import EvalRun, cuda_arch_list
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def reference_stage(run: EvalRun, job: ReferenceJob | None = None) -> None:
     the harness's memory only), baselines (cached)."""
     run.stage = "correctness"
     job = job or reference_job(run)
-    with device_lock(run.device), run.timed("reference"):
+    with run.gpu_lock(), run.timed("reference"):
         env = {"TORCHINDUCTOR_CACHE_DIR": str(private_dir(run.config.cache_dir) / "inductor")}
         with run.spawn("reference", job, run.root / "ref", ["reference", "baselines"],
                        env) as child:
@@ -176,7 +176,7 @@ def candidate_stage(run: EvalRun) -> None:
     job = candidate_job(run, reference_job(run), build_dir(run))
     seq = Sequence(held=hold_inputs(run, job))
     done = False
-    with device_lock(run.device), run.timed("candidate"):
+    with run.gpu_lock(), run.timed("candidate"):
         with run.spawn("candidate", job, run.root / "cand",
                        ["load", "correctness", "timing", "profile", "compile"],
                        _candidate_env(run)) as child:
@@ -189,7 +189,7 @@ def candidate_stage(run: EvalRun) -> None:
     if run.status is None:
         final_verdict(run, job)
     if run.status == "correct" and run.config.ncu and not run.on_cpu:
-        with device_lock(run.device), run.timed("ncu"):
+        with run.gpu_lock(), run.timed("ncu"):
             _ncu_pass(run, job)
 
 

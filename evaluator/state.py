@@ -7,6 +7,7 @@ imports it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
@@ -50,17 +51,27 @@ _locks_guard = threading.Lock()
 
 
 @contextlib.contextmanager
-def device_lock(device: str) -> Iterator[None]:
-    """GPU stages (reference, candidate) of all evaluations in this process run one at a time
-    per device, so timings never overlap. CPU runs are not serialised: their host-clock
-    timings are labelled not comparable anyway."""
+def device_lock(device: str, lock_dir: Path | None = None) -> Iterator[None]:
+    """GPU stages (reference, candidate, ncu) run one at a time per device: always among the
+    evaluations of this process, and with `lock_dir` also among all processes that use it (an
+    exclusive `flock` on `lock_dir/<device>.lock`, released by the kernel if the holder dies).
+    CPU runs are not serialised: their host-clock timings are labelled not comparable anyway."""
     if device == "cpu":
         yield
         return
     with _locks_guard:
         lock = _device_locks.setdefault(device, threading.Lock())
     with lock:
-        yield
+        if lock_dir is None:
+            yield
+            return
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        with open(lock_dir / f"{device.replace(':', '_')}.lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def resolve_device(requested: str) -> str:
@@ -168,6 +179,14 @@ class EvalRun:
         self.status, self.stage = status, stage
         if error is not None:
             self.error = error
+
+    def gpu_lock(self) -> contextlib.AbstractContextManager[None]:
+        """The device lock of this evaluation's GPU stages (see `device_lock`); its file lives in
+        the harness-private cache, where candidate code cannot hold it."""
+        from evaluator.isolation import private_dir
+
+        host = self.config.device_lock == "host"
+        return device_lock(self.device, private_dir(self.config.cache_dir) / "locks" if host else None)
 
     @contextlib.contextmanager
     def timed(self, name: str) -> Iterator[None]:

@@ -21,6 +21,15 @@ print(subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks
                      capture_output=True, text=True).stdout)
 PY
 git rev-parse HEAD 2>/dev/null | tee -a "$OUT/env.txt"
-python3 -m pytest -m gpu -q -rA -p no:cacheprovider --junitxml="$OUT/gpu-junit.xml" "$@" 2>&1 \
+# Every exploit-suite evaluation appends its verdict-table row here (tests/exploits).
+export KLOOP_VERDICT_LOG="$OUT/verdicts.jsonl"
+# GPU_RUN_LIMIT (seconds): stop pytest before the device call's own limit, so logs come back.
+timeout --signal=INT --kill-after=20 "${GPU_RUN_LIMIT:-100000}" \
+  python3 -m pytest -m gpu -q -rA -p no:cacheprovider --junitxml="$OUT/gpu-junit.xml" "$@" 2>&1 \
   | tee "$OUT/gpu-tests.log" | tail -80
-exit "${PIPESTATUS[0]}"
+rc=${PIPESTATUS[0]}
+if [ -s "$KLOOP_VERDICT_LOG" ]; then
+  python3 tests/exploits/verdict_table.py --from "$KLOOP_VERDICT_LOG" --device gpu \
+    > "$OUT/verdict_table.md"
+fi
+exit "$rc"
