@@ -25,6 +25,7 @@ import torch
 from evaluator.correctness import compare_outputs
 from evaluator.protocol import ProbeMsg, TrialMsg
 from evaluator.result import Backend, Violation
+from evaluator.timing import SIDE_STREAM_RATIO
 
 if TYPE_CHECKING:
     from evaluator.state import EvalRun
@@ -34,7 +35,6 @@ StaticCheck = Callable[[str, Backend, str], list[Violation]]
 TrialCheck = Callable[["EvalRun", TrialMsg], list[Violation]]
 ProbeCheck = Callable[["EvalRun", ProbeMsg], list[Violation]]
 ResultCheck = Callable[["EvalRun"], None]
-SIDE_STREAM_RATIO = 1.5
 
 
 def ast_rules(source: str, backend: Backend, policy: str) -> list[Violation]:

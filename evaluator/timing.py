@@ -20,6 +20,8 @@ from evaluator.result import TimingStats
 _MIN_FLUSH_BYTES = 256 << 20
 _MAX_WARMUP_CALLS = 1000
 _GAP_FLOOR_MS = 0.02
+# Above this sync-gap ratio, a candidate is flagged `side_stream_suspected` (catalog T1).
+SIDE_STREAM_RATIO = 1.5
 # Bound now, before any candidate code is imported into this process: a candidate that later
 # replaces `torch.cuda.synchronize` or `time.perf_counter` does not change what we call.
 _cuda_sync = torch.cuda.synchronize
@@ -133,10 +135,25 @@ def _host_trials(fn, input_sets, trials: int, l2_flush: bool = False,
     return times
 
 
-def sync_gap_ratio(fn, input_sets: Sequence[Sequence[Any]], trials: int = 10) -> float:
+def sync_gap_ratio(fn, input_sets: Sequence[Sequence[Any]], trials: int = 10,
+                   rounds: int = 3) -> float:
     """Time with a device-wide synchronize before the end event over time without (work on
     other streams is only inside the first), net of the synchronize's own cost; about 1 for
-    work on the current stream. CUDA only."""
+    work on the current stream. CUDA only.
+
+    A ratio above SIDE_STREAM_RATIO is measured again, up to `rounds` times, and the smallest
+    is returned: hidden work shows in every round, while another process's kernels time-sliced
+    into the synchronize (on an H200 running 12 evaluations at once, an honest candidate was
+    flagged once) rarely do twice."""
+    ratio = _sync_gap_once(fn, input_sets, trials)
+    for _ in range(rounds - 1):
+        if ratio <= SIDE_STREAM_RATIO:
+            break
+        ratio = min(ratio, _sync_gap_once(fn, input_sets, trials))
+    return ratio
+
+
+def _sync_gap_once(fn, input_sets: Sequence[Sequence[Any]], trials: int) -> float:
     begin, end = _cuda_event(enable_timing=True), _cuda_event(enable_timing=True)
     n = len(input_sets)
 

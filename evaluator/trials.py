@@ -59,6 +59,16 @@ class _Call:
 
 
 @dataclass
+class _Previous:
+    """The CPU copies of the outputs of the last real call in this process (see _ghost_verdict)."""
+
+    outs: list[Any] | None = None
+
+
+_PREVIOUS = _Previous()
+
+
+@dataclass
 class _Ghost:
     outs: list[Any] | None
     detail: str
@@ -95,7 +105,10 @@ def run_trial(loaded: Loaded, trial: CandTrial, job: CandidateJob, into: list[An
         launches = seen.count
     else:
         call = _call(model, args, trial, device)
-    torch.save([_saved(o) for o in call.outs], trial.output_path)
+    saved = [_saved(o) for o in call.outs]
+    torch.save(saved, trial.output_path)
+    previous = _PREVIOUS.outs
+    _PREVIOUS.outs = saved
     msgs: list[BaseModel] = [TrialMsg(
         index=trial.index, output_types=[_type_name(o) for o in call.outs],
         mutated_inputs=mutated_inputs(inputs, args), threads_grew=call.threads_grew,
@@ -106,7 +119,7 @@ def run_trial(loaded: Loaded, trial: CandTrial, job: CandidateJob, into: list[An
                              conclusive=launches is not None,
                              detail="" if launches is not None else "no kernel names to count"))
     if ghost is not None:
-        msgs.append(_ghost_verdict(ghost, call.outs, job.tolerance))
+        msgs.append(_ghost_verdict(ghost, saved, previous, job.tolerance))
     if trial.repeat_output_path is not None:
         again = _call(model, clone_all(inputs), trial, device)
         torch.save([_saved(o) for o in again.outs], trial.repeat_output_path)
@@ -226,12 +239,26 @@ def _ghost_call(loaded: Loaded, model: torch.nn.Module, inputs: list[Any], trial
     return _Ghost(outs, f"{tri.count + ext.count} kernel calls stubbed")
 
 
-def _ghost_verdict(ghost: _Ghost, real_outs: list[Any], tol: float) -> ProbeMsg:
-    """value 1: the output did not change when the kernels did nothing (they are decorative)."""
-    real = [_saved(o) for o in real_outs]
+def _ghost_verdict(ghost: _Ghost, real: list[Any], previous: list[Any] | None,
+                   tol: float) -> ProbeMsg:
+    """value 1: the output did not change when the kernels did nothing (they are decorative).
+    `previous`: the outputs of the call before, on other inputs. When they agree with this
+    call's (a degenerate problem), memory that call left behind would look like a ghost output
+    that did not change, so nothing can be concluded."""
     if ghost.outs is None or any(o is None for o in real):
         return ProbeMsg(probe="ghost", conclusive=False, detail=ghost.detail or "non-tensor output")
     types = ["torch.Tensor" if o is not None else "None" for o in ghost.outs]
     unchanged = all(d.ok for d in compare_outputs(real, ghost.outs, types, tol))
+    if unchanged and previous is not None and _agree(real, previous, types, tol):
+        return ProbeMsg(probe="ghost", conclusive=False,
+                        detail=f"{ghost.detail}; the output did not change, but the previous call "
+                               "on other inputs gave the same output (the problem is degenerate "
+                               "here), so stale memory could explain it")
     return ProbeMsg(probe="ghost", value=1.0 if unchanged else 0.0,
                     detail=f"{ghost.detail}; the output {'did not change' if unchanged else 'changed'}")
+
+
+def _agree(a: list[Any], b: list[Any], types: list[str], tol: float) -> bool:
+    if len(a) != len(b) or any(x is None for x in b):
+        return False
+    return all(d.ok for d in compare_outputs(a, b, types, tol))

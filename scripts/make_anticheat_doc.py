@@ -40,8 +40,11 @@ def render() -> str:
     ]
     for c in EXPLOITS:
         where = " + ".join(d.upper() for d in c.devices)
+        kb = str(c.kernelbench)
+        if c.gpu_kernelbench is not None:
+            kb += f" (GPU: {c.gpu_kernelbench})"
         out.append(f"| {c.id} | {_cell(c.why)} | {_cell(str(c.strict))} | "
-                   f"{_cell(str(c.kernelbench))} | {where} |")
+                   f"{_cell(kb)} | {where} |")
     out += ["", "Not catchable by a single-candidate evaluator (asserted as documented verdicts):",
             ", ".join(c.id for c in EXPLOITS if not c.catchable) + ". "
             "`tests/exploits/README.md` says why for each and what kloop does instead.", "",

@@ -152,3 +152,31 @@ def test_ghost_stubs_return_nan_laid_out_as_the_real_call_and_are_undone(monkeyp
     assert ghost.shape == real.shape == (2, 4, 4) and bool(ghost.isnan().all())
     assert other.shape == (3, 6)  # never seen: shaped like its first argument
     assert net.attn is attention and ext.attention is attention
+
+
+def test_a_high_sync_gap_ratio_is_measured_again_and_the_smallest_kept(monkeypatch):
+    from evaluator import timing
+
+    rounds = iter([2.4, 1.1, 9.0])
+    monkeypatch.setattr(timing, "_sync_gap_once", lambda fn, sets, trials: next(rounds))
+    assert timing.sync_gap_ratio(None, [[]]) == 1.1  # contention once: not flagged
+    rounds = iter([3.0, 2.0, 2.5])
+    assert timing.sync_gap_ratio(None, [[]]) == 2.0  # hidden work every time: flagged
+    rounds = iter([1.2])
+    assert timing.sync_gap_ratio(None, [[]]) == 1.2  # below the bound: measured once
+
+
+def test_ghost_check_is_inconclusive_when_other_inputs_give_the_same_output():
+    from evaluator.trials import _Ghost, _ghost_verdict
+
+    out = [torch.linspace(0, 1, 16)]
+    ghost = _Ghost([out[0].clone()], "3 kernel calls stubbed")
+    # Another input gave another output: the unchanged ghost output means decorative kernels.
+    decorative = _ghost_verdict(ghost, out, [out[0] + 1.0], 1e-4)
+    assert decorative.conclusive and decorative.value == 1.0
+    # A degenerate problem: the previous call's output is this one, and stale memory holding
+    # it would look the same, so nothing is concluded.
+    stale = _ghost_verdict(ghost, out, [out[0].clone()], 1e-4)
+    assert not stale.conclusive and "degenerate" in stale.detail
+    changed = _ghost_verdict(_Ghost([out[0] * 0], "stubbed"), out, [out[0].clone()], 1e-4)
+    assert changed.conclusive and changed.value == 0.0

@@ -35,7 +35,7 @@ def _intervals(tmp_path: Path, lock_dir: str) -> list[tuple[float, float]]:
 
 
 def _overlaps(spans: list[tuple[float, float]]) -> bool:
-    return any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
+    return any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False))
 
 
 def test_a_shared_lock_dir_serialises_processes(tmp_path):
