@@ -29,6 +29,8 @@ class Spend(BaseModel):
     cost_usd: float = 0.0
     unpriced_calls: int = 0
     """Calls whose cost is unknown (no price for the model): `cost_usd` leaves them out."""
+    unmetered_calls: int = 0
+    """Calls whose token usage is unknown (imported kernels): the token counts leave them out."""
     eval_s: float = 0.0
     wall_s: float = 0.0
 
@@ -42,14 +44,14 @@ class Spend(BaseModel):
     @classmethod
     def of_reply(cls, reply: ModelReply) -> Spend:
         u = reply.usage
+        tokens = {} if u is None else dict(
+            input_tokens=u.input_tokens, output_tokens=u.output_tokens,
+            reasoning_tokens=u.reasoning_tokens, cached_tokens=u.cached_tokens)
         return cls(
-            calls=1,
-            input_tokens=u.input_tokens,
-            output_tokens=u.output_tokens,
-            reasoning_tokens=u.reasoning_tokens,
-            cached_tokens=u.cached_tokens,
+            calls=1, **tokens,
             cost_usd=reply.cost_usd or 0.0,
             unpriced_calls=int(reply.cost_usd is None),
+            unmetered_calls=int(u is None),
         )
 
 
@@ -91,6 +93,9 @@ class Meter:
             if name == "cost_usd" and spent.unpriced_calls:
                 return (f"{self.scope} cost_usd limit cannot be enforced: {spent.unpriced_calls} "
                         "call(s) of unknown cost (add the model to the price table)")
+            if name.endswith("tokens") and spent.unmetered_calls:
+                return (f"{self.scope} {name} limit cannot be enforced: {spent.unmetered_calls} "
+                        "call(s) of unknown token usage")
             used = getattr(spent, name)
             if used >= limit:
                 unit = _UNITS.get(name, "")

@@ -8,7 +8,8 @@ the kernels with kloop's evaluator.
 What an imported turn holds (nothing is invented):
 - `code`, `code_sha256`, `kernel_path`: the file, byte for byte.
 - `messages = []` and `reply.text = ""`: KernelBench keeps neither the prompt nor the reply.
-- `reply.usage` zeros, `reply.cost_usd = None`, `spend = {calls: 1, unpriced_calls: 1}`: one
+- `reply.usage = None`, `reply.cost_usd = None`,
+  `spend = {calls: 1, unpriced_calls: 1, unmetered_calls: 1}`: one
   generation call happened, its tokens and cost are unknown (reports mark those axes unknown).
 - `reply.raw = {"kloop_import": {...}}`: where the file came from (the marker reports look for).
 - `eval = None` until rescored (reported as `unevaluated`); the episode stops with `max_turns`.
@@ -30,7 +31,7 @@ from pydantic import BaseModel, ConfigDict
 from agent.budget import Spend
 from agent.config import ConfigError, RunConfig, resolve
 from agent.episode import episode_key
-from agent.models.base import ModelReply, Usage
+from agent.models.base import ModelReply
 from agent.records import EpisodeRecord, TurnRecord, utcnow
 from agent.report.load import IMPORT_MARKER, load_run
 from agent.report.metrics import problem_rows
@@ -139,7 +140,7 @@ def import_kernelbench(src: Path, out: Path, problems_dir: Path | None = None,
         problem, code = problems[(level, number)], codes[(level, number, sample)]
         key = episode_key(problem.sha256, digest, f"sample={sample}")
         provenance = {"format": "kernelbench", "file": path.name, "folder": str(src.resolve())}
-        reply = ModelReply(text="", usage=Usage(), cost_usd=None, finish_reason=None, latency_s=0.0,
+        reply = ModelReply(text="", usage=None, cost_usd=None, finish_reason=None, latency_s=0.0,
                            model=name, raw={IMPORT_MARKER: provenance})
         spend = Spend.of_reply(reply)
         rec = TurnRecord(run_id=store.run_id, episode_key=key, episode=sample, problem_id=problem.id,

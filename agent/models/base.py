@@ -51,7 +51,9 @@ class ModelReply(BaseModel):
     """The visible answer ("" when the model returned no content)."""
     reasoning: str | None = None
     """Reasoning text where the API returns it (summaries, thinking blocks, reasoning_content)."""
-    usage: Usage
+    usage: Usage | None
+    """None: unknown (an imported kernel, whose generating call was not recorded); never zeros
+    standing in for unknown."""
     cost_usd: float | None
     """From the price table; None when the model is not in it (unknown is not free)."""
     finish_reason: str | None

@@ -112,6 +112,10 @@ def _events(run: RunData) -> list[_Event]:
 def _unavailable(run: RunData, axis: str) -> str | None:
     if axis in ("tokens", "dollars") and run.imported:
         return "imported records carry no token usage or cost"
+    if axis == "tokens":
+        unmetered = sum(t.spend.unmetered_calls for t in run.turns)
+        if unmetered:
+            return f"{unmetered} call(s) of unknown token usage"
     if axis == "dollars":
         unpriced = sum(t.spend.unpriced_calls for t in run.turns)
         if unpriced:

@@ -87,8 +87,8 @@ def render_turn(t: TurnRecord, full: bool = False, prompt: bool = True) -> list[
     if t.reply.reasoning:
         out.append(Panel(Text(_clip(t.reply.reasoning, full), style="dim"), title="reasoning", title_align="left"))
     u = t.reply.usage
-    title = (f"reply: {u.input_tokens} in / {u.output_tokens} out tokens, finish {t.reply.finish_reason}, "
-             f"{t.reply.retries} retries")
+    tokens = "usage unknown" if u is None else f"{u.input_tokens} in / {u.output_tokens} out tokens"
+    title = f"reply: {tokens}, finish {t.reply.finish_reason}, {t.reply.retries} retries"
     reply_text = t.reply.text
     if t.code is not None and "```" in reply_text:
         reply_text = reply_text.split("```")[0].rstrip() + "\n[kernel below]"

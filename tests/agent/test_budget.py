@@ -66,6 +66,25 @@ def test_unknown_cost_cannot_pass_a_dollar_limit(tmp_path):
     assert ep.spend.unpriced_calls == 1
 
 
+def test_unknown_usage_is_not_zero_tokens():
+    from agent.budget import Meter, Spend
+    from agent.config import Limits
+    from agent.models.base import ModelReply, Usage
+
+    def reply(usage):
+        return ModelReply(text="", usage=usage, cost_usd=None, finish_reason=None, latency_s=0.0,
+                          model="m", raw={})
+
+    known = Spend.of_reply(reply(Usage(input_tokens=10, output_tokens=5)))
+    unknown = Spend.of_reply(reply(None))
+    assert (known.total_tokens, known.unmetered_calls) == (15, 0)
+    assert (unknown.calls, unknown.total_tokens, unknown.unmetered_calls) == (1, 0, 1)
+    meter = Meter(Limits(total_tokens=1000), "episode")
+    meter.charge(unknown)
+    assert meter.exceeded() == ("episode total_tokens limit cannot be enforced: 1 call(s) of "
+                                "unknown token usage")
+
+
 def test_wall_clock_limit(tmp_path):
     runner, _ = make_runner(tmp_path, [priced() for _ in range(3)],
                             strategy={"turns": 3}, budget={"episode": {"wall_s": 0.0}})

@@ -52,6 +52,9 @@ def test_import_rescore_report_export_round_trip(generations, tmp_path):
     for t, name in zip(turns, KERNELS, strict=True):
         assert t.code == KERNELS[name] == (run / t.kernel_path).read_text()
         assert (t.messages, t.reply.text, t.eval, t.reply.cost_usd) == ([], "", None, None)
+        # Unknown, not zero: no token counts stand in for the generating call's usage.
+        assert t.reply.usage is None
+        assert (t.spend.calls, t.spend.unmetered_calls, t.spend.total_tokens) == (1, 1, 0)
         assert t.reply.raw["kloop_import"]["file"] == name
     assert {e.stop_reason for e in store.episodes()} == {"max_turns"}
 
