@@ -86,9 +86,8 @@ def parameter_layout(model: torch.nn.Module) -> list[list[Any]]:
     return sorted([name, list(p.shape)] for name, p in model.named_parameters())
 
 
-def reparam_model(cls: type, init: list[Any], spec: ProblemSpec, seed: int,
-                  layout: list[list[Any]] | None = None) -> torch.nn.Module | str:
-    """The reparam trial's model, built the same way in both processes, or why it cannot be.
+def reparam_model(cls: type, init: list[Any], spec: ProblemSpec, seed: int) -> torch.nn.Module:
+    """The reparam trial's model, built the same way in both processes.
 
     Built under another construction seed, so every randomly initialised parameter is redrawn
     by the same draws in both models, and with `torch.nn.init`'s constant fills (BatchNorm's and
@@ -96,13 +95,10 @@ def reparam_model(cls: type, init: list[Any], spec: ProblemSpec, seed: int,
     so constants a kernel assumes move too. Both happen inside the constructor: copies a
     candidate packs in `__init__` (pre-transposed weights, concatenated affine parameters) are
     made from the new values. Parameters still constant after that (made with `torch.zeros`
-    outside `torch.nn.init`) are perturbed afterwards, the one case a packed copy would miss.
-    `layout`: the reference's parameter layout; a model with another one cannot take part."""
+    outside `torch.nn.init`) are perturbed afterwards, the one case a packed copy would miss."""
     torch.manual_seed(_derived(seed, "construction") % (2**63))
     with torch.no_grad(), _noisy_constant_init(seed):
         model = cls(*init)
-    if layout is not None and parameter_layout(model) != layout:
-        return "its parameter names or shapes differ from the reference's"
     model = model.to(device=spec.device, dtype=_DTYPES[spec.precision])
     perturb_constant_parameters(model, seed)
     return model

@@ -120,7 +120,6 @@ def _perturbed(problem, spec, t) -> torch.nn.Module:
     can only take part when its own layout is the same."""
     assert t.perturb_seed is not None and t.layout_path is not None
     model = reparam_model(problem.Model, init_inputs(problem, spec), spec, t.perturb_seed)
-    assert isinstance(model, torch.nn.Module)
     Path(t.layout_path).write_text(json.dumps(parameter_layout(model)))
     return model
 

@@ -26,6 +26,7 @@ from evaluator.construct import (
     clone_all,
     init_inputs,
     load_problem,
+    parameter_layout,
     reparam_model,
     sync,
     to_device,
@@ -196,9 +197,11 @@ def _perturbed(loaded: Loaded, job: CandidateJob, trial: CandTrial) -> torch.nn.
     """The reparam trial's ModelNew, built as the reference's was; or why it cannot take part."""
     spec = job.problem
     assert trial.perturb_seed is not None and trial.layout_path is not None
-    layout = json.loads(Path(trial.layout_path).read_text())
-    return reparam_model(loaded.module.ModelNew, init_inputs(load_problem(spec), spec), spec,
-                         trial.perturb_seed, layout)
+    model = reparam_model(loaded.module.ModelNew, init_inputs(load_problem(spec), spec), spec,
+                          trial.perturb_seed)
+    if parameter_layout(model) != json.loads(Path(trial.layout_path).read_text()):
+        return "its parameter names or shapes differ from the reference's"
+    return model
 
 
 def _holders(loaded: Loaded, model: torch.nn.Module) -> list[dict[str, Any]]:
@@ -248,8 +251,12 @@ def _ghost_verdict(ghost: _Ghost, real: list[Any], previous: list[Any] | None,
     if ghost.outs is None or any(o is None for o in real):
         return ProbeMsg(probe="ghost", conclusive=False, detail=ghost.detail or "non-tensor output")
     types = ["torch.Tensor" if o is not None else "None" for o in ghost.outs]
-    unchanged = all(d.ok for d in compare_outputs(real, ghost.outs, types, tol))
-    if unchanged and previous is not None and _agree(real, previous, types, tol):
+
+    def same_as_real(outs: list[Any]) -> bool:
+        return all(d.ok for d in compare_outputs(real, outs, types, tol))
+
+    unchanged = same_as_real(ghost.outs)
+    if unchanged and previous is not None and same_as_real(previous):
         return ProbeMsg(probe="ghost", conclusive=False,
                         detail=f"{ghost.detail}; the output did not change, but the previous call "
                                "on other inputs gave the same output (the problem is degenerate "
@@ -257,8 +264,3 @@ def _ghost_verdict(ghost: _Ghost, real: list[Any], previous: list[Any] | None,
     return ProbeMsg(probe="ghost", value=1.0 if unchanged else 0.0,
                     detail=f"{ghost.detail}; the output {'did not change' if unchanged else 'changed'}")
 
-
-def _agree(a: list[Any], b: list[Any], types: list[str], tol: float) -> bool:
-    if len(a) != len(b) or any(x is None for x in b):
-        return False
-    return all(d.ok for d in compare_outputs(a, b, types, tol))

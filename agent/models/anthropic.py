@@ -7,15 +7,14 @@ the JSON body the server sent, which is what the log keeps.
 from __future__ import annotations
 
 import os
-import time
 
 import anthropic
-from pydantic import ValidationError
 
-from agent.errors import ProviderAbort, ProviderRetryable
-from agent.models.base import Message, ModelConfig, ModelReply, Usage, json_body, provider_slots
+from agent.errors import ProviderAbort
+from agent.models.base import Message, ModelConfig, ModelReply, Usage, provider_slots
+from agent.models.http import exchange
 from agent.pricing import load_prices
-from agent.retry import call_with_retries, classify_status
+from agent.retry import call_with_retries
 
 _FINISH = {
     "end_turn": "stop",
@@ -56,25 +55,9 @@ class AnthropicModel:
         return call_with_retries(lambda: self._once(messages), self.cfg)
 
     def _once(self, messages: list[Message]) -> ModelReply:
-        with self._slots:
-            start = time.monotonic()
-            try:
-                text = self._send(messages).http_response.text
-            except anthropic.APIStatusError as e:
-                raise classify_status(
-                    "anthropic", e.status_code, e.response.headers, e.response.text
-                ) from e
-            except anthropic.APIConnectionError as e:  # timeouts included
-                raise ProviderRetryable(f"anthropic: {type(e).__name__}: {e}") from e
-            latency = time.monotonic() - start
-        raw = json_body("anthropic", text)
-        try:
-            reply = _parse(raw)
-        except (KeyError, IndexError, TypeError, AttributeError, ValidationError) as e:
-            raise ProviderRetryable(f"anthropic: unexpected response shape ({e!r})", raw=raw) from e
-        model = reply.model or self.model
-        cost = self._prices.cost_usd(model, reply.usage)
-        return reply.model_copy(update={"model": model, "cost_usd": cost, "latency_s": latency})
+        return exchange("anthropic", lambda: self._send(messages), _parse,
+                        (anthropic.APIStatusError, anthropic.APIConnectionError),
+                        self._slots, self._prices, self.model)
 
     def _send(self, messages: list[Message]):
         kwargs: dict = {

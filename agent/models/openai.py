@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import os
 import re
-import time
 
 import openai
-from pydantic import ValidationError
 
 from agent.errors import ProviderAbort, ProviderRetryable
-from agent.models.base import Message, ModelConfig, ModelReply, Usage, json_body, provider_slots
+from agent.models.base import Message, ModelConfig, ModelReply, Usage, provider_slots
+from agent.models.http import exchange
 from agent.pricing import load_prices
-from agent.retry import call_with_retries, classify_status
+from agent.retry import call_with_retries
 
 # OpenAI's reasoning families; the Responses API is the one that returns their reasoning summaries.
 _REASONING_MODEL = re.compile(r"^(o\d|gpt-5)")
@@ -58,25 +57,9 @@ class OpenAIModel:
         send, parse = (
             (self._chat, _parse_chat) if self.api == "chat" else (self._responses, _parse_responses)
         )
-        with self._slots:
-            start = time.monotonic()
-            try:
-                text = send(messages).http_response.text
-            except openai.APIStatusError as e:
-                raise classify_status(
-                    "openai", e.status_code, e.response.headers, e.response.text
-                ) from e
-            except openai.APIConnectionError as e:  # timeouts included
-                raise ProviderRetryable(f"openai: {type(e).__name__}: {e}") from e
-            latency = time.monotonic() - start
-        raw = json_body("openai", text)
-        try:
-            reply = parse(raw)
-        except (KeyError, IndexError, TypeError, AttributeError, ValidationError) as e:
-            raise ProviderRetryable(f"openai: unexpected response shape ({e!r})", raw=raw) from e
-        model = reply.model or self.model
-        cost = self._prices.cost_usd(model, reply.usage)
-        return reply.model_copy(update={"model": model, "cost_usd": cost, "latency_s": latency})
+        return exchange("openai", lambda: send(messages), parse,
+                        (openai.APIStatusError, openai.APIConnectionError),
+                        self._slots, self._prices, self.model)
 
     def _chat(self, messages: list[Message]):
         kwargs: dict = {

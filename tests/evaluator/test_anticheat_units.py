@@ -48,8 +48,8 @@ class _PackingNet(_Net):
 def test_reparam_models_agree_and_copies_packed_in_init_stay_valid():
     layout = parameter_layout(_Net())
     a = reparam_model(_Net, [], _SPEC, 7)
-    b = reparam_model(_PackingNet, [], _SPEC, 7, layout)
-    assert isinstance(a, nn.Module) and isinstance(b, nn.Module)
+    b = reparam_model(_PackingNet, [], _SPEC, 7)
+    assert parameter_layout(a) == parameter_layout(b) == layout
     for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         assert torch.equal(pa, pb), name
     assert torch.equal(b.wt, b.fc.weight.t())
@@ -67,11 +67,6 @@ def test_reparam_models_agree_and_copies_packed_in_init_stay_valid():
     # The init functions are restored afterwards.
     assert torch.equal(nn.init.zeros_(torch.empty(3)), torch.zeros(3))
     assert torch.equal(torch.nn.modules.activation.constant_(torch.empty(2), 0.0), torch.zeros(2))
-
-
-def test_reparam_model_with_another_layout_cannot_take_part():
-    reason = reparam_model(_Net, [], _SPEC, 7, parameter_layout(_Net(4)))
-    assert reason == "its parameter names or shapes differ from the reference's"
 
 
 def test_baseline_sees_replaced_timers_and_changed_backend_flags():
