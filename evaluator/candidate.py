@@ -1,11 +1,14 @@
 """The code that runs inside the candidate process (started by `evaluator.child`).
 
-Load (import `candidate.py`, build `ModelNew` the KernelBench way) -> correctness trials on the
+Everything here runs in the process that also runs the candidate's code, so it is evidence at
+best: whatever it reports can be forged, and the harness relies on none of it for a number.
+
+Load (import `candidate.py`, build `ModelNew` as the reference was built) -> probe trials on the
 inputs the reference worker wrote (outputs saved for the harness to judge; `evaluator.trials`
-runs them with their probes) -> process-level probes (`evaluator.probes`) -> wait for the
-harness -> timing, with the refill trial halfway and the side-stream ratio after -> probes
-again -> post-timing trial -> profile. Any exception is reported as a typed error and ends the
-process; the harness turns silence (a crash) into an error itself.
+runs them with their probes: launches, ghost kernels, determinism, reparam) -> process-level
+probes (`evaluator.probes`) -> wait for the harness -> serve the harness's timed, checked calls
+(`evaluator.worker.serve`) -> probes again -> profile. Any exception is reported as a typed
+error and ends the process; the harness turns silence (a crash) into an error itself.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import base64
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 import torch
 from pydantic import BaseModel
@@ -22,6 +24,7 @@ from pydantic import BaseModel
 from evaluator.child import (
     Channel,
     apply_overrides,
+    call_server,
     error_info,
     import_candidate,
     read_control,
@@ -30,6 +33,7 @@ from evaluator.construct import (
     apply_numerics,
     construct,
     draw_inputs,
+    draw_served_inputs,
     init_inputs,
     load_problem,
     sync,
@@ -37,6 +41,7 @@ from evaluator.construct import (
 from evaluator.probes import Baseline
 from evaluator.protocol import (
     AwaitMsg,
+    CallProblemMsg,
     CandidateJob,
     CandTrial,
     CompileJob,
@@ -45,18 +50,16 @@ from evaluator.protocol import (
     ErrorMsg,
     FlagMsg,
     NeedMsg,
-    ProbeMsg,
     ProfileMsg,
-    TimingMsg,
 )
 from evaluator.result import CompileLog, ErrorInfo
-from evaluator.timing import sync_gap_ratio, time_callable
 from evaluator.trials import Loaded, run_trial
 
 log = logging.getLogger(__name__)
 
 
-def run_candidate(job: CandidateJob, ch: Channel) -> None:
+def run_candidate(job: CandidateJob, ch: Channel,
+                  call_fds: tuple[int, int, int] | None = None) -> None:
     apply_numerics(job.problem.allow_tf32)
     if job.cpu_emulation:
         from evaluator import emulation
@@ -77,55 +80,44 @@ def run_candidate(job: CandidateJob, ch: Channel) -> None:
     if job.cpu_emulation and job.triton_aot:
         triton_aot(job, ch)
     ch.send(AwaitMsg())
-    if read_control().next == "stop":
+    control = read_control()
+    if control.next != "serve":
         ch.send(DoneMsg())
         return
-    if job.timing is not None and not _timing(loaded, job, ch, base):
+    if not _serve(loaded, job, ch, base, call_fds, control.data):
         return
-    if job.post_timing is not None:
-        ch.stage("correctness")
-        if not _trial(loaded, job.post_timing, job, ch):
-            return
+    _send_all(ch, base.report("after the timed calls"))
     if job.profile:
         _profile(loaded.model, job, ch)
     ch.send(DoneMsg())
 
 
-class _TrialFailed(Exception):
-    """The trial inside the timing loop failed and was reported; stop timing."""
-
-
-def _timing(loaded: Loaded, job: CandidateJob, ch: Channel, base: Baseline) -> bool:
-    assert job.timing is not None
+def _serve(loaded: Loaded, job: CandidateJob, ch: Channel, base: Baseline,
+           call_fds: tuple[int, int, int] | None, layout: str | None) -> bool:
+    """Serve the harness's timed calls (`evaluator.worker.serve`): the harness holds the clock
+    and checks every output; nothing here measures or judges anything."""
     ch.stage("timing")
-    spec, timing = job.problem, job.timing
-    ratio = None
-    try:
-        sets = [draw_inputs(load_problem(spec), seed, spec) for seed in timing.input_seeds]
-        base.restore_l2()
+    spec = job.problem
+    raised: list[BaseException] = []
 
-        def interleaved(last: list[Any]) -> None:
-            assert job.refill is not None
-            if not _trial(loaded, job.refill, job, ch, into=list(last)):
-                raise _TrialFailed
-        stats = time_callable(
-            loaded.model, sets, device=spec.device, trials=timing.trials,
-            warmup_calls=timing.warmup_calls, warmup_ms=timing.warmup_ms,
-            l2_flush=timing.l2_flush, between=interleaved if job.refill else None,
-        )
-        if spec.device == "cuda":
-            ratio = sync_gap_ratio(loaded.model, sets)
-    except _TrialFailed:
-        return False
+    def on_problem(message: str, exc: BaseException | None) -> None:
+        if exc is None:
+            ch.send(CallProblemMsg(message=message))
+        else:
+            raised.append(exc)
+            ch.error("timing", exc, job.candidate_path, "runtime_error")
+
+    try:
+        problem = load_problem(spec)
+        server = call_server(call_fds, layout, spec.device)
+        base.restore_l2()
+        server.serve(loaded.model, lambda seed: draw_served_inputs(problem, seed, spec),
+                     on_problem)
     except BaseException as e:
-        ch.error("timing", e, job.candidate_path, "runtime_error")
+        if not raised:
+            ch.error("timing", e, job.candidate_path, "runtime_error")
         return False
-    # Judged before the timings are: a replaced timer would have produced them.
-    _send_all(ch, base.report("after timing"))
-    if ratio is not None:
-        ch.send(ProbeMsg(probe="side_stream", value=ratio))
-    ch.send(TimingMsg(name="candidate", stats=stats))
-    return True
+    return not raised
 
 
 def _send_all(ch: Channel, msgs: list[BaseModel]) -> None:
@@ -133,8 +125,7 @@ def _send_all(ch: Channel, msgs: list[BaseModel]) -> None:
         ch.send(msg)
 
 
-def _trial(loaded: Loaded, trial: CandTrial, job: CandidateJob, ch: Channel,
-           into: list[Any] | None = None) -> bool:
+def _trial(loaded: Loaded, trial: CandTrial, job: CandidateJob, ch: Channel) -> bool:
     def fetch(index: int) -> bytes:
         ch.send(NeedMsg(index=index))
         control = read_control()
@@ -143,7 +134,7 @@ def _trial(loaded: Loaded, trial: CandTrial, job: CandidateJob, ch: Channel,
         return base64.b64decode(control.data)
 
     try:
-        msgs = run_trial(loaded, trial, job, into, fetch)
+        msgs = run_trial(loaded, trial, job, fetch)
     except BaseException as e:
         _fail(ch, "correctness", e, job)
         return False
@@ -157,8 +148,7 @@ def run_forward(job: CandidateJob, ch: Channel, calls: int = 2) -> None:
     loaded = _load(job, ch)
     if loaded is None:
         return
-    inputs = draw_inputs(load_problem(job.problem), job.timing.input_seeds[0] if job.timing
-                         else 0, job.problem)
+    inputs = draw_inputs(load_problem(job.problem), 0, job.problem)
     with torch.no_grad():
         for _ in range(calls):
             loaded.model(*inputs)
@@ -188,7 +178,8 @@ def _load(job: CandidateJob, ch: Channel) -> Loaded | None:
         return None
     try:
         apply_overrides(module, spec.overrides)
-        model = construct(module.ModelNew, init_inputs(problem, spec), spec)
+        model = construct(module.ModelNew, init_inputs(problem, spec), spec,
+                          fills_in=job.fills_path)
     except BaseException as e:
         _fail(ch, "load", e, job)
         return None
@@ -230,8 +221,7 @@ def _profile(model: torch.nn.Module, job: CandidateJob, ch: Channel) -> None:
         from evaluator.profile import profile_forward
 
         problem = load_problem(job.problem)
-        seed = job.timing.input_seeds[0] if job.timing else 0
-        inputs = draw_inputs(problem, seed, job.problem)
+        inputs = draw_inputs(problem, 0, job.problem)
         names = custom_kernel_names(Path(job.candidate_path).read_text())
         summary = profile_forward(model, inputs, job.problem.device, names)
     except BaseException as e:

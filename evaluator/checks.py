@@ -25,7 +25,6 @@ import torch
 from evaluator.correctness import compare_outputs
 from evaluator.protocol import ProbeMsg, TrialMsg
 from evaluator.result import Backend, Violation
-from evaluator.timing import SIDE_STREAM_RATIO
 
 if TYPE_CHECKING:
     from evaluator.state import EvalRun
@@ -77,9 +76,15 @@ RUNTIME_RULES = {r.name: r for r in (
     RuntimeRule("nondeterministic",
                 "Two calls on the same inputs must agree: reads of uninitialised or stale memory "
                 "pass once and fail later (catalog C9); bitwise differences only are flagged."),
-    RuntimeRule("side_stream_suspected",
-                "Time that appears only with a device-wide synchronize before the end event is "
-                "work on other streams (catalog T1); flagged for review.", strict="flag"),
+    RuntimeRule("precision_below_fp32",
+                "An fp32 problem computed in lower precision (fp16, bf16, TF32) can pass a 1e-4 "
+                "tolerance on well-scaled outputs while its error against a float64 reference "
+                "is far above the fp32 reference's own (catalog C8)."),
+    RuntimeRule("clock_disagreement",
+                "The candidate process's own CUDA-event time of its forward disagrees with the "
+                "harness's clock by more than the handshake: its numbers are not its work (work "
+                "left on other streams, forged events). The harness's clock is the number of "
+                "record either way; flagged for review.", strict="flag"),
     RuntimeRule("l2_persistence",
                 "A persisting-L2 carve-out keeps the candidate's data in the L2 across the "
                 "flush between timed calls (catalog T5); kloop resets it before timing."),
@@ -205,16 +210,8 @@ def ghost(run: EvalRun, msg: ProbeMsg) -> list[Violation]:
     return [violate(run, "no_custom_kernel", f"ghost kernels: {msg.detail}")]
 
 
-# Rationale: catalog T1 (see RUNTIME_RULES); a ratio, so it only ever flags for review.
-def side_stream(run: EvalRun, msg: ProbeMsg) -> list[Violation]:
-    if msg.probe != "side_stream" or msg.value is None or msg.value <= SIDE_STREAM_RATIO:
-        return []
-    return [violate(run, "side_stream_suspected", f"timing with a device-wide synchronize "
-                    f"before the end event is {msg.value:.2f}x the plain event timing")]
-
-
 PROBE_CHECKS: list[ProbeCheck] = [identity, backend_flags, python_threads, launches, ghost,
-                                  side_stream, l2_persistence]
+                                  l2_persistence]
 
 
 def probe_violations(run: EvalRun, msg: ProbeMsg) -> list[Violation]:
@@ -266,7 +263,7 @@ def degenerate_problem(run: EvalRun) -> None:
         return
     run.flags.append("degenerate_problem")
     probe = run.problem.meta.degenerate_probe
-    if probe is None or not run.policy.degenerate_trials or f"{probe}_skipped" in run.flags:
+    if probe is None or not run.policy.degenerate_trials:
         run.flags.append("degenerate_no_probe")
 
 

@@ -114,8 +114,18 @@ def read_control() -> Control:
     return Control.model_validate_json(line) if line.strip() else Control(next="stop")
 
 
+def call_server(fds: tuple[int, int, int] | None, layout_json: str | None, device: str):
+    """The worker's end of the trusted clock's call channel, with the layout the harness sent."""
+    from evaluator.worker.serve import ServeLayout, Server
+
+    if fds is None or layout_json is None:
+        raise RuntimeError("the harness opened no call channel for this worker")
+    return Server(*fds, ServeLayout.model_validate_json(layout_json), device)
+
+
 def main(argv: list[str]) -> int:
     mode, job_path, fd = argv[1], Path(argv[2]), int(argv[3])
+    fds = tuple(int(x) for x in argv[4].split(",")) if len(argv) > 4 else None
     if mode in ("candidate", "compile"):
         from evaluator.isolation import confine_child
 
@@ -127,7 +137,7 @@ def main(argv: list[str]) -> int:
         limit_memory(job.memory_limit_bytes)
         from evaluator.candidate import run_candidate
 
-        run_candidate(job, channel)
+        run_candidate(job, channel, fds)  # type: ignore[arg-type]
     elif mode == "forward":
         from evaluator.candidate import run_forward
 
@@ -135,7 +145,7 @@ def main(argv: list[str]) -> int:
     elif mode == "reference":
         from evaluator.reference import run_reference
 
-        run_reference(ReferenceJob.model_validate_json(raw), channel)
+        run_reference(ReferenceJob.model_validate_json(raw), channel, fds)  # type: ignore[arg-type]
     elif mode == "compile":
         from evaluator.candidate import run_compile
 

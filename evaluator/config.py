@@ -38,23 +38,24 @@ class Policy(BaseModel):
     warmup_calls: int = 3
     warmup_ms: float = 25.0
     """After the warm-up calls, keep calling until this much host time has passed."""
-    timing_input_sets: int = 4
-    """Cloned input sets used round-robin during timing so a cached output cannot help."""
     speedup_stat: Literal["median", "mean"] = "median"
     """Which timing statistic the speedups are computed from."""
-    post_timing_check: bool = True
-    """Re-check the output on one more fresh input after timing."""
-    interleaved_check: bool = True
-    """Check one output on fresh data halfway through the timing loop, written into the first
-    timing input set's own tensors (phase detection, caches keyed by pointer or shape)."""
+    noisy_construction: bool = True
+    """Build every model (reference and candidate) under a secret construction seed with
+    `torch.nn.init`'s constant fills made noisy (`construct.noisy_model`): no initial value can
+    be assumed and no build can be told from another. Off: KernelBench's seed 42."""
     degenerate_trials: bool = True
-    """On problems whose output does not depend on the input at this tolerance, add the
-    problem's probe trial (`ProblemMeta.degenerate_probe`) so a constant output fails."""
+    """On problems whose output does not depend on the input at this tolerance: where the
+    problem has an input scale that makes it depend (`ProblemMeta.degenerate_input_scale`),
+    every input of every call is scaled by it; where only other weights move the output, add
+    the reparam trial."""
     reparam_trial: bool = True
-    """One trial on a second model of each side, built alike with re-randomised parameters (when
-    the candidate's parameter layout is the reference's; inside the constructor, so weights an
-    honest candidate packs in `__init__` stay valid): kernels that assume the initial weights
-    (BatchNorm's ones and zeros) or return constants fail it."""
+    """One probe trial on a second model of each side, built alike under another secret seed
+    (`construct.noisy_model`; inside the constructor, so weights an honest candidate packs in
+    `__init__` stay valid): kernels that keep weights from an earlier build fail it."""
+    precision_factor: float | None = 100.0
+    """fp32 runs: the candidate's error against a float64 reference may be at most this many
+    times the fp32 reference's own (`evaluator.harness.precision`); None: not checked."""
     require_custom_kernel: bool = False
     """Reject plain-PyTorch candidates (no kernel of their own) that would otherwise be correct.
     Off: they are judged on their outputs and flagged `no_custom_kernel`; a candidate whose own
@@ -73,8 +74,9 @@ POLICIES: dict[str, Policy] = {
     for p in (
         Policy(
             name="strict",
-            description="Isolated run, TF32 off in reference and candidate, rotated timing "
-            "inputs, re-checks during and after timing, degenerate-problem trials, runtime "
+            description="Isolated run, the harness's clock, every timed call checked on fresh "
+            "secret inputs, models built under secret seeds with noisy constant fills, TF32 off, "
+            "degenerate problems scaled into input dependence, float64 precision check, runtime "
             "anti-cheat rules and input mutation rejected; median for speedups.",
         ),
         # KernelBench main: same tolerances and trial counts, PyTorch's default backend flags,
@@ -85,10 +87,8 @@ POLICIES: dict[str, Policy] = {
             description="Reproduces KernelBench main: tol 1e-4 fp32 / 1e-2 fp16+bf16, 5 trials, "
             "PyTorch default backend flags, mean of 100 L2-flushed trials.",
             allow_tf32=None,
-            timing_input_sets=1,
             speedup_stat="mean",
-            post_timing_check=False,
-            interleaved_check=False,
+            noisy_construction=False,
             degenerate_trials=False,
             reparam_trial=False,
             input_mutation="flag",

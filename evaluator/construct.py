@@ -54,18 +54,40 @@ def init_inputs(problem: ModuleType, spec: ProblemSpec) -> list[Any]:
     return [_place(x, spec) for x in problem.get_init_inputs()]
 
 
-def construct(cls: type, init: list[Any], spec: ProblemSpec) -> torch.nn.Module:
-    """Seed 42, build on CPU without autograd, then move to the device and precision."""
+def construct(cls: type, init: list[Any], spec: ProblemSpec, fills_out: str | None = None,
+              fills_in: str | None = None) -> torch.nn.Module:
+    """The evaluation's main model. KernelBench's way (no `construction_seed`): seed 42, build on
+    CPU without autograd, then move to the device and precision. Otherwise `noisy_model` under
+    the secret construction seed (the reference writes its fills, the candidate reads them)."""
+    if spec.construction_seed is not None:
+        return noisy_model(cls, init, spec, spec.construction_seed, fills_out, fills_in)
     torch.manual_seed(CONSTRUCTION_SEED)
     with torch.no_grad():
         model = cls(*init)
     return model.to(device=spec.device, dtype=_DTYPES[spec.precision])
 
 
+def _scaled(x: Any, spec: ProblemSpec) -> Any:
+    if spec.input_scale is None or not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+        return x
+    return x * spec.input_scale
+
+
 def draw_inputs(problem: ModuleType, seed: int, spec: ProblemSpec) -> list[Any]:
-    """`get_inputs()` after seeding with `seed`, placed on the device in the run precision."""
+    """`get_inputs()` after seeding with `seed` (on CPU), placed on the device in the run
+    precision, scaled by the spec's input scale."""
     torch.manual_seed(seed)
-    return [_place(x, spec) for x in problem.get_inputs()]
+    return [_scaled(_place(x, spec), spec) for x in problem.get_inputs()]
+
+
+def draw_served_inputs(problem: ModuleType, seed: int, spec: ProblemSpec) -> list[Any]:
+    """A served call's inputs: `get_inputs()` under `seed` with the device as the default, so
+    they are drawn where they are used in microseconds (inside the harness's clock); the
+    reference worker draws the same values for the same seed on the same device."""
+    with torch.device(spec.device):
+        torch.manual_seed(seed)
+        raw = problem.get_inputs()
+    return [_scaled(_place(x, spec), spec) for x in raw]
 
 
 def scaled_inputs(inputs: list[Any], seed: int, scale: float) -> list[Any]:
@@ -81,27 +103,71 @@ def scaled_inputs(inputs: list[Any], seed: int, scale: float) -> list[Any]:
     return out
 
 
-def parameter_layout(model: torch.nn.Module) -> list[list[Any]]:
-    """[name, shape] of every parameter, sorted by name."""
-    return sorted([name, list(p.shape)] for name, p in model.named_parameters())
+def noisy_model(cls: type, init: list[Any], spec: ProblemSpec, seed: int,
+                fills_out: str | None = None, fills_in: str | None = None) -> torch.nn.Module:
+    """A model built the same way in both processes, under a construction seed of its own.
 
+    Every randomly initialised parameter is drawn under `seed`, and `torch.nn.init`'s constant
+    fills (BatchNorm's and LayerNorm's ones and zeros, MobileNetV2's explicit re-inits) are
+    replaced by seeded noisy fills, so no initial value can be assumed. Both happen inside the
+    constructor: copies a candidate packs in `__init__` (pre-transposed weights, concatenated
+    affine parameters) are made from the new values.
 
-def reparam_model(cls: type, init: list[Any], spec: ProblemSpec, seed: int) -> torch.nn.Module:
-    """The reparam trial's model, built the same way in both processes.
-
-    Built under another construction seed, so every randomly initialised parameter is redrawn
-    by the same draws in both models, and with `torch.nn.init`'s constant fills (BatchNorm's and
-    LayerNorm's ones and zeros, MobileNetV2's explicit re-inits) replaced by seeded noisy fills,
-    so constants a kernel assumes move too. Both happen inside the constructor: copies a
-    candidate packs in `__init__` (pre-transposed weights, concatenated affine parameters) are
-    made from the new values. Parameters still constant after that (made with `torch.zeros`
-    outside `torch.nn.init`) are perturbed afterwards, the one case a packed copy would miss."""
+    The reference (`fills_out`) then perturbs its parameters that are still constant (made
+    with `torch.ones`/`torch.zeros` outside `torch.nn.init`) and writes every filled or
+    perturbed parameter, in order, for the candidate. The candidate (`fills_in`) gives each of
+    its own parameters that is still constant the value of the first unclaimed reference fill
+    of the same shape (fills its constructor already reproduced bit for bit are claimed): so
+    parameters map by position and shape whatever the candidate names them, and a candidate
+    that makes its own BatchNorm affine parameters with `torch.ones` gets the reference's."""
     torch.manual_seed(_derived(seed, "construction") % (2**63))
-    with torch.no_grad(), _noisy_constant_init(seed):
+    filled: set[int] = set()
+    with torch.no_grad(), _noisy_constant_init(seed, filled):
         model = cls(*init)
     model = model.to(device=spec.device, dtype=_DTYPES[spec.precision])
-    perturb_constant_parameters(model, seed)
+    if fills_out is not None:
+        perturbed = perturb_constant_parameters(model, seed)
+        keep = [p.detach().cpu() for p in model.parameters()
+                if id(p) in perturbed or _filled(p, filled)]
+        torch.save(keep, fills_out)
+    elif fills_in is not None:
+        _take_fills(model, torch.load(fills_in, weights_only=True))
     return model
+
+
+def _filled(p: torch.Tensor, filled: set[int]) -> bool:
+    # Module.to() keeps the Parameter objects (it swaps their data), so ids still match.
+    return id(p) in filled
+
+
+def _constant(p: torch.Tensor) -> bool:
+    if not p.is_floating_point() or p.numel() == 0:
+        return False
+    flat = p.detach().reshape(-1)
+    return bool((flat == flat[0]).all())
+
+
+def _take_fills(model: torch.nn.Module, fills: list[torch.Tensor]) -> None:
+    params = list(model.parameters())
+    claimed = [False] * len(fills)
+    with torch.no_grad():
+        for p in params:
+            if _constant(p):
+                continue
+            cpu = p.detach().cpu()
+            for i, f in enumerate(fills):
+                if not claimed[i] and f.shape == cpu.shape and f.dtype == cpu.dtype and \
+                        torch.equal(f, cpu):
+                    claimed[i] = True
+                    break
+        for p in params:
+            if not _constant(p):
+                continue
+            for i, f in enumerate(fills):
+                if not claimed[i] and f.shape == p.shape:
+                    claimed[i] = True
+                    p.copy_(f.to(device=p.device, dtype=p.dtype))
+                    break
 
 
 _CONSTANT_SPREAD = 0.05
@@ -117,7 +183,7 @@ def _noise(seed: int, key: str, shape: Any) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _noisy_constant_init(seed: int) -> Iterator[None]:
+def _noisy_constant_init(seed: int, filled: set[int] | None = None) -> Iterator[None]:
     """`torch.nn.init.ones_`/`zeros_`/`constant_` fill `value + 0.05 * noise` instead, wherever
     they are bound (modules import them by name: MultiheadAttention's `constant_`). The noise
     of a tensor depends on its value, shape and the order in which distinct tensors of that
@@ -136,6 +202,8 @@ def _noisy_constant_init(seed: int) -> Iterator[None]:
                 counts[group] = counts.get(group, 0) + 1
                 keys[id(tensor)] = (tensor, f"const:{group}:{counts[group]}")
             noise = _noise(seed, keys[id(tensor)][1], tensor.shape)
+            if filled is not None:
+                filled.add(id(tensor))
             return tensor.copy_((noise + float(value)).to(device=tensor.device,
                                                           dtype=tensor.dtype))
 
@@ -158,10 +226,11 @@ def _noisy_constant_init(seed: int) -> Iterator[None]:
             namespace[name] = value
 
 
-def perturb_constant_parameters(model: torch.nn.Module, seed: int) -> None:
+def perturb_constant_parameters(model: torch.nn.Module, seed: int) -> set[int]:
     """Move every floating parameter that is still constant (all elements equal) by 0.05 times
-    seeded normal noise, computed on CPU in float32, so that the reference and the candidate,
-    given equal parameters, get bitwise-equal ones. Buffers are left alone."""
+    seeded normal noise, computed on CPU in float32. Buffers are left alone. Returns the ids of
+    the parameters it moved."""
+    moved: set[int] = set()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if not p.is_floating_point() or p.numel() == 0:
@@ -171,6 +240,8 @@ def perturb_constant_parameters(model: torch.nn.Module, seed: int) -> None:
                 continue
             noise = _noise(seed, f"param:{name}", base.shape)
             p.copy_((base + noise).to(device=p.device, dtype=p.dtype))
+            moved.add(id(p))
+    return moved
 
 
 def to_device(inputs: list[Any], device: str) -> list[Any]:

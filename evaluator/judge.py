@@ -1,12 +1,13 @@
-"""The harness's side of the candidate stage: which trials the candidate child runs, what each
-of its messages means, and the final verdict. Every verdict is made here, in the harness, from
-outputs compared against expected outputs the candidate process never held.
+"""The harness's side of the candidate stage: which probe trials the candidate child runs, what
+each of its messages means, the timed calls, and the final verdict. Every verdict is made here,
+in the harness, from outputs compared against expected outputs the candidate process never held,
+and every number comes from the harness's own clock (`evaluator.harness.clock`).
 
-Trials, in order (indices shared with the reference worker): `random` (fresh salted inputs;
-the first also counts kernel launches and is called twice for determinism, the last is preceded
-by a ghost-kernel call), `scaled_inputs` (a degenerate problem's probe), `reparam` (re-randomised
-parameters on both sides; skipped when the candidate's parameter layout differs), then `refill`
-(inside the timing loop, in the tensors of the previous timed call) and `post_timing`.
+Probe trials, in order (indices shared with the reference worker): `random` (fresh salted
+inputs; the first also counts kernel launches, is called twice for determinism and carries the
+float64 precision check, the last is preceded by a ghost-kernel call), `reparam` (a second model
+built under another secret seed on both sides; never skipped). Then the timed calls: each on a
+fresh secret seed, each output checked against the reference's for that seed.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from evaluator.checks import (
     violate,
 )
 from evaluator.correctness import compare_outputs
+from evaluator.harness.precision import precision_check
+from evaluator.harness.timed import note_call_problem, timed_calls
 from evaluator.protocol import (
     AwaitMsg,
+    CallProblemMsg,
     CandidateJob,
     CandTrial,
     CompileMsg,
@@ -41,6 +45,7 @@ from evaluator.protocol import (
     ProfileMsg,
     ReferenceJob,
     RefTrial,
+    ServeMsg,
     StageMsg,
     TimingMsg,
     TrialMsg,
@@ -53,40 +58,41 @@ STAGE_OF_CHILD = {
     "timing": "timing", "profile": "profile",
 }
 _MAX_OUTPUT_SLACK = 1 << 20
-_BEFORE_TIMING = ("random", "scaled_inputs", "reparam")
 
 
 def trial_kinds(run: EvalRun) -> list[str]:
     p, meta = run.policy, run.problem.meta
     probe = meta.degenerate_probe if p.degenerate_trials and is_degenerate(run) else None
     kinds = ["random"] * p.correct_trials
-    if probe == "scaled_inputs":
-        kinds.append("scaled_inputs")
     if p.reparam_trial or probe == "reparam":
         kinds.append("reparam")
-    if p.interleaved_check:
-        kinds.append("refill")
-    if p.post_timing_check:
-        kinds.append("post_timing")
     return kinds
 
 
+def precision_checked(run: EvalRun) -> bool:
+    return run.policy.precision_factor is not None and run.config.precision == "fp32"
+
+
 def ref_trials(run: EvalRun) -> list[RefTrial]:
-    cand = run.root / "cand"
+    cand, ref = run.root / "cand", run.root / "ref"
     return [
         RefTrial(
             index=k, kind=kind, input_seed=derive_seed(run.salt, "input", k),
             forward_seed=derive_seed(run.salt, "forward", k),
-            # The refill trial's inputs stay with the harness until the trial starts.
-            inputs_path=str(run.root / ("ref" if kind == "refill" else "cand") / f"inputs_{k}.pt"),
-            expected_path=str(run.root / "ref" / f"expected_{k}.pt"),
+            inputs_path=str(cand / f"inputs_{k}.pt"),
+            expected_path=str(ref / f"expected_{k}.pt"),
             perturb_seed=derive_seed(run.salt, "perturb", k) if kind == "reparam" else None,
-            layout_path=str(cand / f"layout_{k}.json") if kind == "reparam" else None,
-            input_scale=run.problem.meta.degenerate_input_scale
-            if kind == "scaled_inputs" else None,
+            fills_path=str(cand / f"fills_{k}.pt") if kind == "reparam" else None,
+            fp64_path=str(ref / f"expected64_{k}.pt") if k == 0 and precision_checked(run)
+            else None,
         )
         for k, kind in enumerate(trial_kinds(run))
     ]
+
+
+def served_seeds(run: EvalRun) -> list[int]:
+    """The timed calls' seeds: secret to every process but the harness and the reference."""
+    return [derive_seed(run.salt, "served", i) for i in range(run.timing_spec().trials)]
 
 
 def candidate_job(run: EvalRun, ref: ReferenceJob, build_dir: Path) -> CandidateJob:
@@ -99,21 +105,18 @@ def candidate_job(run: EvalRun, ref: ReferenceJob, build_dir: Path) -> Candidate
         CandTrial(
             index=t.index, kind=t.kind, forward_seed=t.forward_seed, inputs_path=t.inputs_path,
             output_path=str(cand / f"output_{t.index}.pt"),
-            perturb_seed=t.perturb_seed, layout_path=t.layout_path,
+            perturb_seed=t.perturb_seed, fills_path=t.fills_path,
             repeat_output_path=str(cand / "output_repeat.pt") if t.index == 0 else None,
             count_launches=kernels and t.index == 0,
             ghost=t.index == ghost,
-            inputs_from_harness=t.kind == "refill",
         )
         for t in ref.trials
     ]
-    by_kind = {t.kind: t for t in trials}
     mem = int(run.config.cpu_memory_limit_gb * (1 << 30)) if run.on_cpu else None
     return CandidateJob(
         problem=run.problem_spec(), candidate_path=str(cand / "candidate.py"),
-        backend=run.backend or "torch", trials=[t for t in trials if t.kind in _BEFORE_TIMING],
-        post_timing=by_kind.get("post_timing"), refill=by_kind.get("refill"),
-        timing=run.timing_spec(run.salt), profile=run.config.profile, ncu=run.config.ncu,
+        backend=run.backend or "torch", trials=trials, fills_path=ref.fills_path,
+        timing=run.timing_spec(), profile=run.config.profile, ncu=run.config.ncu,
         memory_limit_bytes=mem, cpu_emulation=run.on_cpu and run.backend == "triton",
         triton_aot=run.config.triton_aot, build_dir=str(build_dir),
         tolerance=run.policy.tolerance(run.config.precision),
@@ -124,8 +127,8 @@ def hold_inputs(run: EvalRun, job: CandidateJob) -> dict[int, bytes]:
     """Take the inputs of harness-held trials off the disk into memory (before the candidate
     child starts): the candidate sees them only when the trial runs."""
     held = {}
-    for t in [*job.trials, job.refill, job.post_timing]:
-        if t is not None and t.inputs_from_harness:
+    for t in job.trials:
+        if t.inputs_from_harness:
             path = Path(t.inputs_path)
             held[t.index] = path.read_bytes()
             path.unlink()
@@ -135,11 +138,10 @@ def hold_inputs(run: EvalRun, job: CandidateJob) -> dict[int, bytes]:
 def _ghost_index(run: EvalRun, ref: ReferenceJob) -> int | None:
     """The trial preceded by the ghost call: one whose inputs no earlier call saw, on the model
     the earlier calls used (a fresh model would build its lazy state with stubbed kernels).
-    The last random trial; but where the output does not depend on the input, every earlier
-    call left the right answer in memory, and only the scaled-inputs trial will do."""
-    kinds = [t.kind for t in ref.trials]
-    if is_degenerate(run):
-        return kinds.index("scaled_inputs") if "scaled_inputs" in kinds else None
+    The last random trial; but where the output does not depend on the input (a degenerate
+    problem not scaled into dependence), every earlier call left the right answer in memory."""
+    if is_degenerate(run) and run.problem_spec().input_scale is None:
+        return None
     randoms = [t.index for t in ref.trials if t.kind == "random"]
     return randoms[-1] if randoms else None
 
@@ -161,9 +163,9 @@ def _out_of_sequence(seq: Sequence, msg: Any, job: CandidateJob) -> str | None:
     if seq.done:
         return f"a {msg.kind} message after done"
     if isinstance(msg, TimingMsg):
-        if msg.name != "candidate" or seq.control != "time" or "timing" in seq.seen:
-            return f"a {msg.name} timing record it was not asked for"
-        seq.seen.add("timing")
+        return "a timing record (only the harness's clock times anything)"
+    elif isinstance(msg, ServeMsg):
+        return "a serve request (the harness decides when the candidate serves calls)"
     elif isinstance(msg, EnvMsg):
         return "an environment record (only the reference worker sends one)"
     elif type(msg) in once:
@@ -172,9 +174,6 @@ def _out_of_sequence(seq: Sequence, msg: Any, job: CandidateJob) -> str | None:
             return f"a second {key} message"
         seq.seen.add(key)
     elif isinstance(msg, TrialMsg | NeedMsg):
-        timed = {t.index for t in (job.refill, job.post_timing) if t is not None}
-        if msg.index in timed and seq.control != "time":
-            return f"a message for trial {msg.index} before timing was allowed"
         if isinstance(msg, NeedMsg) and msg.index not in seq.held:
             return f"a request for inputs of trial {msg.index} it cannot have"
     return None
@@ -209,10 +208,13 @@ def on_message(run: EvalRun, job: CandidateJob, seq: Sequence, child: Any, msg: 
         run.violations += probe_violations(run, msg)
     elif isinstance(msg, AwaitMsg):
         go = _all_passed(run, job) and not rejected(run) and not compile_failed(run)
-        seq.control = "time" if go else "stop"
-        child.send(Control(next=seq.control))
-    elif isinstance(msg, TimingMsg) and msg.name == "candidate":
-        run.timing = msg.stats
+        seq.control = "time" if go and job.timing is not None else "stop"
+        if seq.control == "time":
+            timed_calls(run, child, served_seeds(run))
+        else:
+            child.send(Control(next="stop"))
+    elif isinstance(msg, CallProblemMsg):
+        note_call_problem(run, msg.message)
     elif isinstance(msg, ProfileMsg):
         run.profile = msg.summary
     elif isinstance(msg, CompileMsg):
@@ -224,26 +226,18 @@ def on_message(run: EvalRun, job: CandidateJob, seq: Sequence, child: Any, msg: 
 
 
 def _trial_spec(job: CandidateJob, index: int) -> CandTrial | None:
-    for t in [*job.trials, job.refill, job.post_timing]:
-        if t is not None and t.index == index:
-            return t
-    return None
+    return next((t for t in job.trials if t.index == index), None)
 
 
 def _judge_trial(run: EvalRun, job: CandidateJob, msg: TrialMsg) -> None:
     spec = _trial_spec(job, msg.index)
-    if spec is None or any(t.trial == msg.index for t in run.trials) or \
-            msg.index in run.skipped_trials:
+    if spec is None or any(t.trial == msg.index for t in run.trials):
         run.violations.append(violate(run, "protocol_violation", f"the candidate process sent "
                                       f"trial {msg.index}, which is unknown or already judged"))
         return
-    if msg.skipped is not None:
-        if spec.perturb_seed is None:  # only the reparam trial may be skipped
-            run.violations.append(violate(run, "protocol_violation", f"trial {msg.index} "
-                                          "claimed to be skipped"))
-            return
-        run.skipped_trials[msg.index] = msg.skipped
-        run.flags.append(f"{spec.kind}_skipped")
+    if msg.skipped is not None:  # no trial may be skipped
+        run.violations.append(violate(run, "protocol_violation", f"trial {msg.index} claimed "
+                                      "to be skipped"))
         return
     assert run.reference is not None
     expected = run.reference.expected[msg.index]
@@ -261,6 +255,8 @@ def _judge_trial(run: EvalRun, job: CandidateJob, msg: TrialMsg) -> None:
         trial=msg.index, kind=spec.kind, passed=passed, outputs=diffs,
         message=None if passed else next((d.message for d in diffs if not d.ok), None)))
     run.violations += trial_violations(run, msg)
+    if passed and msg.index in run.reference.expected64:
+        precision_check(run, got, expected, run.reference.expected64[msg.index])
     if spec.repeat_output_path is not None and passed:
         again, problem = load_output(Path(spec.repeat_output_path), expected)
         if problem is None:
@@ -287,7 +283,7 @@ def load_output(path: Path, expected: list[Any]) -> tuple[list[Any], str | None]
 
 def _all_passed(run: EvalRun, job: CandidateJob) -> bool:
     judged = {t.trial: t.passed for t in run.trials}
-    return all(judged.get(t.index, False) for t in job.trials if t.index not in run.skipped_trials)
+    return all(judged.get(t.index, False) for t in job.trials)
 
 
 def compile_failed(run: EvalRun) -> bool:
@@ -307,20 +303,22 @@ def first_diagnostic(run: EvalRun) -> str:
 
 
 def final_verdict(run: EvalRun, job: CandidateJob) -> None:
-    expected = [t.index for t in job.trials if t.index not in run.skipped_trials]
-    if run.timing is not None:
-        expected += [t.index for t in (job.refill, job.post_timing) if t is not None]
+    expected = [t.index for t in job.trials]
     judged = {t.trial: t for t in run.trials}
     missing = [k for k in expected if k not in judged]
+    timed_failed = any(not t.passed for t in run.trials if t.kind == "timed")
     if compile_failed(run):
         run.stop("compile_error", "compile", ErrorInfo(
             type="CompileError", message=first_diagnostic(run)))
     elif rejected(run):
         run.stop("rejected", run.stage)
-    elif missing or not all(judged[k].passed for k in expected):
+    elif missing or timed_failed or not all(judged[k].passed for k in expected):
         if missing:
             run.error = ErrorInfo(type="MissingTrials", message=f"trials {missing} never ran")
         run.stop("incorrect", run.stage)
+    elif job.timing is not None and run.timing is None:
+        run.stop("runtime_error", "timing", run.error or ErrorInfo(
+            type="NoTiming", message="the timed calls did not complete"))
     elif run.backend == "torch" and run.policy.require_custom_kernel:
         run.violations.append(violate(run, "no_custom_kernel", "plain PyTorch: the candidate "
                                       "defines no kernel of its own", severity="reject"))

@@ -19,6 +19,7 @@ from evaluator.stages import (
     candidate_stage,
     compile_stage,
     reference_job,
+    reference_serving,
     reference_stage,
     static_stage,
 )
@@ -79,8 +80,8 @@ def build_baselines(problem: Problem | str, config: EvalConfig | None = None,
         problem = get_problem(problem)
     run = EvalRun.create(problem, "", config)
     try:
-        job = reference_job(run).model_copy(update={"trials": [], "rebuild_baselines": rebuild})
-        reference_stage(run, job)
+        job = reference_job(run).model_copy(update={"trials": []})
+        reference_stage(run, job, reference_serving(run, rebuild=rebuild))
     finally:
         run.cleanup()
     assert run.reference is not None

@@ -29,14 +29,12 @@ class _Rec(BaseModel):
 
 
 class TimingSpec(_Rec):
-    """How to time one callable (see `evaluator.timing.time_callable`)."""
+    """How the harness times served calls (`evaluator.harness.served`). The seeds of the timed
+    calls never appear here: they travel one by one with the calls."""
 
     trials: int
     warmup_calls: int
     warmup_ms: float
-    input_sets: int
-    input_seeds: list[int]
-    """One `get_inputs` seed per timing input set."""
     l2_flush: bool = True
 
 
@@ -49,6 +47,14 @@ class ProblemSpec(_Rec):
     device: Literal["cpu", "cuda"]
     precision: Literal["fp32", "fp16", "bf16"]
     allow_tf32: bool | None
+    construction_seed: int | None = None
+    """None: the KernelBench way (seed 42, PyTorch's own initialisation). A seed: every model of
+    the evaluation (reference and candidate, first and reparam) is built under its own secret
+    seed with `torch.nn.init`'s constant fills made noisy (`construct.noisy_model`), so no build
+    of the model can be told from another and no initial value can be assumed."""
+    input_scale: float | None = None
+    """Every floating input of every call is scaled by this (a degenerate problem under a policy
+    that probes it: the output then depends on the input at the tolerance, for every call)."""
 
 
 class RefTrial(_Rec):
@@ -61,25 +67,22 @@ class RefTrial(_Rec):
     expected_path: str
     """Written into the harness-private dir: the candidate never sees it."""
     perturb_seed: int | None = None
-    """Run this trial on a second model re-randomised with this seed (the
-    `reparam` trial: assumed weights, constants on degenerate problems)."""
-    layout_path: str | None = None
-    """With `perturb_seed`: where the reference's parameter layout is written for the candidate."""
-    input_scale: float | None = None
-    """Floating inputs are `input_scale` * standard-normal draws instead of `get_inputs()`'s
-    (the `scaled_inputs` trial of a degenerate problem)."""
+    """Run this trial on a second model built under this construction seed (the `reparam`
+    trial: weights kept from an earlier build, assumed weights, constants)."""
+    fills_path: str | None = None
+    """With `perturb_seed`: where the reference's constant-filled parameters are written for the
+    candidate (`construct.noisy_model`)."""
+    fp64_path: str | None = None
+    """Also compute this trial's output in float64 (harness-private; the precision check)."""
 
 
 class ReferenceJob(_Rec):
     problem: ProblemSpec
     trials: list[RefTrial]
+    fills_path: str | None = None
+    """Strict construction: where to write the main model's constant fills for the candidate."""
     baselines: list[Literal["eager", "compile"]]
     timing: TimingSpec | None
-    baseline_cache: str | None
-    """Directory of cached baseline records; None disables the cache."""
-    baseline_key_extra: dict[str, Any] = Field(default_factory=dict)
-    """Policy and config facts that change baseline numbers (part of the cache key)."""
-    rebuild_baselines: bool = False
 
 
 class CandTrial(_Rec):
@@ -89,9 +92,8 @@ class CandTrial(_Rec):
     inputs_path: str
     output_path: str
     perturb_seed: int | None = None
-    """Run this trial on a second ModelNew re-randomised like the reference's
-    (see RefTrial), if its parameter layout is the one at `layout_path`."""
-    layout_path: str | None = None
+    """Run this trial on a second ModelNew built like the reference's (see RefTrial)."""
+    fills_path: str | None = None
     repeat_output_path: str | None = None
     """Call again on the same inputs and save that output here (determinism check)."""
     count_launches: bool = False
@@ -108,8 +110,9 @@ class CandidateJob(_Rec):
     candidate_path: str
     backend: Backend
     trials: list[CandTrial]
-    post_timing: CandTrial | None
     timing: TimingSpec | None
+    fills_path: str | None = None
+    """The main model's constant fills from the reference (strict construction)."""
     profile: bool
     ncu: bool
     memory_limit_bytes: int | None
@@ -117,9 +120,6 @@ class CandidateJob(_Rec):
     triton_aot: bool = False
     """Under the interpreter: compile the launched Triton kernels for sm_90 too."""
     build_dir: str | None = None
-    refill: CandTrial | None = None
-    """A trial run in the middle of the timing loop, in the first timing input set's own
-    tensors (phase detection, pointer-keyed caches)."""
     tolerance: float = 1e-4
     """The policy's tolerance at this precision (the ghost check compares at it)."""
 
@@ -165,6 +165,22 @@ class TrialMsg(_Rec):
 
 ProbeName = Literal["identity", "backend_flags", "threads", "launches", "ghost", "side_stream",
                     "l2_persistence"]
+
+
+class ServeMsg(_Rec):
+    """A worker is ready to serve calls of `role` (the harness answers `serve` with the layout
+    of the shared output memory, or `skip`); `outputs` are the reference's (shape, dtype)."""
+
+    kind: Literal["serve"] = "serve"
+    role: Literal["eager", "compile", "candidate"]
+    outputs: list[tuple[list[int], str]] = Field(default_factory=list)
+
+
+class CallProblemMsg(_Rec):
+    """Why a served call's output could not be served (wrong type, shape or dtype)."""
+
+    kind: Literal["call_problem"] = "call_problem"
+    message: str
 
 
 class ProbeMsg(_Rec):
@@ -225,15 +241,16 @@ class DoneMsg(_Rec):
 
 ChildMessage = Annotated[
     StageMsg | ErrorMsg | TrialMsg | ProbeMsg | AwaitMsg | NeedMsg | TimingMsg | ProfileMsg
-    | CompileMsg | EnvMsg | FlagMsg | DoneMsg,
+    | CompileMsg | EnvMsg | FlagMsg | DoneMsg | ServeMsg | CallProblemMsg,
     Field(discriminator="kind"),
 ]
 MESSAGE = TypeAdapter(ChildMessage)
 
 
 class Control(_Rec):
-    """Harness -> candidate child: after `await`, time it or stop here; after `need`, the
-    inputs (`torch.save` bytes, base64) or stop."""
+    """Harness -> child: after `await`, time it or stop here; after `need`, the inputs
+    (`torch.save` bytes, base64) or stop; after `serve`, `serve` with the output layout (JSON)
+    in `data`, or `skip`."""
 
-    next: Literal["time", "stop", "inputs"]
+    next: Literal["time", "stop", "inputs", "serve", "skip"]
     data: str | None = None

@@ -1,61 +1,70 @@
 """The reference worker and the baseline cache.
 
-Worker side (`run_reference`, inside a child): build the reference `Model` the KernelBench way,
-draw each correctness trial's inputs from its salted seed, compute the expected outputs under
-`no_grad`, write inputs (for the candidate) and expected outputs (harness-private) to disk, and
-time the eager and torch.compile baselines with `evaluator.timing.time_callable`, cached on
-disk per problem hash + device + versions + policy + timing settings.
+Worker side (`run_reference`, inside a child): build the reference `Model` as the policy says,
+draw each probe trial's inputs from its salted seed, compute the expected outputs (and, for the
+precision check, float64 ones) under `no_grad`, write inputs (for the candidate) and expected
+outputs (harness-private) to disk; then serve the harness's calls (`evaluator.worker.serve`) on
+the eager model and on torch.compile of it.
 
-Harness side (`run_reference_worker`): spawn it, collect the results, load the expected outputs
-into memory and delete their files before any candidate process starts.
+Harness side (`collect_reference`): drive it; the eager model's served calls give the handshake
+(null calls), the eager baseline and the reference's output for every timed call's seed; the
+compile baseline is cached per problem hash + device + versions + policy + timing settings, in
+the harness-private cache. Expected outputs are loaded into memory and their files deleted
+before any candidate process starts.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
 import os
+import secrets
 import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from evaluator.child import Channel
+from evaluator.child import Channel, call_server, read_control
 from evaluator.construct import (
     apply_numerics,
     as_output_list,
     clone_all,
     construct,
     draw_inputs,
+    draw_served_inputs,
     env_info,
     init_inputs,
     load_problem,
-    parameter_layout,
-    reparam_model,
-    scaled_inputs,
+    noisy_model,
     sync,
 )
+from evaluator.harness.clock import CallResult, ChannelBroken
+from evaluator.harness.expected import ExpectedStore
+from evaluator.harness.served import CallPlan, decode, run_plan, timing_stats
 from evaluator.protocol import (
+    Control,
     DoneMsg,
     EnvMsg,
     ErrorMsg,
     FlagMsg,
     ReferenceJob,
+    ServeMsg,
     StageMsg,
-    TimingMsg,
+    TimingSpec,
 )
 from evaluator.result import EnvInfo, ErrorInfo, TimingStats
 from evaluator.sandbox import Child, ChildOutcome
-from evaluator.timing import time_callable
+from evaluator.worker.serve import OK, ServeLayout, output_specs
 
 log = logging.getLogger(__name__)
-BASELINE_SCHEMA_VERSION = 1
+BASELINE_SCHEMA_VERSION = 2
 
 
 class ReferenceFailure(RuntimeError):
@@ -85,43 +94,103 @@ class BaselineRecord(BaseModel):
 # ---- worker side ----------------------------------------------------------------------------
 
 
-def run_reference(job: ReferenceJob, ch: Channel) -> None:
+def run_reference(job: ReferenceJob, ch: Channel,
+                  call_fds: tuple[int, int, int] | None = None) -> None:
     spec = job.problem
     apply_numerics(spec.allow_tf32)
     ch.stage("reference")
     try:
-        env = env_info(spec.device)
-        ch.send(EnvMsg(env=env))
+        ch.send(EnvMsg(env=env_info(spec.device)))
         problem = load_problem(spec)
-        model = construct(problem.Model, init_inputs(problem, spec), spec)
+        init = init_inputs(problem, spec)
+        model = construct(problem.Model, init, spec, fills_out=job.fills_path)
         for t in job.trials:
-            inputs = draw_inputs(problem, t.input_seed, spec)
-            if t.input_scale is not None:
-                inputs = scaled_inputs(inputs, t.input_seed, t.input_scale)
-            torch.save(_to_cpu(inputs), t.inputs_path)
-            trial_model = model if t.perturb_seed is None else _perturbed(problem, spec, t)
-            torch.manual_seed(t.forward_seed)
+            _trial(problem, model, init, spec, t, ch)
+        specs: list | str = []
+        if job.timing is not None:
             with torch.no_grad():
-                out = trial_model(*clone_all(inputs))
-            sync(spec.device)
-            torch.save([_to_cpu_one(o) for o in as_output_list(out)], t.expected_path)
-            del trial_model
+                probe = model(*draw_served_inputs(problem, 0, spec))
+            specs = output_specs(as_output_list(probe))
+            if isinstance(specs, str):
+                raise TypeError(f"the reference's outputs cannot be served: {specs}")
     except BaseException as e:
         ch.error("reference", e, spec.path, "runtime_error")
         return
-    if job.baselines and job.timing is not None:
+    if job.timing is not None:
         ch.stage("baselines")
-        _baselines(job, model, problem, env, ch)
+        roles = ["eager"] + (["compile"] if "compile" in job.baselines else [])
+        if not _serve_roles(roles, model, problem, spec, specs, call_fds, ch):
+            return
     ch.send(DoneMsg())
 
 
-def _perturbed(problem, spec, t) -> torch.nn.Module:
-    """The reparam trial's reference model; its parameter layout goes to the candidate, which
-    can only take part when its own layout is the same."""
-    assert t.perturb_seed is not None and t.layout_path is not None
-    model = reparam_model(problem.Model, init_inputs(problem, spec), spec, t.perturb_seed)
-    Path(t.layout_path).write_text(json.dumps(parameter_layout(model)))
-    return model
+def _trial(problem, model, init, spec, t, ch: Channel) -> None:
+    inputs = draw_inputs(problem, t.input_seed, spec)
+    torch.save(_to_cpu(inputs), t.inputs_path)
+    trial_model = model if t.perturb_seed is None else noisy_model(
+        problem.Model, init, spec, t.perturb_seed, fills_out=t.fills_path)
+    torch.manual_seed(t.forward_seed)
+    with torch.no_grad():
+        out = trial_model(*clone_all(inputs))
+    sync(spec.device)
+    torch.save([_to_cpu_one(o) for o in as_output_list(out)], t.expected_path)
+    if t.fp64_path is not None:
+        _fp64(trial_model, inputs, t.forward_seed, t.fp64_path, spec.device, ch)
+
+
+def _fp64(model, inputs, forward_seed: int, path: str, device: str, ch: Channel) -> None:
+    """The same call in float64 (the precision check's yardstick); a model that cannot run in
+    float64 leaves the check out, flagged."""
+    try:
+        m64 = copy.deepcopy(model).double()
+        x64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+               for x in clone_all(inputs)]
+        torch.manual_seed(forward_seed)
+        with torch.no_grad():
+            out = m64(*x64)
+        sync(device)
+        torch.save([_to_cpu_one(o) for o in as_output_list(out)], path)
+        del m64
+    except Exception as e:
+        ch.send(FlagMsg(flag=f"precision_check_unavailable: {type(e).__name__}: {str(e)[:160]}"))
+
+
+def _serve_roles(roles: list[str], model, problem, spec, specs, call_fds, ch: Channel) -> bool:
+    """Serve the harness's calls, first on the eager model (their outputs are what every timed
+    call of the candidate is checked against), then on torch.compile of it. False when the
+    eager model failed (the reference failed)."""
+    server = None
+    for role in roles:
+        ch.send(ServeMsg(role=role, outputs=specs))
+        control = read_control()
+        if control.next != "serve":
+            continue
+        failed: list[str] = []
+
+        def on_problem(message: str, exc: BaseException | None, role=role, failed=failed) -> None:
+            failed.append(message)
+            if role == "eager":
+                if exc is not None:
+                    ch.error("baselines", exc, spec.path, "runtime_error")
+                else:
+                    ch.send(ErrorMsg(stage="baselines", status="runtime_error", error=ErrorInfo(
+                        type="ReferenceOutput", message=message)))
+            else:
+                detail = f"{type(exc).__name__}: {str(exc)[:200]}" if exc else message
+                ch.send(FlagMsg(flag=f"baseline_{role}_failed: {detail}"))
+
+        try:
+            server = server or call_server(call_fds, control.data, spec.device)
+            fn = model
+            if role == "compile":
+                torch._dynamo.reset()
+                fn = torch.compile(model)
+            server.serve(fn, lambda seed: draw_served_inputs(problem, seed, spec), on_problem)
+        except BaseException as e:
+            on_problem(str(e), e)
+        if failed and role == "eager":
+            return False
+    return True
 
 
 def _to_cpu_one(x: Any) -> Any:
@@ -134,60 +203,6 @@ def _to_cpu(xs: list[Any]) -> list[Any]:
 
 def baseline_key(fields: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _baselines(job: ReferenceJob, model, problem, env: EnvInfo, ch: Channel) -> None:
-    spec, timing = job.problem, job.timing
-    assert timing is not None
-    fields = {
-        "problem_sha256": spec.sha256, "overrides": spec.overrides, "precision": spec.precision,
-        "allow_tf32": spec.allow_tf32, "device": env.device_name, "gpu_arch": env.gpu_arch,
-        "torch": env.torch, "cuda": env.cuda, "timing": timing.model_dump(),
-        **job.baseline_key_extra,
-    }
-    key = baseline_key(fields)
-    path = Path(job.baseline_cache) / f"{key}.json" if job.baseline_cache else None
-    record = None
-    if path is not None and path.exists() and not job.rebuild_baselines:
-        record = BaselineRecord.model_validate_json(path.read_text())
-    record = record or BaselineRecord(key=key, key_fields=fields, env=env, updated_at="")
-    sets = [draw_inputs(problem, seed, spec) for seed in timing.input_seeds]
-    changed = False
-    for name in job.baselines:
-        attr = "eager" if name == "eager" else "compiled"
-        cached = getattr(record, attr)
-        if cached is None:
-            cached = _time_baseline(name, model, sets, job, ch)
-            if cached is None:
-                continue
-            setattr(record, attr, cached)
-            changed = True
-            ch.send(TimingMsg(name=name, stats=cached))
-        else:
-            ch.send(TimingMsg(name=name, stats=cached, cached=True))
-    if changed and path is not None:
-        record.updated_at = datetime.now(timezone.utc).isoformat()
-        _atomic_write(path, record.model_dump_json(indent=1))
-
-
-def _time_baseline(name: Literal["eager", "compile"], model, sets, job: ReferenceJob,
-                   ch: Channel) -> TimingStats | None:
-    timing = job.timing
-    assert timing is not None
-    try:
-        fn = model
-        if name == "compile":
-            torch._dynamo.reset()
-            fn = torch.compile(model)
-        return time_callable(
-            fn, sets, device=job.problem.device, trials=timing.trials,
-            warmup_calls=timing.warmup_calls, warmup_ms=timing.warmup_ms,
-            l2_flush=timing.l2_flush,
-        )
-    except Exception as e:
-        # A baseline that cannot be timed leaves its speedup empty; the candidate is unaffected.
-        ch.send(FlagMsg(flag=f"baseline_{name}_failed: {type(e).__name__}: {str(e)[:200]}"))
-        return None
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -207,6 +222,13 @@ class ReferenceOutput:
 
     env: EnvInfo | None = None
     expected: dict[int, list[Any]] = field(default_factory=dict)
+    """The probe trials' expected outputs, by trial index."""
+    expected64: dict[int, list[Any]] = field(default_factory=dict)
+    """float64 outputs of the trials that carry the precision check."""
+    served: ExpectedStore | None = None
+    """The reference's outputs of the timed calls (one per seed of `Serving.seeds`)."""
+    layout: ServeLayout | None = None
+    handshake_ms: float | None = None
     eager: TimingStats | None = None
     compiled: TimingStats | None = None
     flags: list[str] = field(default_factory=list)
@@ -215,7 +237,23 @@ class ReferenceOutput:
     """Wall time of the worker's stages (`ref_reference`, `ref_baselines`)."""
 
 
-def collect_reference(child: Child, job: ReferenceJob) -> ReferenceOutput:
+@dataclass
+class Serving:
+    """How the harness drives the reference worker's served calls."""
+
+    seeds: list[int]
+    """The timed calls' secret seeds; the candidate is called on the same ones."""
+    timing: TimingSpec
+    on_cuda: bool
+    budget_s: float
+    null_calls: int
+    cache_dir: Path | None
+    """Baseline records (harness-private); None: no cache."""
+    key_extra: dict[str, Any]
+    rebuild: bool = False
+
+
+def collect_reference(child: Child, job: ReferenceJob, serving: Serving | None) -> ReferenceOutput:
     """Drive a started reference worker to the end; raise `ReferenceFailure` if it fails."""
     out = ReferenceOutput()
     error: ErrorInfo | None = None
@@ -228,8 +266,11 @@ def collect_reference(child: Child, job: ReferenceJob) -> ReferenceOutput:
             mark = (msg.stage, time.monotonic())
         elif isinstance(msg, EnvMsg):
             out.env = msg.env
-        elif isinstance(msg, TimingMsg):
-            setattr(out, "eager" if msg.name == "eager" else "compiled", msg.stats)
+        elif isinstance(msg, ServeMsg):
+            if serving is None or error is not None:
+                child.send(Control(next="skip"))
+            else:
+                _serve(child, msg, serving, out)
         elif isinstance(msg, FlagMsg):
             out.flags.append(msg.flag)
         elif isinstance(msg, ErrorMsg):
@@ -238,12 +279,94 @@ def collect_reference(child: Child, job: ReferenceJob) -> ReferenceOutput:
             done = True
     outcome = child.outcome()
     out.wall_s = outcome.wall_s
-    if not done:
+    if not done or error is not None:
         raise ReferenceFailure(_failure_text(outcome, error), error, outcome.stderr_tail)
     for t in job.trials:
         out.expected[t.index] = torch.load(t.expected_path, weights_only=True)
         os.unlink(t.expected_path)
+        if t.fp64_path is not None and os.path.exists(t.fp64_path):
+            out.expected64[t.index] = torch.load(t.fp64_path, weights_only=True)
+            os.unlink(t.fp64_path)
     return out
+
+
+def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput) -> None:
+    assert child.calls is not None
+    layout = ServeLayout.of(msg.outputs)
+    child.calls.set_layout(layout)
+    out.layout = layout
+    record, path = _cached(serving, out)
+    if msg.role == "compile" and record is not None and record.compiled is not None:
+        out.compiled = record.compiled
+        child.send(Control(next="skip"))
+        return
+    child.send(Control(next="serve", data=layout.model_dump_json()))
+    eager = msg.role == "eager"
+    if eager:
+        out.served = ExpectedStore(len(serving.seeds))
+    failed: list[int] = []
+
+    def on_output(i: int, r: CallResult) -> bool:
+        if r.status != OK or r.data is None:
+            failed.append(i)
+            return False
+        if eager and out.served is not None:
+            out.served.add(i, decode(layout, r.data))
+        return True
+
+    t = serving.timing
+    plan = CallPlan(
+        seeds=serving.seeds if eager else [secrets.randbits(62) for _ in serving.seeds],
+        warmup_calls=t.warmup_calls, warmup_ms=t.warmup_ms,
+        null_calls=serving.null_calls if eager else 0, prep=t.l2_flush)
+    try:
+        served = run_plan(child.calls, plan, serving.budget_s, on_output)
+    except ChannelBroken as e:
+        child.kill(e.kind)
+        raise ReferenceFailure(f"the reference worker's {msg.role} calls failed: {e}") from None
+    finally:
+        child.calls.stop()
+    if failed or len(served.wall_ms) < len(plan.seeds):
+        return  # the worker reported why (an error for eager, a flag for compile)
+    if eager:
+        out.handshake_ms = served.handshake_ms()
+        out.eager = timing_stats(served, out.handshake_ms, on_cuda=serving.on_cuda)
+    else:
+        out.compiled = timing_stats(served, out.handshake_ms, on_cuda=serving.on_cuda)
+        _store(path, record, out, serving)
+
+
+def _key_fields(serving: Serving, env: EnvInfo) -> dict[str, Any]:
+    return {
+        "device": env.device_name, "gpu_arch": env.gpu_arch, "torch": env.torch,
+        "cuda": env.cuda, "timing": serving.timing.model_dump(), "clock": "harness",
+        "n_calls": len(serving.seeds), **serving.key_extra,
+    }
+
+
+def _cached(serving: Serving, out: ReferenceOutput) -> tuple[BaselineRecord | None, Path | None]:
+    if serving.cache_dir is None or out.env is None:
+        return None, None
+    fields = _key_fields(serving, out.env)
+    key = baseline_key(fields)
+    path = serving.cache_dir / f"{key}.json"
+    if serving.rebuild or not path.exists():
+        return None, path
+    try:
+        return BaselineRecord.model_validate_json(path.read_text()), path
+    except ValueError:
+        return None, path
+
+
+def _store(path: Path | None, record: BaselineRecord | None, out: ReferenceOutput,
+           serving: Serving) -> None:
+    if path is None or out.env is None:
+        return
+    fields = _key_fields(serving, out.env)
+    record = BaselineRecord(key=baseline_key(fields), key_fields=fields, env=out.env,
+                            eager=out.eager, compiled=out.compiled,
+                            updated_at=datetime.now(timezone.utc).isoformat())
+    _atomic_write(path, record.model_dump_json(indent=1))
 
 
 def _failure_text(outcome: ChildOutcome, error: ErrorInfo | None) -> str:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-EVAL_SCHEMA_VERSION = 1
+EVAL_SCHEMA_VERSION = 2
 
 Status = Literal[
     "compile_error",  # the candidate did not build (Python syntax, nvcc, Triton compile)
@@ -121,6 +121,18 @@ class CorrectnessTrial(_Record):
     message: str | None = None
 
 
+class PrecisionCheck(_Record):
+    """The candidate's error against a float64 run of the reference, next to the fp32
+    reference's own (relative RMS over all floating outputs of the first probe trial)."""
+
+    candidate_rel_err: float
+    reference_rel_err: float
+    factor: float
+    """Flagged `precision_below_fp32` when candidate > factor * max(reference, floor)."""
+    floor: float
+    ok: bool
+
+
 class TimingStats(_Record):
     median_ms: float
     mean_ms: float
@@ -129,9 +141,20 @@ class TimingStats(_Record):
     max_ms: float
     iqr_ms: float
     n_trials: int
-    clock: Literal["cuda_event", "host"]
+    clock: Literal["cuda_event", "host", "harness"]
+    """Which clock produced the numbers. `harness`: the trusted clock (`evaluator.harness.clock`),
+    wall time in the harness process from the call's request to the copy of its output, net of
+    the handshake; `cuda_event`/`host`: timed inside a worker (records from before 0.2)."""
     comparable: bool
-    """False for host-clock timings on CPU: they are not comparable with GPU numbers."""
+    """False for timings on CPU: they are not comparable with GPU numbers."""
+    raw_median_ms: float | None = None
+    """`harness` clock: the median before the handshake was taken off."""
+    handshake_ms: float | None = None
+    """`harness` clock: the median of null calls (same request, inputs and output copy, no
+    model) in the trusted reference worker, taken off every call."""
+    worker_event_median_ms: float | None = None
+    """The worker's own CUDA-event median of the forward: what the process says, kept as a
+    cross-check only (a candidate's process can forge it)."""
 
 
 class ProfileKernel(_Record):
@@ -207,6 +230,7 @@ class EvalResult(_Record):
     speedup_vs_eager: float | None = None
     speedup_vs_compile: float | None = None
     profile: ProfileSummary | None = None
+    precision: PrecisionCheck | None = None
     violations: list[Violation] = Field(default_factory=list)
     flags: list[str] = Field(default_factory=list)
     error: ErrorInfo | None = None

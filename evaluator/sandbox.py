@@ -24,6 +24,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from evaluator import isolation
+from evaluator.harness.clock import CallChannel
 from evaluator.isolation import SandboxPlan
 from evaluator.protocol import MESSAGE, ChildMessage, ChildMode, Control, StageMsg
 
@@ -112,8 +113,10 @@ class Child:
 
     def __init__(self, mode: ChildMode, job: BaseModel, workdir: Path, env: dict[str, str],
                  timeouts: dict[str, float], rss_limit_bytes: int | None, tail_bytes: int,
-                 sandbox: SandboxPlan | None = None):
+                 sandbox: SandboxPlan | None = None, serves: bool = False):
         self.mode, self.workdir, self.env = mode, workdir, env
+        self.calls: CallChannel | None = CallChannel.open() if serves else None
+        """The trusted clock's call channel (`evaluator.harness.clock`) when the child serves."""
         self.sandbox = sandbox
         self.timeouts = timeouts
         self.rss_limit = rss_limit_bytes
@@ -135,18 +138,24 @@ class Child:
         self._set_stage("startup")
         isolation.harden_harness()
         identity = self._identity()
+        argv = [sys.executable, "-m", "evaluator.child", self.mode, str(self.job_path),
+                str(write_fd)]
+        fds: tuple[int, ...] = (write_fd,)
+        if self.calls is not None:
+            argv.append(",".join(map(str, self.calls.child_fds())))
+            fds += self.calls.child_fds()
         try:
             with isolation.SPAWN_LOCK:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "evaluator.child", self.mode, str(self.job_path),
-                     str(write_fd)],
-                    cwd=self.workdir, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, pass_fds=(write_fd,), start_new_session=True,
-                    **identity,
+                    argv, cwd=self.workdir, env=self.env, stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=fds,
+                    start_new_session=True, **identity,
                 )
                 isolation.register(self.proc.pid)
         finally:
             os.close(write_fd)
+            if self.calls is not None:
+                self.calls.spawned()
         self._spawn(self._read_messages, os.fdopen(read_fd, "rb"))
         self._spawn(self._read_tail, self.proc.stdout, self.tails[0])
         self._spawn(self._read_tail, self.proc.stderr, self.tails[1])
@@ -158,6 +167,12 @@ class Child:
         self._reap()
         for t in self._threads:
             t.join(timeout=5)
+        if self.calls is not None:
+            self.calls.close()
+
+    def kill(self, reason: str) -> None:
+        """Kill the child now (the harness saw it break a rule or run out of time)."""
+        self._kill(reason)
 
     def _identity(self) -> dict:
         plan = self.sandbox

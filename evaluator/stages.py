@@ -25,6 +25,7 @@ from evaluator.judge import (
     hold_inputs,
     on_message,
     ref_trials,
+    served_seeds,
 )
 from evaluator.protocol import (
     CandidateJob,
@@ -34,7 +35,7 @@ from evaluator.protocol import (
     ErrorMsg,
     ReferenceJob,
 )
-from evaluator.reference import collect_reference
+from evaluator.reference import Serving, collect_reference
 from evaluator.result import ErrorInfo
 from evaluator.sandbox import child_env
 from evaluator.state import EvalRun, cuda_arch_list
@@ -135,30 +136,51 @@ def _build_env(run: EvalRun) -> dict[str, str]:
     return env
 
 
-def reference_stage(run: EvalRun, job: ReferenceJob | None = None) -> None:
-    """Reference worker: correctness inputs (to the candidate's dir), expected outputs (kept in
-    the harness's memory only), baselines (cached)."""
+def reference_stage(run: EvalRun, job: ReferenceJob | None = None,
+                    serving: Serving | None = None) -> None:
+    """Reference worker: probe-trial inputs (to the candidate's dir) and expected outputs (kept
+    in the harness's memory only); then its served calls, timed by the harness: the handshake,
+    the eager baseline and the expected output of every timed call; the compile baseline."""
     run.stage = "correctness"
     job = job or reference_job(run)
+    serving = serving or reference_serving(run)
     with run.gpu_lock(), run.timed("reference"):
         env = {"TORCHINDUCTOR_CACHE_DIR": str(private_dir(run.config.cache_dir) / "inductor")}
         with run.spawn("reference", job, run.root / "ref", ["reference", "baselines"],
-                       env) as child:
-            out = collect_reference(child, job)
+                       env, serves=True) as child:
+            out = collect_reference(child, job, serving)
     # It holds every trial's seeds; gone before any candidate code runs.
     (run.root / "ref" / "job_reference.json").unlink(missing_ok=True)
     run.reference = out
     run.stage_seconds.update(out.stage_seconds)
-    run.env, run.eager, run.compiled = out.env, out.eager, out.compiled
+    kinds = job.baselines
+    run.env = out.env
+    run.eager = out.eager if "eager" in kinds else None
+    run.compiled = out.compiled if "compile" in kinds else None
     run.flags += out.flags
 
 
 def reference_job(run: EvalRun) -> ReferenceJob:
     return ReferenceJob(
         problem=run.problem_spec(), trials=ref_trials(run), baselines=baseline_kinds(run),
-        timing=run.timing_spec("baseline"),
-        baseline_cache=str(private_dir(run.config.cache_dir) / "baselines"),
-        baseline_key_extra={"policy": run.policy.name},
+        timing=run.timing_spec(),
+        fills_path=str(run.root / "cand" / "fills_main.pt")
+        if run.policy.noisy_construction else None,
+    )
+
+
+def reference_serving(run: EvalRun, rebuild: bool = False) -> Serving:
+    spec = run.problem_spec()
+    seeds = served_seeds(run)
+    return Serving(
+        seeds=seeds, timing=run.timing_spec(), on_cuda=not run.on_cpu,
+        budget_s=run.config.timeouts.baselines,
+        null_calls=3 if run.on_cpu else max(10, len(seeds) // 4),
+        cache_dir=private_dir(run.config.cache_dir) / "baselines", rebuild=rebuild,
+        key_extra={"policy": run.policy.name, "problem_sha256": spec.sha256,
+                   "overrides": spec.overrides, "precision": spec.precision,
+                   "allow_tf32": spec.allow_tf32, "input_scale": spec.input_scale,
+                   "construction": "noisy" if spec.construction_seed is not None else "seed42"},
     )
 
 
@@ -179,7 +201,7 @@ def candidate_stage(run: EvalRun) -> None:
     with run.gpu_lock(), run.timed("candidate"):
         with run.spawn("candidate", job, run.root / "cand",
                        ["load", "correctness", "timing", "profile", "compile"],
-                       _candidate_env(run)) as child:
+                       _candidate_env(run), serves=True) as child:
             for msg in child.messages():
                 done = on_message(run, job, seq, child, msg) or done
             outcome = child.outcome()

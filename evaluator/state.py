@@ -35,6 +35,7 @@ from evaluator.result import (
     EnvInfo,
     ErrorInfo,
     EvalResult,
+    PrecisionCheck,
     ProfileSummary,
     Stage,
     Status,
@@ -137,8 +138,7 @@ class EvalRun:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     env: EnvInfo | None = None
     reference: ReferenceOutput | None = None
-    skipped_trials: dict[int, str] = field(default_factory=dict)
-    """Trials the candidate could not take part in (index -> why); not required to pass."""
+    precision: PrecisionCheck | None = None
     sandbox: SandboxPlan | None = None
     """How candidate code runs (uid, capabilities); see `evaluator.isolation`."""
     _mark: tuple[str, float] | None = None
@@ -206,26 +206,33 @@ class EvalRun:
         self._mark = (name, now) if name is not None else None
 
     def problem_spec(self) -> ProblemSpec:
+        p, meta = self.policy, self.problem.meta
+        scale = None
+        if p.degenerate_trials and meta.degenerate_probe == "scaled_inputs":
+            from evaluator.checks import is_degenerate
+
+            scale = meta.degenerate_input_scale if is_degenerate(self) else None
         return ProblemSpec(
             path=str(self.problem.path), sha256=self.problem.sha256,
             overrides=self.config.problem_overrides, device=self.child_device,
-            precision=self.config.precision, allow_tf32=self.policy.allow_tf32,
+            precision=self.config.precision, allow_tf32=p.allow_tf32,
+            construction_seed=derive_seed(self.salt, "construction", 0)
+            if p.noisy_construction else None,
+            input_scale=scale,
         )
 
-    def timing_spec(self, salt: str) -> TimingSpec:
+    def timing_spec(self) -> TimingSpec:
         p, c = self.policy, self.config
-        n_sets = max(1, p.timing_input_sets)
         return TimingSpec(
             trials=c.cpu_timing_trials if self.on_cpu else p.timing_trials,
             warmup_calls=c.cpu_warmup_calls if self.on_cpu else p.warmup_calls,
             warmup_ms=0.0 if self.on_cpu else p.warmup_ms,
-            input_sets=n_sets,
-            input_seeds=[derive_seed(salt, "timing", i) for i in range(n_sets)],
             l2_flush=not self.on_cpu,
         )
 
     def spawn(self, mode, job, workdir: Path, stages: list[str],
-              extra_env: dict[str, str] | None = None, device: str | None = None) -> Child:
+              extra_env: dict[str, str] | None = None, device: str | None = None,
+              serves: bool = False) -> Child:
         c = self.config
         timeouts = {"startup": c.timeouts.startup}
         timeouts.update({s: getattr(c.timeouts, s) for s in stages})
@@ -236,7 +243,8 @@ class EvalRun:
         rss = int(c.host_rss_limit_gb * (1 << 30))
         # Candidate code runs in the candidate and compile children (importing it builds).
         plan = self.sandbox if mode in ("candidate", "compile") else None
-        child = Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes, plan)
+        child = Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes, plan,
+                      serves=serves)
         if plan is not None:
             isolation.give_to(plan, workdir)
             if plan.same_uid:
@@ -290,6 +298,7 @@ class EvalRun:
             correctness=self.trials, timing=self.timing, eager=self.eager,
             compiled=self.compiled, speedup_vs_eager=self.speedup(self.eager),
             speedup_vs_compile=self.speedup(self.compiled), profile=self.profile,
+            precision=self.precision,
             violations=self.violations, flags=sorted(set(self.flags)), error=self.error,
             stage_seconds=self.stage_seconds, env=self.env, started_at=self.started_at,
         )

@@ -5,16 +5,14 @@ call under `no_grad`; the outputs saved for the harness to judge. Around the cal
 started during it, and whether the output still changes after it returned (deferred work). As
 the harness asks per trial: count the candidate's own kernel launches, call again on the same
 inputs (determinism), call once first with the kernels replaced by no-ops (ghost kernels), or run
-on a second ModelNew re-randomised like the reference's (the reparam trial).
+on a second ModelNew built like the reference's second model (the reparam trial).
 """
 
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -26,8 +24,7 @@ from evaluator.construct import (
     clone_all,
     init_inputs,
     load_problem,
-    parameter_layout,
-    reparam_model,
+    noisy_model,
     sync,
     to_device,
 )
@@ -75,12 +72,10 @@ class _Ghost:
     detail: str
 
 
-def run_trial(loaded: Loaded, trial: CandTrial, job: CandidateJob, into: list[Any] | None = None,
+def run_trial(loaded: Loaded, trial: CandTrial, job: CandidateJob,
               fetch: Callable[[int], bytes] | None = None) -> list[BaseModel]:
-    """Run one trial; returns the messages for the harness, the TrialMsg first. `into`: write
-    the inputs into these tensors and call on them (the trial inside the timing loop). `fetch`:
-    gets the `torch.save` bytes of inputs the harness holds. Raises whatever the candidate
-    raised."""
+    """Run one trial; returns the messages for the harness, the TrialMsg first. `fetch`: gets
+    the `torch.save` bytes of inputs the harness holds. Raises whatever the candidate raised."""
     device = job.problem.device
     if trial.inputs_from_harness:
         assert fetch is not None
@@ -88,13 +83,9 @@ def run_trial(loaded: Loaded, trial: CandTrial, job: CandidateJob, into: list[An
     else:
         source = trial.inputs_path
     inputs = to_device(torch.load(source, weights_only=True), device)
-    model = loaded.model
-    if trial.perturb_seed is not None:
-        model = _perturbed(loaded, job, trial)
-        if isinstance(model, str):
-            return [TrialMsg(index=trial.index, output_types=[], skipped=model)]
+    model = loaded.model if trial.perturb_seed is None else _perturbed(loaded, job, trial)
     ghost = _ghost_call(loaded, model, inputs, trial, job) if trial.ghost else None
-    args = _fill(into, inputs) if into is not None else clone_all(inputs)
+    args = clone_all(inputs)
     launches: int | None = None
     if trial.count_launches and device == "cuda":
         with record_extension_outputs(_holders(loaded, model)):
@@ -180,28 +171,12 @@ def _type_name(obj: Any) -> str:
     return "torch.Tensor" if t is torch.Tensor else f"{t.__module__}.{t.__qualname__}"
 
 
-def _fill(into: list[Any], inputs: list[Any]) -> list[Any]:
-    """The timed input tensors with this trial's values copied in (same storage, so a cache
-    keyed by pointer, id or shape answers with what it saw for the old values)."""
-    out = []
-    for dst, src in zip(into, inputs, strict=True):
-        same = (isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor)
-                and dst.shape == src.shape and dst.dtype == src.dtype and dst.device == src.device)
-        if same:
-            dst.copy_(src)
-        out.append(dst if same else (src.clone() if isinstance(src, torch.Tensor) else src))
-    return out
-
-
-def _perturbed(loaded: Loaded, job: CandidateJob, trial: CandTrial) -> torch.nn.Module | str:
-    """The reparam trial's ModelNew, built as the reference's was; or why it cannot take part."""
+def _perturbed(loaded: Loaded, job: CandidateJob, trial: CandTrial) -> torch.nn.Module:
+    """The reparam trial's ModelNew, built as the reference's was (`construct.noisy_model`)."""
     spec = job.problem
-    assert trial.perturb_seed is not None and trial.layout_path is not None
-    model = reparam_model(loaded.module.ModelNew, init_inputs(load_problem(spec), spec), spec,
-                          trial.perturb_seed)
-    if parameter_layout(model) != json.loads(Path(trial.layout_path).read_text()):
-        return "its parameter names or shapes differ from the reference's"
-    return model
+    assert trial.perturb_seed is not None
+    return noisy_model(loaded.module.ModelNew, init_inputs(load_problem(spec), spec), spec,
+                       trial.perturb_seed, fills_in=trial.fills_path)
 
 
 def _holders(loaded: Loaded, model: torch.nn.Module) -> list[dict[str, Any]]:

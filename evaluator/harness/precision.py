@@ -1,0 +1,65 @@
+"""The precision check: an fp32 problem must be computed at about fp32's accuracy.
+
+Both the candidate's output and the fp32 reference's are compared with a float64 run of the
+reference on the same inputs (relative RMS error over all floating outputs). A candidate whose
+error is more than `Policy.precision_factor` times the reference's own (or the floor, fp32's
+unit roundoff, when the reference's is smaller) computed in a lower precision. Why 100: an fp32
+kernel that sums in another order, uses fused multiply-adds or fast-math intrinsics stays within
+a few times the reference's error (measured on the honest suite); TF32 and fp16 carry 2^-11
+relative rounding (about 8000 times fp32's 2^-24) and bf16 2^-8, so their errors land thousands
+of times higher. 100 leaves an order of magnitude of room on either side.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from evaluator.checks import violate
+from evaluator.result import PrecisionCheck
+
+if TYPE_CHECKING:
+    from evaluator.state import EvalRun
+
+FLOOR = 2.0 ** -24
+
+
+def relative_rms(x: torch.Tensor, ref64: torch.Tensor) -> float | None:
+    """||x - ref64|| / ||ref64||, in float64; None when it cannot be measured (non-finite
+    values, an all-zero reference)."""
+    r = ref64.to(torch.float64)
+    d = x.to(torch.float64) - r
+    if not bool(torch.isfinite(r).all()) or not bool(torch.isfinite(d).all()):
+        return None
+    norm = float(r.norm())
+    return float(d.norm()) / norm if norm > 0 else None
+
+
+def _worst(outs: list[Any], outs64: list[Any]) -> float | None:
+    errs = []
+    for x, r in zip(outs, outs64, strict=False):
+        if isinstance(x, torch.Tensor) and isinstance(r, torch.Tensor) and \
+                x.is_floating_point() and r.is_floating_point() and x.shape == r.shape:
+            e = relative_rms(x, r)
+            if e is not None:
+                errs.append(e)
+    return max(errs) if errs else None
+
+
+def precision_check(run: EvalRun, got: list[Any], expected: list[Any],
+                    expected64: list[Any]) -> None:
+    factor = run.policy.precision_factor
+    if factor is None:
+        return
+    cand, ref = _worst(got, expected64), _worst(expected, expected64)
+    if cand is None or ref is None:
+        run.flags.append("precision_check_unavailable")
+        return
+    ok = cand <= factor * max(ref, FLOOR)
+    run.precision = PrecisionCheck(candidate_rel_err=cand, reference_rel_err=ref, factor=factor,
+                                   floor=FLOOR, ok=ok)
+    if not ok:
+        run.violations.append(violate(
+            run, "precision_below_fp32", f"relative RMS error against float64 {cand:.2e}, the "
+            f"fp32 reference's {ref:.2e} (more than {factor:g}x)"))

@@ -1,0 +1,133 @@
+"""Driving a worker's served calls: the null calls (handshake), the warm-up and the timed,
+checked calls, all through `harness.clock.CallChannel`.
+
+The warm-up calls draw fresh seeds no one checks (they are neither timed nor judged: cheating on
+them gains nothing); every timed call's output is handed to `on_output`, which compares it with
+the reference's output for the same seed off the clock.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from evaluator.harness.clock import CallChannel, CallResult, ChannelBroken
+from evaluator.result import TimingStats
+from evaluator.worker.serve import DTYPES, OK, ServeLayout
+
+_MAX_WARMUP_CALLS = 1000
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    seeds: list[int]
+    """The timed calls, each on its own fresh seed; their outputs are checked."""
+    warmup_calls: int
+    warmup_ms: float
+    null_calls: int = 0
+    """Handshake calls first (the trusted reference worker only)."""
+    prep: bool = True
+    """Flush the L2 before each call (GPU)."""
+
+
+@dataclass
+class Served:
+    wall_ms: list[float] = field(default_factory=list)
+    event_ms: list[float | None] = field(default_factory=list)
+    null_ms: list[float] = field(default_factory=list)
+    warmup_done: int = 0
+
+    def handshake_ms(self) -> float | None:
+        return float(np.median(self.null_ms)) if self.null_ms else None
+
+
+OnOutput = Callable[[int, CallResult], bool]
+"""Told each timed call's result (off the clock); returns False to stop calling."""
+
+
+def decode(layout: ServeLayout, data: bytes) -> list[torch.Tensor]:
+    """The outputs in a served call's shared memory, as CPU tensors of their own."""
+    outs = []
+    for s in layout.slots:
+        raw = bytearray(data[s.offset:s.offset + s.nbytes])
+        t = torch.frombuffer(raw, dtype=DTYPES[s.dtype]) if raw else \
+            torch.empty(0, dtype=DTYPES[s.dtype])
+        outs.append(t.reshape(s.shape))
+    return outs
+
+
+def run_plan(ch: CallChannel, plan: CallPlan, budget_s: float, on_output: OnOutput) -> Served:
+    """Run the plan; raises `ChannelBroken` (timeout, protocol, closed)."""
+    deadline = time.monotonic() + budget_s
+    out = Served()
+
+    def one(seed: int, null: bool = False) -> CallResult:
+        if plan.prep:
+            ch.prep(deadline)
+        return ch.call(seed, deadline, null=null)
+
+    _warm_up(plan, one, out)
+    # After the warm-up: the first calls of a process pay for allocations and lazy set-up.
+    for _ in range(plan.null_calls):
+        r = one(secrets.randbits(62), null=True)
+        if r.status != OK:
+            raise ChannelBroken("protocol", "a null call failed")
+        out.null_ms.append(r.wall_ms)
+    for i, seed in enumerate(plan.seeds):
+        r = one(seed)
+        out.wall_ms.append(r.wall_ms)
+        out.event_ms.append(r.event_ms)
+        if not on_output(i, r) or r.status != OK:
+            break
+    return out
+
+
+def _warm_up(plan: CallPlan, one: Callable[..., CallResult], out: Served) -> None:
+    def call() -> None:
+        r = one(secrets.randbits(62))
+        out.warmup_done += 1
+        if r.status != OK:  # the failure repeats on a timed call, where it is judged
+            raise _WarmupFailed
+
+    try:
+        for _ in range(plan.warmup_calls):
+            call()
+        # The time budget starts after the first calls, which may include compilation.
+        end = time.monotonic() + plan.warmup_ms / 1000.0
+        while time.monotonic() < end and out.warmup_done < _MAX_WARMUP_CALLS:
+            call()
+    except _WarmupFailed:
+        return
+
+
+class _WarmupFailed(Exception):
+    pass
+
+
+def timing_stats(served: Served, handshake_ms: float | None, *, on_cuda: bool) -> TimingStats | None:
+    """The trusted numbers of record: wall time per call net of the handshake (never below 0),
+    with the raw median, the handshake and the worker's own event median kept beside them."""
+    if not served.wall_ms:
+        return None
+    raw = np.asarray(served.wall_ms, dtype=np.float64)
+    hs = handshake_ms or 0.0
+    net = np.maximum(raw - hs, 0.0)
+    q1, q3 = np.percentile(net, [25, 75])
+    events = [e for e in served.event_ms if e is not None]
+    return TimingStats(
+        median_ms=float(np.median(net)), mean_ms=float(net.mean()), std_ms=float(net.std()),
+        min_ms=float(net.min()), max_ms=float(net.max()), iqr_ms=float(q3 - q1),
+        n_trials=len(net), clock="harness", comparable=on_cuda,
+        raw_median_ms=float(np.median(raw)), handshake_ms=handshake_ms,
+        worker_event_median_ms=float(np.median(events)) if events else None,
+    )
+
+
+def describe(layout: ServeLayout) -> list[dict[str, Any]]:
+    return [{"shape": s.shape, "dtype": s.dtype} for s in layout.slots]

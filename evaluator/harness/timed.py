@@ -1,0 +1,103 @@
+"""The candidate's timed calls: every one checked against the reference's output for its seed,
+every one timed by the harness's clock (`evaluator.harness.clock`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from evaluator.checks import violate
+from evaluator.harness.clock import CallResult, ChannelBroken
+from evaluator.harness.served import CallPlan, decode, run_plan, timing_stats
+from evaluator.protocol import Control
+from evaluator.result import CorrectnessTrial, ErrorInfo, OutputDiff
+from evaluator.worker.serve import BAD_OUTPUT, OK
+
+if TYPE_CHECKING:
+    from evaluator.state import EvalRun
+
+TIMED_TRIAL_BASE = 1000
+_UNSERVED = "the output could not be served"
+
+
+def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
+    """Serve the plan through the child's call channel; sets `run.timing` when every call
+    passed, else records the failed call as a `timed` trial (or the error, timeout or
+    violation)."""
+    ref = run.reference
+    assert ref is not None and child.calls is not None
+    if ref.layout is None or ref.served is None:
+        child.send(Control(next="stop"))
+        run.error = ErrorInfo(type="NoReferenceCalls", message="the reference served no calls")
+        return
+    layout, store = ref.layout, ref.served
+    child.calls.set_layout(layout)
+    child.send(Control(next="serve", data=layout.model_dump_json()))
+    run.stage = "timing"
+    run.mark("timing")
+    tol = run.policy.tolerance(run.config.precision)
+    failed: list[int] = []
+
+    def fail(i: int, message: str, diffs: list[OutputDiff] | None = None) -> bool:
+        failed.append(i)
+        run.trials.append(CorrectnessTrial(trial=TIMED_TRIAL_BASE + i, kind="timed", passed=False,
+                                           outputs=diffs or [], message=message))
+        return False
+
+    def on_output(i: int, r: CallResult) -> bool:
+        if r.status == BAD_OUTPUT:
+            return fail(i, _UNSERVED)
+        if r.status != OK:
+            failed.append(i)  # it raised: the worker's error message says what
+            return False
+        if r.data is None:
+            return fail(i, "the shared output memory was cut short")
+        diffs = store.compare(i, decode(layout, r.data), tol)
+        if not all(d.ok for d in diffs):
+            bad = next(d for d in diffs if not d.ok)
+            return fail(i, f"timed call {i}: {bad.message}", diffs)
+        return True
+
+    t = run.timing_spec()
+    plan = CallPlan(seeds=seeds, warmup_calls=t.warmup_calls, warmup_ms=t.warmup_ms,
+                    prep=t.l2_flush)
+    try:
+        served = run_plan(child.calls, plan, run.config.timeouts.timing, on_output)
+    except ChannelBroken as e:
+        child.kill(e.kind)
+        if e.kind == "timeout":
+            run.stop("timeout", "timing", ErrorInfo(
+                type="Timeout", message=f"the timed calls ran past their limit of "
+                f"{run.config.timeouts.timing:g} s"))
+        elif e.kind == "protocol":
+            run.violations.append(violate(run, "protocol_violation", str(e)))
+        return
+    finally:
+        child.calls.stop()
+    if failed or len(served.wall_ms) < len(seeds):
+        return
+    run.timing = timing_stats(served, ref.handshake_ms, on_cuda=not run.on_cpu)
+    _cross_check(run)
+
+
+def note_call_problem(run: EvalRun, message: str) -> None:
+    """The worker's account of why its output could not be served, on the failed call."""
+    for i, t in enumerate(run.trials):
+        if t.kind == "timed" and t.message == _UNSERVED:
+            run.trials[i] = t.model_copy(update={"message": f"{_UNSERVED}: {message[:500]}"})
+            return
+
+
+def _cross_check(run: EvalRun) -> None:
+    """The worker's own event times against the harness's clock (flag only: the clock is the
+    number of record either way). Honest work lies between the two: its events cover the
+    forward, the clock covers the forward plus the handshake."""
+    t = run.timing
+    if t is None or t.worker_event_median_ms is None or t.raw_median_ms is None:
+        return
+    hs = t.handshake_ms or 0.0
+    slack = max(2.0 * hs, 0.1 * t.median_ms, 0.02)
+    if abs(t.median_ms - t.worker_event_median_ms) > slack:
+        run.violations.append(violate(
+            run, "clock_disagreement", f"the process's own events say "
+            f"{t.worker_event_median_ms:.4f} ms, the harness's clock {t.median_ms:.4f} ms net of "
+            f"a {hs:.4f} ms handshake"))

@@ -1,0 +1,184 @@
+"""The one kind of call: a worker serves forward calls to the harness, which holds the clock.
+
+Every call the harness times is also a call whose output it checks, and every call looks the
+same from inside the worker: a request carries a fresh secret seed; the worker draws the
+problem's inputs from `get_inputs()` under that seed *on the device* (so nothing about the
+inputs is known before the harness starts its clock), calls the model once under `no_grad`,
+copies the outputs into memory shared with the harness on the current stream, synchronises the
+device and answers. The harness stops its clock only after it has copied the output out of the
+shared memory, so work the model left running (a side stream it never joined, a launch it
+deferred) is either inside the measured time or missing from the output it checks.
+
+Requests (harness -> worker) and replies (worker -> harness) are fixed 16-byte records on two
+pipes; outputs go to a sealed memfd the harness created (its size cannot change). `prep` (flush
+the L2, synchronise) is sent before each timed call, off the clock; `null` is the same call
+with the model replaced by copying zeros of the output's shape (the handshake's own cost,
+measured only in the trusted reference worker).
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+OP_PREP, OP_CALL, OP_NULL, OP_STOP = 1, 2, 3, 4
+REQUEST = struct.Struct("<B7xQ")
+"""op, seed."""
+REPLY = struct.Struct("<B7xd")
+"""status, the worker's own CUDA-event time of the forward in ms (NaN when none)."""
+OK, BAD_OUTPUT, RAISED = 0, 1, 2
+_ALIGN = 256
+_MIN_FLUSH_BYTES = 256 << 20
+
+DTYPES: dict[str, torch.dtype] = {
+    str(d): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64,
+                        torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
+                        torch.bool, torch.complex64)
+}
+
+
+class Slot(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    shape: list[int]
+    dtype: str
+    offset: int
+    nbytes: int
+
+
+class ServeLayout(BaseModel):
+    """Where each output of a call goes in the shared memory (the reference's outputs)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    slots: list[Slot]
+    total: int
+
+    @classmethod
+    def of(cls, specs: list[tuple[list[int], str]]) -> ServeLayout:
+        slots, offset = [], 0
+        for shape, dtype in specs:
+            if dtype not in DTYPES:
+                raise ValueError(f"output dtype {dtype} cannot be served")
+            n = math.prod(shape) * torch.empty((), dtype=DTYPES[dtype]).element_size()
+            slots.append(Slot(shape=list(shape), dtype=dtype, offset=offset, nbytes=n))
+            offset += -(-n // _ALIGN) * _ALIGN
+        return cls(slots=slots, total=max(offset, _ALIGN))
+
+
+def output_specs(outs: list[Any]) -> list[tuple[list[int], str]] | str:
+    """(shape, dtype) of each output, or why these outputs cannot be served."""
+    specs = []
+    for i, o in enumerate(outs):
+        if type(o) is not torch.Tensor:
+            return f"output {i} is a {type(o).__qualname__}, not a plain torch.Tensor"
+        specs.append((list(o.shape), str(o.dtype)))
+    return specs
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            raise EOFError("the harness closed the call channel")
+        data += chunk
+    return data
+
+
+class Server:
+    """The worker's end of the call channel (fds inherited from the harness)."""
+
+    def __init__(self, req_fd: int, rep_fd: int, mem_fd: int, layout: ServeLayout, device: str):
+        for fd in (req_fd, rep_fd, mem_fd):
+            os.set_inheritable(fd, False)  # compilers and helpers the worker starts get none
+        self.req_fd, self.rep_fd, self.device = req_fd, rep_fd, device
+        self.mem = mmap.mmap(mem_fd, layout.total)
+        flat = torch.frombuffer(self.mem, dtype=torch.uint8)
+        self.views = [flat[s.offset:s.offset + s.nbytes].view(DTYPES[s.dtype]).view(s.shape)
+                      for s in layout.slots]
+        on_cuda = device == "cuda"
+        self.zeros = [torch.zeros(v.shape, dtype=v.dtype, device=device) for v in self.views]
+        self.flush = _flush_buffer() if on_cuda else None
+        self.events = (torch.cuda.Event(enable_timing=True),
+                       torch.cuda.Event(enable_timing=True)) if on_cuda else None
+
+    def reply(self, status: int, event_ms: float = math.nan) -> None:
+        os.write(self.rep_fd, REPLY.pack(status, event_ms))
+
+    def serve(self, model: Callable[..., Any], draw: Callable[[int], list[Any]],
+              on_problem: Callable[[str, BaseException | None], None]) -> None:
+        """Answer requests until `stop`. `draw(seed)` makes a call's inputs; `on_problem` is
+        told (before the reply) why a call's output could not be served or what it raised; a
+        raise ends serving."""
+        with torch.no_grad():
+            while True:
+                op, seed = REQUEST.unpack(_read_exact(self.req_fd, REQUEST.size))
+                if op == OP_STOP:
+                    return
+                if op == OP_PREP:
+                    if self.flush is not None:
+                        self.flush.zero_()
+                    self._sync()
+                    self.reply(OK)
+                    continue
+                try:
+                    status, ms = self._call(op, seed, model, draw, on_problem)
+                except BaseException as e:  # the model's fault: reported, serving ends
+                    on_problem("raised", e)
+                    self.reply(RAISED)
+                    return
+                self.reply(status, ms)
+
+    def _call(self, op: int, seed: int, model, draw, on_problem) -> tuple[int, float]:
+        inputs = draw(seed)
+        if op == OP_NULL:
+            for view, zero in zip(self.views, self.zeros, strict=True):
+                view.copy_(zero)
+            self._sync()
+            return OK, math.nan
+        ev = self.events
+        if ev is not None:
+            ev[0].record()
+        out = model(*inputs)
+        if ev is not None:
+            ev[1].record()
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        problem = self._check(outs)
+        if problem is not None:
+            self._sync()
+            on_problem(problem, None)
+            return BAD_OUTPUT, math.nan
+        # Stream-ordered copies: output a side stream is still writing is copied as it is.
+        for view, o in zip(self.views, outs, strict=True):
+            view.copy_(o)
+        self._sync()
+        return OK, ev[0].elapsed_time(ev[1]) if ev is not None else math.nan
+
+    def _check(self, outs: list[Any]) -> str | None:
+        if len(outs) != len(self.views):
+            return f"returned {len(outs)} outputs, the reference returns {len(self.views)}"
+        for i, (o, v) in enumerate(zip(outs, self.views, strict=True)):
+            if type(o) is not torch.Tensor:
+                return f"output {i} is a {type(o).__qualname__}, not a plain torch.Tensor"
+            if list(o.shape) != list(v.shape) or o.dtype != v.dtype:
+                return (f"output {i} is {o.dtype} {list(o.shape)}, the reference's is "
+                        f"{v.dtype} {list(v.shape)}")
+        return None
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+
+def _flush_buffer() -> torch.Tensor:
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    l2 = int(getattr(props, "L2_cache_size", 0) or 0)
+    return torch.empty(max(_MIN_FLUSH_BYTES, 4 * l2) // 4, dtype=torch.int32, device="cuda")
