@@ -115,29 +115,50 @@ def noisy_model(cls: type, init: list[Any], spec: ProblemSpec, seed: int,
 
     The reference (`fills_out`) then perturbs its parameters that are still constant (made
     with `torch.ones`/`torch.zeros` outside `torch.nn.init`) and writes every filled or
-    perturbed parameter, in order, for the candidate. The candidate (`fills_in`) gives each of
-    its own parameters that is still constant the value of the first unclaimed reference fill
-    of the same shape (fills its constructor already reproduced bit for bit are claimed): so
-    parameters map by position and shape whatever the candidate names them, and a candidate
-    that makes its own BatchNorm affine parameters with `torch.ones` gets the reference's."""
-    torch.manual_seed(_derived(seed, "construction") % (2**63))
-    filled: set[int] = set()
-    with torch.no_grad(), _noisy_constant_init(seed, filled):
-        model = cls(*init)
-    model = model.to(device=spec.device, dtype=_DTYPES[spec.precision])
+    perturbed parameter, in order, for the candidate. The candidate (`fills_in`) maps its own
+    filled or constant parameters, in order, to the first unclaimed reference fill of the same
+    shape, whatever it names them; where its constructor filled one with another value (its
+    fills came in another order), it is built again with each fill writing its mapped value, so
+    packed copies stay valid; constant parameters get theirs afterwards. A candidate that makes
+    its own BatchNorm affine parameters with `torch.ones` gets the reference's values; one that
+    has none (it assumes ones and zeros) cannot match."""
+    model, filled, calls = _noisy_build(cls, init, spec, seed)
+    params = list(model.parameters())
     if fills_out is not None:
         perturbed = perturb_constant_parameters(model, seed)
-        keep = [p.detach().cpu() for p in model.parameters()
-                if id(p) in perturbed or _filled(p, filled)]
-        torch.save(keep, fills_out)
-    elif fills_in is not None:
-        _take_fills(model, torch.load(fills_in, weights_only=True))
+        torch.save([p.detach().cpu() for p in params if id(p) in perturbed or id(p) in filled],
+                   fills_out)
+        return model
+    if fills_in is None:
+        return model
+    fills: list[torch.Tensor] = torch.load(fills_in, weights_only=True)
+    targets = _map_fills(params, filled, fills)
+    if any(id(params[i]) in filled and not _equal(params[i], f) for i, f in targets.items()):
+        by_id = {id(params[i]): f for i, f in targets.items()}
+        model, _, _ = _noisy_build(cls, init, spec, seed, plan=[by_id.get(t) for t in calls])
+        params = list(model.parameters())
+    with torch.no_grad():
+        for i, f in targets.items():
+            if not _equal(params[i], f):
+                params[i].copy_(f.to(device=params[i].device, dtype=params[i].dtype))
     return model
 
 
-def _filled(p: torch.Tensor, filled: set[int]) -> bool:
-    # Module.to() keeps the Parameter objects (it swaps their data), so ids still match.
-    return id(p) in filled
+def _noisy_build(cls: type, init: list[Any], spec: ProblemSpec, seed: int,
+                 plan: list[torch.Tensor | None] | None = None,
+                 ) -> tuple[torch.nn.Module, set[int], list[int]]:
+    torch.manual_seed(_derived(seed, "construction") % (2**63))
+    filled: set[int] = set()
+    calls: list[int] = []
+    with torch.no_grad(), _noisy_constant_init(seed, filled, calls, plan):
+        model = cls(*init)
+    # Module.to() keeps the Parameter objects (it swaps their data), so the ids stay valid.
+    return model.to(device=spec.device, dtype=_DTYPES[spec.precision]), filled, calls
+
+
+def _equal(p: torch.Tensor, f: torch.Tensor) -> bool:
+    cpu = p.detach().cpu()
+    return cpu.shape == f.shape and torch.equal(cpu.to(f.dtype), f)
 
 
 def _constant(p: torch.Tensor) -> bool:
@@ -147,27 +168,20 @@ def _constant(p: torch.Tensor) -> bool:
     return bool((flat == flat[0]).all())
 
 
-def _take_fills(model: torch.nn.Module, fills: list[torch.Tensor]) -> None:
-    params = list(model.parameters())
+def _map_fills(params: list[torch.Tensor], filled: set[int],
+               fills: list[torch.Tensor]) -> dict[int, torch.Tensor]:
+    """Candidate parameter index -> reference fill, by order and shape."""
     claimed = [False] * len(fills)
-    with torch.no_grad():
-        for p in params:
-            if _constant(p):
-                continue
-            cpu = p.detach().cpu()
-            for i, f in enumerate(fills):
-                if not claimed[i] and f.shape == cpu.shape and f.dtype == cpu.dtype and \
-                        torch.equal(f, cpu):
-                    claimed[i] = True
-                    break
-        for p in params:
-            if not _constant(p):
-                continue
-            for i, f in enumerate(fills):
-                if not claimed[i] and f.shape == p.shape:
-                    claimed[i] = True
-                    p.copy_(f.to(device=p.device, dtype=p.dtype))
-                    break
+    out: dict[int, torch.Tensor] = {}
+    for i, p in enumerate(params):
+        if id(p) not in filled and not _constant(p):
+            continue
+        for k, f in enumerate(fills):
+            if not claimed[k] and tuple(f.shape) == tuple(p.shape):
+                claimed[k] = True
+                out[i] = f
+                break
+    return out
 
 
 _CONSTANT_SPREAD = 0.05
@@ -183,7 +197,9 @@ def _noise(seed: int, key: str, shape: Any) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _noisy_constant_init(seed: int, filled: set[int] | None = None) -> Iterator[None]:
+def _noisy_constant_init(seed: int, filled: set[int] | None = None,
+                         calls: list[int] | None = None,
+                         plan: list[torch.Tensor | None] | None = None) -> Iterator[None]:
     """`torch.nn.init.ones_`/`zeros_`/`constant_` fill `value + 0.05 * noise` instead, wherever
     they are bound (modules import them by name: MultiheadAttention's `constant_`). The noise
     of a tensor depends on its value, shape and the order in which distinct tensors of that
@@ -201,9 +217,15 @@ def _noisy_constant_init(seed: int, filled: set[int] | None = None) -> Iterator[
                 group = (float(value), tuple(tensor.shape))
                 counts[group] = counts.get(group, 0) + 1
                 keys[id(tensor)] = (tensor, f"const:{group}:{counts[group]}")
-            noise = _noise(seed, keys[id(tensor)][1], tensor.shape)
+            k = len(calls) if calls is not None else 0
+            if calls is not None:
+                calls.append(id(tensor))
             if filled is not None:
                 filled.add(id(tensor))
+            want = plan[k] if plan is not None and k < len(plan) else None
+            if want is not None and tuple(want.shape) == tuple(tensor.shape):
+                return tensor.copy_(want.to(device=tensor.device, dtype=tensor.dtype))
+            noise = _noise(seed, keys[id(tensor)][1], tensor.shape)
             return tensor.copy_((noise + float(value)).to(device=tensor.device,
                                                           dtype=tensor.dtype))
 

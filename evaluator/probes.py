@@ -46,7 +46,7 @@ WATCHED = (
 )
 # kloop's own code in this process: every module-level function must stay the same object with
 # the same code.
-OWN_MODULES = ("evaluator.timing", "evaluator.candidate", "evaluator.trials", "evaluator.probes",
+OWN_MODULES = ("evaluator.worker.serve", "evaluator.candidate", "evaluator.trials", "evaluator.probes",
                "evaluator.child", "evaluator.construct", "evaluator.correctness")
 
 

@@ -4,17 +4,17 @@ policies and seeds. No child processes here."""
 from __future__ import annotations
 
 import math
-import time
+import time  # noqa: F401
 
 import pytest
 import torch
 
 from evaluator.config import POLICIES, EvalConfig, UnknownPolicyError, get_policy
 from evaluator.correctness import compare_outputs, compare_tensor
+from evaluator.harness.served import Served, timing_stats
 from evaluator.result import EvalResult
 from evaluator.sandbox import child_env
 from evaluator.state import derive_seed
-from evaluator.timing import summarize, time_callable
 
 
 def test_allclose_semantics_and_worst_elements():
@@ -72,25 +72,15 @@ def test_type_shape_dtype_and_count_mismatches():
     assert not d.ok and "returned 1 outputs, expected 2" in d.message
 
 
-def test_summarize_reports_order_statistics():
-    s = summarize([4.0, 1.0, 3.0, 2.0, 100.0], clock="cuda_event", comparable=True)
+def test_timing_stats_are_net_of_the_handshake_and_keep_the_raw_numbers():
+    served = Served(wall_ms=[4.5, 1.5, 3.5, 2.5, 100.5], event_ms=[1.0, None, 3.0, 2.0, 2.5])
+    s = timing_stats(served, 0.5, on_cuda=True)
     assert (s.median_ms, s.min_ms, s.max_ms, s.n_trials) == (3.0, 1.0, 100.0, 5)
-    assert s.mean_ms == pytest.approx(22.0)
-    assert s.iqr_ms == pytest.approx(2.0)
-
-
-def test_host_timing_rotates_input_sets_and_measures_the_call():
-    seen = []
-
-    def fn(x):
-        seen.append(x)
-        time.sleep(0.002)
-
-    stats = time_callable(fn, [[0], [1], [2]], device="cpu", trials=6, warmup_calls=2,
-                          warmup_ms=0.0)
-    assert seen == [0, 1, 0, 1, 2, 0, 1, 2]  # 2 warm-up calls, then 6 rotating trials
-    assert stats.n_trials == 6 and stats.clock == "host" and not stats.comparable
-    assert 2.0 <= stats.min_ms < 50.0
+    assert s.mean_ms == pytest.approx(22.0) and s.iqr_ms == pytest.approx(2.0)
+    assert (s.clock, s.raw_median_ms, s.handshake_ms) == ("harness", 3.5, 0.5)
+    assert s.worker_event_median_ms == 2.25 and s.comparable
+    # A handshake larger than a call never makes a time negative.
+    assert timing_stats(Served(wall_ms=[0.1]), 0.5, on_cuda=False).median_ms == 0.0
 
 
 def test_child_env_is_an_allow_list(monkeypatch, tmp_path):
