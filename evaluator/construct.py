@@ -70,7 +70,7 @@ def construct(cls: type, init: list[Any], spec: ProblemSpec, fills_out: str | No
 def _scaled(x: Any, spec: ProblemSpec) -> Any:
     if spec.input_scale is None or not (isinstance(x, torch.Tensor) and x.is_floating_point()):
         return x
-    return x * spec.input_scale
+    return x * spec.input_scale + (spec.input_shift or 0.0)
 
 
 def draw_inputs(problem: ModuleType, seed: int, spec: ProblemSpec) -> list[Any]:
@@ -88,19 +88,6 @@ def draw_served_inputs(problem: ModuleType, seed: int, spec: ProblemSpec) -> lis
         torch.manual_seed(seed)
         raw = problem.get_inputs()
     return [_scaled(_place(x, spec), spec) for x in raw]
-
-
-def scaled_inputs(inputs: list[Any], seed: int, scale: float) -> list[Any]:
-    """Floating inputs replaced by `scale` * standard-normal draws of the same shape: signs and
-    magnitudes `get_inputs()` never produces (the probe trial of some degenerate problems)."""
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for x in inputs:
-        if isinstance(x, torch.Tensor) and x.is_floating_point():
-            draw = torch.randn(x.shape, generator=gen, dtype=torch.float32) * scale
-            x = draw.to(device=x.device, dtype=x.dtype)
-        out.append(x)
-    return out
 
 
 def noisy_model(cls: type, init: list[Any], spec: ProblemSpec, seed: int,

@@ -53,8 +53,10 @@ class ProblemSpec(_Rec):
     seed with `torch.nn.init`'s constant fills made noisy (`construct.noisy_model`), so no build
     of the model can be told from another and no initial value can be assumed."""
     input_scale: float | None = None
-    """Every floating input of every call is scaled by this (a degenerate problem under a policy
-    that probes it: the output then depends on the input at the tolerance, for every call)."""
+    """Every floating input x of every call becomes `input_scale * x + input_shift` (a
+    degenerate problem under a policy that probes it: the output then depends on the input at
+    the tolerance, for every call, so a probe cannot be told from a timed call)."""
+    input_shift: float | None = None
 
 
 class RefTrial(_Rec):

@@ -179,7 +179,7 @@ def reference_serving(run: EvalRun, rebuild: bool = False) -> Serving:
         cache_dir=private_dir(run.config.cache_dir) / "baselines", rebuild=rebuild,
         key_extra={"policy": run.policy.name, "problem_sha256": spec.sha256,
                    "overrides": spec.overrides, "precision": spec.precision,
-                   "allow_tf32": spec.allow_tf32, "input_scale": spec.input_scale,
+                   "allow_tf32": spec.allow_tf32, "input_scale": spec.input_scale, "input_shift": spec.input_shift,
                    "construction": "noisy" if spec.construction_seed is not None else "seed42"},
     )
 

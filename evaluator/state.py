@@ -207,18 +207,19 @@ class EvalRun:
 
     def problem_spec(self) -> ProblemSpec:
         p, meta = self.policy, self.problem.meta
-        scale = None
+        scale = shift = None
         if p.degenerate_trials and meta.degenerate_probe == "scaled_inputs":
             from evaluator.checks import is_degenerate
 
-            scale = meta.degenerate_input_scale if is_degenerate(self) else None
+            if is_degenerate(self):
+                scale, shift = meta.degenerate_input_scale, meta.degenerate_input_shift
         return ProblemSpec(
             path=str(self.problem.path), sha256=self.problem.sha256,
             overrides=self.config.problem_overrides, device=self.child_device,
             precision=self.config.precision, allow_tf32=p.allow_tf32,
             construction_seed=derive_seed(self.salt, "construction", 0)
             if p.noisy_construction else None,
-            input_scale=scale,
+            input_scale=scale, input_shift=shift,
         )
 
     def timing_spec(self) -> TimingSpec:

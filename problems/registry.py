@@ -55,11 +55,12 @@ class ProblemMeta(BaseModel):
     at that tolerance and above, a constant tensor passes the correctness check."""
     degenerate_reason: str | None = None
     degenerate_probe: Literal["reparam", "scaled_inputs"] | None = None
-    """The extra correctness trial that makes a constant output fail on a degenerate problem:
-    `scaled_inputs` (inputs `degenerate_input_scale` * randn, under which the output depends on
-    the input) or `reparam` (both models' parameters perturbed alike); None when neither does
-    (see scripts/probe_degenerate.py)."""
+    """What makes a constant output fail on a degenerate problem: `scaled_inputs` (every
+    floating input of every call becomes `degenerate_input_scale` * x + `degenerate_input_shift`,
+    under which the output depends on the input) or `reparam` (a second model built under
+    another seed); None when neither does (see scripts/probe_degenerate.py)."""
     degenerate_input_scale: float | None = None
+    degenerate_input_shift: float | None = None
     tf32_sensitive_at: float | None = None
     """Largest tolerance at which the default-TF32 reference fails against strict fp32
     (None: within 1e-4)."""

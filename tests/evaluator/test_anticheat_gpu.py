@@ -43,11 +43,13 @@ def test_side_stream_output_is_still_being_written_when_forward_returns(cache_di
 
 
 def test_switching_to_a_side_stream_in_the_timing_loop_is_caught_there(cache_dir):
+    """The timed call's output is copied on the current stream when forward returns: work left
+    on a stream it never joined is missing from the output the harness checks."""
     r = evaluate("L3/1", candidate("side_stream_phase.py"),
                  gpu_config(cache_dir, problem_overrides=MLP_BIG))
-    assert r.status == "rejected", (r.violations, r.flags, [t.kind for t in r.correctness])
-    assert "deferred_work" in _rejected_by(r)
-    assert "side_stream_suspected" in r.flags
+    assert r.status == "incorrect", (r.violations, r.flags, [t.kind for t in r.correctness])
+    assert [t.kind for t in r.correctness if not t.passed] == ["timed"]
+    assert r.timing is None
 
 
 def test_ghost_and_unlaunched_kernels_on_the_gpu(cache_dir):
@@ -72,15 +74,20 @@ def test_honest_candidates_pass_every_probe_on_the_gpu(cache_dir):
     for (problem, _), r in zip(items, results, strict=True):
         assert r.status == "correct", (problem, r.error, r.violations, r.flags)
         assert r.violations == [] and not SUSPICIOUS & set(r.flags), (problem, r.flags)
-        kinds = [t.kind for t in r.correctness]
-        assert kinds[-2:] == ["refill", "post_timing"] and "reparam" in kinds
+        assert [t.kind for t in r.correctness] == ["random"] * 5 + ["reparam"]
+        t = r.timing
+        assert t is not None and t.clock == "harness" and t.comparable
+        assert t.handshake_ms is not None and t.worker_event_median_ms is not None
+        assert r.precision is not None and r.precision.ok, r.precision
 
 
-def test_kernelbench_policy_only_flags_a_side_stream(cache_dir):
+def test_kernelbench_policy_checks_every_timed_call_too(cache_dir):
+    """kernelbench keeps KernelBench's tolerances and statistics, not its holes: its numbers
+    come from the same trusted, checked calls."""
     r = evaluate("L3/1", candidate("side_stream_phase.py"),
                  gpu_config(cache_dir, policy="kernelbench", problem_overrides=MLP_BIG))
-    assert r.status == "correct", (r.error, r.violations)
-    assert "side_stream_suspected" in r.flags
+    assert r.status == "incorrect", (r.error, r.violations)
+    assert [t.kind for t in r.correctness if not t.passed] == ["timed"]
 
 
 def test_identity_and_probes_with_a_small_problem(cache_dir):

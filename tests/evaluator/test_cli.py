@@ -52,4 +52,4 @@ def test_baseline_times_and_caches_the_reference(cache_dir):
     assert "L3/1" in first.stdout
     records = list((cache_dir / "private" / "baselines").glob("*.json"))
     assert records
-    assert any(json.loads(r.read_text())["eager"]["clock"] == "host" for r in records)
+    assert any(json.loads(r.read_text())["eager"]["clock"] == "harness" for r in records)

@@ -1,0 +1,112 @@
+"""The trusted clock beside CUDA events (GPU machine): does the harness's clock, net of its
+handshake, measure what CUDA events measure, and what does it cost below 1 ms?
+
+    python bench/clock.py [--repeats 1] [--only L3/1-b64,...]
+
+For each honest model (the reference's own code submitted as the candidate), sized from ~0.05
+to ~20 ms per forward, one `strict` evaluation gives the harness's numbers (median net of the
+handshake, the handshake, the worker's own event median); then, in this process, the same
+model is timed the KernelBench way (CUDA events around each call, L2 flushed, 100 calls; seed-42
+build, so it is KernelBench's own number). Printed side by side with their ratio. The
+`kernelbench` policy's eager baseline mean is compared with KernelBench's event mean the same
+way (the issue asks for agreement within 3 % on L3/1 and L3/4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO)]
+
+import torch  # noqa: E402
+
+from evaluator.config import EvalConfig  # noqa: E402
+from evaluator.construct import as_output_list  # noqa: E402
+from evaluator.pipeline import evaluate  # noqa: E402
+from problems.registry import get_problem  # noqa: E402
+
+MLP = {"input_size": 4096, "layer_sizes": [4096, 4096], "output_size": 2048}
+MODELS = [
+    ("L3/1-b8", "L3/1", {"batch_size": 8, "input_size": 1024, "layer_sizes": [1024],
+                         "output_size": 1024}),
+    ("L3/1-b64", "L3/1", {"batch_size": 64, **MLP}),
+    ("L3/1-b1024", "L3/1", {"batch_size": 1024, **MLP}),
+    ("L3/1-b8192", "L3/1", {"batch_size": 8192, **MLP}),
+    ("L3/1", "L3/1", {}),
+    ("L3/4", "L3/4", {}),
+    ("L3/13", "L3/13", {}),
+    ("L3/11", "L3/11", {}),
+    ("L3/35", "L3/35", {}),
+]
+
+
+def honest_source(problem_id: str) -> str:
+    """The reference module with its Model renamed ModelNew (an honest, plain-PyTorch candidate)."""
+    text = get_problem(problem_id).path.read_text()
+    return text.replace("class Model(", "class ModelNew(").replace("super(Model,", "super(ModelNew,")
+
+
+def kernelbench_events(problem_id: str, overrides: dict, trials: int = 100) -> tuple[float, float]:
+    """(median, mean) ms of CUDA-event timings in this process, KernelBench's way."""
+    problem = get_problem(problem_id)
+    module = problem.load_module(overrides)
+    torch.manual_seed(42)
+    init = module.get_init_inputs()
+    torch.manual_seed(42)
+    model = module.Model(*init).cuda()
+    torch.manual_seed(42)
+    inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in module.get_inputs()]
+    flush = torch.empty(int(torch.cuda.get_device_properties(0).L2_cache_size) // 4 * 4,
+                        dtype=torch.int32, device="cuda")
+    times = []
+    with torch.no_grad():
+        for _ in range(3):
+            as_output_list(model(*inputs))
+        torch.cuda.synchronize()
+        for _ in range(trials):
+            flush.zero_()
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            model(*inputs)
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+    del model
+    torch.cuda.empty_cache()
+    return statistics.median(times), statistics.fmean(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="comma-separated labels")
+    ap.add_argument("--cache-dir", type=Path, default=Path("/tmp/kloop-bench-clock"))
+    args = ap.parse_args()
+    wanted = set(args.only.split(",")) if args.only else None
+    print(f"{'model':<12} {'events med':>10} {'trusted':>9} {'ratio':>6} {'handshake':>9} "
+          f"{'worker ev':>9} | {'KB mean':>9} {'kb-policy':>9} {'ratio':>6}", flush=True)
+    for label, pid, overrides in MODELS:
+        if wanted is not None and label not in wanted:
+            continue
+        cfg = EvalConfig(device="cuda", baselines="eager", profile=False, cache_dir=args.cache_dir,
+                         problem_overrides=overrides)
+        strict = evaluate(pid, honest_source(pid), cfg)
+        kb = evaluate(pid, honest_source(pid), cfg.model_copy(update={"policy": "kernelbench"}))
+        ev_med, ev_mean = kernelbench_events(pid, overrides)
+        t = strict.timing
+        if strict.status != "correct" or t is None:
+            print(f"{label:<12} strict {strict.status}: {strict.error}", flush=True)
+            continue
+        kb_mean = kb.eager.mean_ms if kb.eager else float("nan")
+        print(f"{label:<12} {ev_med:>10.4f} {t.median_ms:>9.4f} {t.median_ms / ev_med:>6.3f} "
+              f"{t.handshake_ms or 0:>9.4f} {t.worker_event_median_ms or 0:>9.4f} | "
+              f"{ev_mean:>9.4f} {kb_mean:>9.4f} {kb_mean / ev_mean:>6.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
