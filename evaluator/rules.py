@@ -1,0 +1,142 @@
+"""The one anti-cheat rule table: every static and runtime rule, its rationale and its severity
+under each policy. `docs/anti-cheat.md` is generated from it (`scripts/make_anticheat_doc.py`),
+so "what does strict reject, and why" has one answer.
+
+A rule stays `reject` under `strict` only where nothing observed at run time can decide the
+case; where a runtime check sees the effect (a wrong output on a fresh input, a clock the
+candidate cannot reach), the rule only flags and the runtime evidence decides. `kernelbench`
+reproduces KernelBench's verdicts, which reject none of these, so it flags everything except a
+forged result channel (nothing such a run reports can be used).
+
+The checks themselves live next to what they read: static rules in `evaluator.static`, runtime
+rules in `evaluator.checks` (probes, trials, the finished run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Severity = Literal["reject", "flag"]
+RuleKind = Literal["static", "runtime"]
+POLICY_NAMES = ("strict", "kernelbench")
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    kind: RuleKind
+    rationale: str
+    strict: Severity = "reject"
+    kernelbench: Severity = "flag"
+
+    def severity(self, policy: str) -> Severity:
+        """Severity under `policy`; a policy not in the table is judged like `strict`."""
+        return self.kernelbench if policy == "kernelbench" else self.strict
+
+
+def _static(name: str, rationale: str, strict: Severity = "reject") -> Rule:
+    return Rule(name, "static", rationale, strict)
+
+
+def _runtime(name: str, rationale: str, strict: Severity = "reject",
+             kernelbench: Severity = "flag") -> Rule:
+    return Rule(name, "runtime", rationale, strict, kernelbench)
+
+
+_TABLE = (
+    # ---- static: the candidate's syntax tree, before anything runs -------------------------
+    _static("frame_introspection",
+            "Reading frames, globals or the object graph lets a candidate find the harness's "
+            "reference outputs or verdict channel (catalog C10, C11); nothing at run time shows "
+            "that a read happened, so it stays a rejection."),
+    _static("timing_or_comparison_tampering",
+            "Reassigning or wrapping torch/time/triton functions (Event, synchronize, "
+            "perf_counter, allclose, testing…) can fake timings or comparisons (catalog T3). "
+            "The clock of record moves to a trusted process, so a patched timer no longer "
+            "changes the recorded numbers; still rejected, because the same patch can blind "
+            "the in-process probes (launch counts, ghost replay) that no trusted check "
+            "replaces yet."),
+    _static("threads_or_processes",
+            "A thread or process can watch the inputs land in shared memory and compute before "
+            "the trusted clock starts, or finish after the call returns (catalog T2); neither "
+            "the clock nor an output check can tell that from a fast kernel. Lock, RLock, "
+            "Semaphore, Event, Condition and thread-local state start nothing and pass."),
+    _static("tensor_subclass",
+            "A Tensor subclass or a torch function/dispatch mode can defer or fake the "
+            "computation until the output is compared (catalog C12), inside the comparison "
+            "itself; no output check can be trusted to see through it."),
+    _static("reference_model",
+            "Subclassing or calling the reference `Model` returns PyTorch's own result with no "
+            "kernel of the candidate's (catalog B1, B3)."),
+    _static("identity_keyed_cache",
+            "A persistent table keyed by tensor identity or raw data pointer that stores "
+            "something other than scalars can memoise outputs (catalog C4). Flag only: every "
+            "checked call (refill, fresh inputs written into used tensors) returns a stale "
+            "output as a wrong one. `data_ptr() % 16` (alignment) is not identity, and tables "
+            "whose stored values are provably scalars (launch configs) are not caches.",
+            strict="flag"),
+    _static("shape_keyed_cache",
+            "Keying by shape is normal for kernel configs but can also memoise outputs (catalog "
+            "C4); flagged when the stored values are not provably scalars, and the runtime "
+            "checks on fresh inputs decide.", strict="flag"),
+    _static("global_backend_flags",
+            "TF32, cudnn.benchmark or matmul-precision changes give the candidate's library "
+            "calls settings the baselines did not get (catalog B6, C8). The runtime probe "
+            "compares flags before and after a call, so a change scoped to the call is visible "
+            "only here: rejected, except `torch.backends.cudnn.flags(...)` with literal "
+            "arguments equal to strict's own settings (allow_tf32=False, no benchmark)."),
+    _static("torch_compile_or_cuda_graph",
+            "torch.compile and CUDA graphs are framework speed-ups, not the candidate's "
+            "kernels; a policy may allow them, and they are always recorded (catalog B6, T6)."),
+    _static("dynamic_code",
+            "Code built from strings at run time (exec, eval, __import__) is invisible to every "
+            "static rule here."),
+    # ---- runtime: probes, trials and the finished run, judged in the harness ----------------
+    _runtime("input_mutation",
+             "A forward that writes into its inputs corrupts whatever reuses them (rotated "
+             "timing inputs, the caller's tensors); KernelBench passes uncloned inputs."),
+    _runtime("no_custom_kernel",
+             "A candidate with kernels that never launch, or whose output does not change when "
+             "they do nothing, is PyTorch dressed up as a kernel (catalog B5, B1)."),
+    _runtime("deferred_work",
+             "An output still being written after the call returned means work escaped the "
+             "timed region: side streams, deferred launches (catalog T1, T4)."),
+    _runtime("background_threads",
+             "A thread started by the candidate can finish the work after the timer stopped "
+             "(catalog T2)."),
+    _runtime("timer_tampering",
+             "A replaced timer, synchronisation or comparison function fakes the timings or "
+             "the checks (catalog T3, C11)."),
+    _runtime("backend_flags_changed",
+             "TF32, cudnn.benchmark or precision changes give the candidate numerics or speed "
+             "the baselines did not get (catalog B6, C8)."),
+    _runtime("nondeterministic",
+             "Two calls on the same inputs must agree: reads of uninitialised or stale memory "
+             "pass once and fail later (catalog C9); bitwise differences only are flagged."),
+    _runtime("side_stream_suspected",
+             "Time that appears only with a device-wide synchronize before the end event is "
+             "work on other streams (catalog T1); flagged for review.", strict="flag"),
+    _runtime("l2_persistence",
+             "A persisting-L2 carve-out keeps the candidate's data in the L2 across the flush "
+             "between timed calls (catalog T5); kloop resets it before timing."),
+    _runtime("protocol_violation",
+             "The candidate process wrote messages of its own onto the harness's result "
+             "channel (a forged timing, a trial twice): nothing it reports can be trusted "
+             "(catalog C11).", kernelbench="reject"),
+    _runtime("implausible_speedup",
+             "Speedups above the policy's bound over eager are usually measurement or "
+             "correctness holes; flagged for review.", strict="flag"),
+)
+
+RULES: dict[str, Rule] = {r.name: r for r in _TABLE}
+
+
+def of_kind(kind: RuleKind) -> dict[str, Rule]:
+    """The rules of one kind, in table order."""
+    return {n: r for n, r in RULES.items() if r.kind == kind}
+
+
+def rejected_by(policy: str) -> list[str]:
+    """Names of the rules whose violations reject under `policy`."""
+    return [n for n, r in RULES.items() if r.severity(policy) == "reject"]
