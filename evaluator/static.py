@@ -334,12 +334,50 @@ def _reads(node: ast.AST, container: str) -> bool:
         node.func.attr in ("get", "setdefault") and ast.unparse(node.func.value) == container
 
 
+@dataclass(frozen=True)
+class _Scoped:
+    """An argument at a call site, to be judged with the caller's names."""
+
+    expr: ast.AST
+    names: Mapping[str, list[ast.AST]]
+
+
+def _parameter_values(ctx: Context, fn: ast.FunctionDef | ast.AsyncFunctionDef,
+                      names: dict[str, list[ast.AST]], caller_names: Callable) -> None:
+    """Replace the unknown value of each of `fn`'s parameters by the arguments passed at its
+    call sites in this module (`f(a)`, `self.f(a)`): a config helper called with shapes
+    computes from shapes. A parameter without a call site for it stays unknown."""
+    params = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
+    offset = 1 if params[:1] in (["self"], ["cls"]) else 0
+    sites: dict[str, list[ast.AST]] = {}
+    for caller, call in caller_names():
+        f = call.func
+        called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) \
+            else None
+        if called != fn.name:
+            continue
+        is_method = isinstance(f, ast.Attribute)
+        for i, arg in enumerate(call.args):
+            index = i + (offset if is_method else 0)
+            if index < len(params) and not isinstance(arg, ast.Starred):
+                sites.setdefault(params[index], []).append(_Scoped(arg, caller))
+        for k in call.keywords:
+            if k.arg in params:
+                sites.setdefault(k.arg, []).append(_Scoped(k.value, caller))
+    for p in params[offset:]:
+        unknown = [v for v in names.get(p, []) if isinstance(v, ast.Constant) and v.value is ...]
+        if p in sites and unknown:
+            names[p] = [v for v in names[p] if v not in unknown] + sites[p]  # type: ignore[operator]
+
+
 def _scalar(ctx: Context, node: ast.AST, names: Mapping[str, list[ast.AST]], container: str,
             deciding: frozenset[str] = frozenset()) -> bool:
     """Provably a Python scalar (or a tuple of them) computed from constants and tensor
     metadata, never from tensor values: what a launch-config table stores. Values read back
     from `container` itself count as what was stored there; a name is scalar when every value
     assigned to it is (a name being decided counts as scalar, so `n = n * 2` terminates)."""
+    if isinstance(node, _Scoped):
+        return _scalar(ctx, node.expr, node.names, container, frozenset())
     if isinstance(node, ast.Name):
         if node.id in deciding:
             return True
@@ -372,16 +410,39 @@ def _scalar(ctx: Context, node: ast.AST, names: Mapping[str, list[ast.AST]], con
     return False
 
 
+def _walk_scope(scope: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of one scope, without descending into the functions defined in it."""
+    yield scope
+    for child in ast.iter_child_nodes(scope):
+        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            yield from _walk_scope(child)
+
+
 def _written_containers(ctx: Context) -> set[str]:
     """Source text of every container something other than a provable scalar is stored into
     (`c[k] = v`, `c.setdefault(k, v)`, `c.update(...)`): a table that is only ever read is a
     constant, and one that only stores launch configs cannot return an output."""
     out = set()
     module_names = _assignments(ctx.tree)
-    scopes = [*ctx.nodes(ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda), ctx.tree]
-    for scope in scopes:
-        names = {**module_names, **_assignments(scope)} if scope is not ctx.tree else module_names
-        for n in ast.walk(scope):
+    functions = list(ctx.nodes(ast.FunctionDef, ast.AsyncFunctionDef))
+    scope_names = {fn: {**module_names, **_assignments(fn)} for fn in functions}
+
+    def call_sites() -> Iterator[tuple[Mapping[str, list[ast.AST]], ast.Call]]:
+        for fn in functions:
+            for call in ast.walk(fn):
+                if isinstance(call, ast.Call):
+                    yield scope_names[fn], call
+        for stmt in ctx.tree.body:
+            if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                for call in ast.walk(stmt):
+                    if isinstance(call, ast.Call):
+                        yield module_names, call
+
+    for fn in functions:
+        _parameter_values(ctx, fn, scope_names[fn], call_sites)  # type: ignore[arg-type]
+    for scope in [*functions, ctx.tree]:
+        names = scope_names.get(scope, module_names)  # type: ignore[call-overload]
+        for n in _walk_scope(scope):
             stored: list[tuple[ast.AST, ast.AST | None]] = []
             if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
                 targets = n.targets if isinstance(n, ast.Assign) else [n.target]
