@@ -325,3 +325,31 @@ def test_one_rule_table():
     assert {"threads_or_processes", "global_backend_flags", "input_mutation"} <= strict
     assert not {"identity_keyed_cache", "shape_keyed_cache"} & strict
     assert rules.rejected_by("kernelbench") == ["protocol_violation"]
+
+
+CONFIG_HELPER = """
+import torch
+import triton
+_CFG = {}
+
+
+def config_for(x, n):
+    key = (tuple(x.shape), x.data_ptr() % 16 == 0)
+    if key not in _CFG:
+        _CFG[key] = (min(128, triton.next_power_of_2(n)), 4)
+    return _CFG[key]
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return config_for(x, x.shape[-1])
+"""
+
+
+def test_config_helper_parameters_are_judged_at_their_call_sites():
+    assert static_violations(CONFIG_HELPER) == []
+    # The same helper handed a tensor where the shape was: `min` passes the tensor through.
+    tensor_arg = CONFIG_HELPER.replace("config_for(x, x.shape[-1])", "config_for(x, x.sum())")
+    assert _rules(tensor_arg) == {"shape_keyed_cache"}
+    never_called = CONFIG_HELPER.replace("return config_for(x, x.shape[-1])", "return x")
+    assert _rules(never_called) == {"shape_keyed_cache"}
