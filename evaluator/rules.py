@@ -61,7 +61,10 @@ _TABLE = (
             "A thread or process can watch the inputs land in shared memory and compute before "
             "the trusted clock starts, or finish after the call returns (catalog T2); neither "
             "the clock nor an output check can tell that from a fast kernel. Lock, RLock, "
-            "Semaphore, Event, Condition and thread-local state start nothing and pass."),
+            "Semaphore, Event, Condition and thread-local state start nothing and pass; "
+            "anything reached through them (`threading.Lock.__self__` is `_thread`) does not. "
+            "Threads reached through another module (`queue.threading`) are invisible here and "
+            "left to `background_threads`."),
     _static("tensor_subclass",
             "A Tensor subclass or a torch function/dispatch mode can defer or fake the "
             "computation until the output is compared (catalog C12), inside the comparison "
@@ -74,8 +77,9 @@ _TABLE = (
             "something other than scalars can memoise outputs (catalog C4). Flag only: every "
             "checked call (refill, fresh inputs written into used tensors) returns a stale "
             "output as a wrong one. `data_ptr() % 16` (alignment) is not identity, and tables "
-            "whose stored values are provably scalars (launch configs) are not caches.",
-            strict="flag"),
+            "whose stored values are provably scalars (launch configs) are not caches; an int "
+            "table holding the slot of a kept output (C4d) passes every static rule and fails "
+            "the same runtime checks.", strict="flag"),
     _static("shape_keyed_cache",
             "Keying by shape is normal for kernel configs but can also memoise outputs (catalog "
             "C4); flagged when the stored values are not provably scalars, and the runtime "
@@ -85,7 +89,9 @@ _TABLE = (
             "calls settings the baselines did not get (catalog B6, C8). The runtime probe "
             "compares flags before and after a call, so a change scoped to the call is visible "
             "only here: rejected, except `torch.backends.cudnn.flags(...)` with literal "
-            "arguments equal to strict's own settings (allow_tf32=False, no benchmark)."),
+            "arguments equal to strict's own settings (allow_tf32=False, no benchmark). Open: a "
+            "flag flipped and restored inside the call through a name the AST cannot resolve "
+            "escapes both this rule and the probe, scope or not."),
     _static("torch_compile_or_cuda_graph",
             "torch.compile and CUDA graphs are framework speed-ups, not the candidate's "
             "kernels; a policy may allow them, and they are always recorded (catalog B6, T6)."),
