@@ -53,25 +53,28 @@ _TABLE = (
     _static("timing_or_comparison_tampering",
             "Reassigning or wrapping torch/time/triton functions (Event, synchronize, "
             "perf_counter, allclose, testing…) can fake timings or comparisons (catalog T3). "
-            "The clock of record moves to a trusted process, so a patched timer no longer "
-            "changes the recorded numbers; still rejected, because the same patch can blind "
-            "the in-process probes (launch counts, ghost replay) that no trusted check "
-            "replaces yet."),
+            "Once the clock of record runs in a trusted process (issue 10, item 2) a patched "
+            "timer no longer changes the recorded numbers; still rejected, because the same "
+            "patch blinds the in-process probes (launch counts, ghost replay, flag snapshots) "
+            "that no trusted check replaces."),
     _static("threads_or_processes",
-            "A thread or process can watch the inputs land in shared memory and compute before "
-            "the trusted clock starts, or finish after the call returns (catalog T2); neither "
-            "the clock nor an output check can tell that from a fast kernel. Lock, RLock, "
-            "Semaphore, Event, Condition and thread-local state start nothing and pass; "
-            "anything reached through them (`threading.Lock.__self__` is `_thread`) does not. "
-            "Threads reached through another module (`queue.threading`) are invisible here and "
-            "left to `background_threads`."),
+            "A thread or process can compute outside the call: under the trusted-clock protocol "
+            "it can watch fresh inputs land in shared memory and start before the clock does, "
+            "or finish after the call returns (catalog T2); neither the clock nor an output "
+            "check tells that from a fast kernel, and a process can outlive the evaluation. "
+            "Lock, RLock, Semaphore, Event, Condition and thread-local state start nothing and "
+            "pass; anything reached through them (`threading.Lock.__self__` is `_thread`) does "
+            "not. Threads reached through another module (`queue.threading`) are invisible "
+            "here and left to `background_threads`."),
     _static("tensor_subclass",
             "A Tensor subclass or a torch function/dispatch mode can defer or fake the "
             "computation until the output is compared (catalog C12), inside the comparison "
             "itself; no output check can be trusted to see through it."),
     _static("reference_model",
             "Subclassing or calling the reference `Model` returns PyTorch's own result with no "
-            "kernel of the candidate's (catalog B1, B3)."),
+            "kernel of the candidate's (catalog B1, B3); importing `evaluator` or `problems` "
+            "reaches the harness's probes and the reference from inside the candidate (issue "
+            "10, class 2c), which nothing at run time observes."),
     _static("identity_keyed_cache",
             "A persistent table keyed by tensor identity or raw data pointer that stores "
             "something other than scalars can memoise outputs (catalog C4). Flag only: every "
