@@ -55,7 +55,8 @@ COMPILE_CALLS = {"torch.compile", "torch._dynamo.optimize", "torch.cuda.CUDAGrap
                  "torch.cuda.graph", "torch.cuda.graphs.graph", "torch.cuda.make_graphed_callables",
                  "torch.jit.script", "torch.jit.trace", "torch.export.export"}
 DYNAMIC_CALLS = {"exec", "eval", "compile", "__import__", "importlib.import_module",
-                 "importlib.__import__", "runpy.run_path", "runpy.run_module"}
+                 "importlib.__import__", "runpy.run_path", "runpy.run_module",
+                 "pickle.loads", "pickle.load", "marshal.loads", "marshal.load"}
 
 
 @dataclass(frozen=True)

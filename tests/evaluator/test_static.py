@@ -22,6 +22,8 @@ BAD = {
         "import gc\nouts = [o for o in gc.get_objects()]\n",
         "import sys\nharness = sys.modules['__main__']\n",
         "def f(exc):\n    return exc.__traceback__.tb_frame.f_back\n",
+        # Past the Lock allowance through a method's globals (threading's own namespace).
+        "import threading\nT = threading.Event().wait.__func__.__globals__['Thread']\n",
     ],
     "timing_or_comparison_tampering": [
         "import torch\ntorch.cuda.synchronize = lambda *a: None\n",
@@ -95,6 +97,8 @@ BAD = {
     ],
     "dynamic_code": [
         "exec('import inspect')\n",
+        # An unpickled global is an import no rule sees (`cthreading\nThread` ...).
+        "import pickle\nThread = pickle.loads(PAYLOAD)\n",
         "m = __import__('ins' + 'pect')\n",
         "import importlib\nm = importlib.import_module('gc')\n",
     ],
