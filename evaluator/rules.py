@@ -99,9 +99,8 @@ _TABLE = (
             "torch.compile and CUDA graphs are framework speed-ups, not the candidate's "
             "kernels; a policy may allow them, and they are always recorded (catalog B6, T6)."),
     _static("dynamic_code",
-            "Code built from strings or bytes at run time (exec, eval, __import__, unpickling) is "
-            "invisible to every "
-            "static rule here."),
+            "Code built from strings or bytes at run time (exec, eval, __import__, unpickling) "
+            "is invisible to every static rule here."),
     # ---- runtime: probes, trials and the finished run, judged in the harness ----------------
     _runtime("input_mutation",
              "A forward that writes into its inputs corrupts whatever reuses them (rotated "
