@@ -1,6 +1,6 @@
-"""Policy and anti-cheat rules, as lists the pipeline runs; each rule has a name, a one-line
-rationale and a severity per policy (`RUNTIME_RULES`: `strict` rejects, `kernelbench`, which
-reproduces KernelBench's verdicts, only flags).
+"""Policy and anti-cheat checks, as lists the pipeline runs. Every rule's name, rationale and
+severity per policy is in the one table of `evaluator.rules` (`RUNTIME_RULES` is its runtime
+part); this module holds the runtime checks and the adapter to the static ones.
 
 - `STATIC_CHECKS`: on the source in the harness before anything executes (`evaluator.static`).
 - `TRIAL_CHECKS`: on what the candidate child reported for one trial, after its outputs were
@@ -17,19 +17,21 @@ rule that fires also puts its name in the result's flags, once.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 
 from evaluator.correctness import compare_outputs
 from evaluator.protocol import ProbeMsg, TrialMsg
 from evaluator.result import Backend, Violation
+from evaluator.rules import Rule, Severity, of_kind
 
 if TYPE_CHECKING:
     from evaluator.state import EvalRun
 
-Severity = Literal["reject", "flag"]
+__all__ = ["RUNTIME_RULES", "STATIC_CHECKS", "Severity", "probe_violations",
+           "trial_violations", "violate"]
+
 StaticCheck = Callable[[str, Backend, str], list[Violation]]
 TrialCheck = Callable[["EvalRun", TrialMsg], list[Violation]]
 ProbeCheck = Callable[["EvalRun", ProbeMsg], list[Violation]]
@@ -46,56 +48,9 @@ def ast_rules(source: str, backend: Backend, policy: str) -> list[Violation]:
 STATIC_CHECKS: list[StaticCheck] = [ast_rules]
 
 
-@dataclass(frozen=True)
-class RuntimeRule:
-    name: str
-    rationale: str
-    strict: Severity = "reject"
-    kernelbench: Severity = "flag"
-
-    def severity(self, policy: str) -> Severity:
-        return self.kernelbench if policy == "kernelbench" else self.strict
-
-
-RUNTIME_RULES = {r.name: r for r in (
-    RuntimeRule("no_custom_kernel",
-                "A candidate with kernels that never launch, or whose output does not change "
-                "when they do nothing, is PyTorch dressed up as a kernel (catalog B5, B1)."),
-    RuntimeRule("deferred_work",
-                "An output still being written after the call returned means work escaped the "
-                "timed region: side streams, deferred launches (catalog T1, T4)."),
-    RuntimeRule("background_threads",
-                "A thread started by the candidate can finish the work after the timer stopped "
-                "(catalog T2)."),
-    RuntimeRule("timer_tampering",
-                "A replaced timer, synchronisation or comparison function fakes the timings or "
-                "the checks (catalog T3, C11)."),
-    RuntimeRule("backend_flags_changed",
-                "TF32, cudnn.benchmark or precision changes give the candidate numerics or speed "
-                "the baselines did not get (catalog B6, C8)."),
-    RuntimeRule("nondeterministic",
-                "Two calls on the same inputs must agree: reads of uninitialised or stale memory "
-                "pass once and fail later (catalog C9); bitwise differences only are flagged."),
-    RuntimeRule("precision_below_fp32",
-                "An fp32 problem computed in lower precision (fp16, bf16, TF32) can pass a 1e-4 "
-                "tolerance on well-scaled outputs while its error against a float64 reference "
-                "is far above the fp32 reference's own (catalog C8)."),
-    RuntimeRule("clock_disagreement",
-                "The candidate process's own CUDA-event time of its forward disagrees with the "
-                "harness's clock by more than the handshake: its numbers are not its work (work "
-                "left on other streams, forged events). The harness's clock is the number of "
-                "record either way; flagged for review.", strict="flag"),
-    RuntimeRule("l2_persistence",
-                "A persisting-L2 carve-out keeps the candidate's data in the L2 across the "
-                "flush between timed calls (catalog T5); kloop resets it before timing."),
-    RuntimeRule("protocol_violation",
-                "The candidate process wrote messages of its own onto the harness's result "
-                "channel (a forged timing, a trial twice): nothing it reports can be trusted "
-                "(catalog C11).", kernelbench="reject"),
-    RuntimeRule("implausible_speedup",
-                "Speedups above the policy's bound over eager are usually measurement or "
-                "correctness holes; flagged for review.", strict="flag"),
-)}
+RuntimeRule = Rule
+RUNTIME_RULES: dict[str, Rule] = of_kind("runtime")
+"""The runtime rules of the table in `evaluator.rules` (name, rationale, severities)."""
 
 
 def violate(run: EvalRun, rule: str, message: str, severity: Severity | None = None) -> Violation:
@@ -113,17 +68,12 @@ def _fired(run: EvalRun, rule: str) -> bool:
 # ---- per trial -----------------------------------------------------------------------------
 
 
-# Rationale: a forward that writes into its inputs corrupts whatever reuses them (the timing
-# loop's rotated input sets, the caller's tensors); KernelBench passes uncloned inputs.
+# Rationale: see RUNTIME_RULES["input_mutation"].
 def input_mutation(run: EvalRun, msg: TrialMsg) -> list[Violation]:
     if not msg.mutated_inputs or _fired(run, "input_mutation"):
         return []
-    run.flags.append("input_mutation")
-    return [Violation(
-        rule="input_mutation", severity=run.policy.input_mutation,
-        message=f"forward wrote into its input tensor(s) {msg.mutated_inputs} "
-        f"(trial {msg.index})",
-    )]
+    return [violate(run, "input_mutation", f"forward wrote into its input tensor(s) "
+                    f"{msg.mutated_inputs} (trial {msg.index})")]
 
 
 # Rationale: catalog T1/T4, see RUNTIME_RULES["deferred_work"].

@@ -19,7 +19,8 @@ BaselineMode = Literal["auto", "eager", "compile", "both", "none"]
 
 
 class Policy(BaseModel):
-    """How a candidate is judged. Frozen: a policy is identified by its name."""
+    """How a candidate is judged. Frozen: a policy is identified by its name. What each
+    anti-cheat rule gives under it (reject or flag) is in the rule table, `evaluator.rules`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -60,8 +61,6 @@ class Policy(BaseModel):
     """Reject plain-PyTorch candidates (no kernel of their own) that would otherwise be correct.
     Off: they are judged on their outputs and flagged `no_custom_kernel`; a candidate whose own
     kernels never launch or do not matter is rejected either way."""
-    input_mutation: Literal["reject", "flag"] = "reject"
-    """What a candidate that writes into its input tensors gets."""
     excessive_speedup: float = 10.0
     """Flag (never fail) speedups over eager above this factor."""
 
@@ -91,7 +90,6 @@ POLICIES: dict[str, Policy] = {
             noisy_construction=False,
             degenerate_trials=False,
             reparam_trial=False,
-            input_mutation="flag",
         ),
     )
 }

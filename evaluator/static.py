@@ -1,33 +1,39 @@
 """Static anti-cheat rules, run on the candidate's syntax tree before anything executes.
 
-Each rule has a name, a one-line rationale and a severity per policy: under `strict` most
-reject, under `kernelbench` every rule only flags (KernelBench main rejects none of these, and
-that policy exists to reproduce its numbers). Rules look at what the code does (imports, calls,
-assignments, class bases), never at text, so a `try/except` around `load_inline` or a `pass` in
-a helper cannot trip them. The runtime checks in the anti-cheat issue back these up: a static
-rule can be evaded by code it cannot see (e.g. in a C++ string), and says so in its rationale.
+Names, rationales and severities per policy are in the one rule table (`evaluator.rules`); this
+module holds the checks. Rules look at what the code does (imports, calls, assignments, class
+bases), never at text, so a `try/except` around `load_inline` or a `pass` in a helper cannot
+trip them, and each fires only on what it can show: a Lock starts no thread, a table of launch
+configs keyed by alignment stores no output, a cuDNN flags scope with strict's own settings
+changes nothing. A static rule can be evaded by code it cannot see (e.g. in a C++ string); the
+runtime rules back it up, and each rationale says which one does.
 """
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 from evaluator.backend import _Imports
 from evaluator.result import Violation
+from evaluator.rules import Rule, Severity, of_kind
+from evaluator.static_caches import cache_lookups
 
-Severity = Literal["reject", "flag"]
+__all__ = ["RULES", "Rule", "Severity", "static_violations"]
 
 INTROSPECTION_MODULES = {"inspect", "gc"}
 INTROSPECTION_ATTRS = {
     "_getframe", "f_locals", "f_globals", "f_back", "f_builtins", "f_code", "tb_frame",
     "gi_frame", "cr_frame", "get_objects", "get_referrers", "get_referents", "modules",
+    "__globals__",
 }
 INTROSPECTION_CALLS = {"globals", "vars"}
 CONCURRENCY_MODULES = {"threading", "_thread", "multiprocessing", "concurrent", "subprocess",
                        "asyncio", "pty", "torch.multiprocessing", "sched"}
+# threading names that start nothing: a candidate may guard lazy set-up with them.
+SAFE_THREADING = {"Lock", "RLock", "Semaphore", "BoundedSemaphore", "Event", "Condition",
+                  "local", "get_ident"}
 PROCESS_CALLS = {"fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp", "execv",
                  "execve", "execl", "execle", "execlp", "execvp", "execvpe", "spawnv", "spawnl",
                  "spawnve", "spawnle", "spawnlp", "spawnvp"}
@@ -36,17 +42,21 @@ PROTECTED_ROOTS = {"torch", "time", "triton", "numpy", "builtins", "sys", "os", 
 TENSOR_BASES = {"torch.Tensor", "torch._C.TensorBase", "torch._C._TensorBase"}
 MODE_BASES = {"TorchFunctionMode", "TorchDispatchMode"}
 SUBCLASS_CALLS = {"_make_subclass", "_make_wrapper_subclass", "as_subclass"}
-IDENTITY_KEYS = {"data_ptr", "untyped_storage", "storage", "_cdata", "storage_offset"}
-SHAPE_KEYS = {"shape", "size", "stride"}
 FLAG_CALLS = {"torch.set_float32_matmul_precision", "torch.use_deterministic_algorithms",
               "torch.set_default_dtype", "torch.set_default_device", "torch.set_flush_denormal",
-              "torch.backends.cudnn.flags", "torch.backends.cuda.preferred_linalg_library",
+              "torch.backends.cudnn.flags", "torch.backends.cudnn.set_flags",
+              "torch.backends.mkldnn.flags", "torch.backends.mkldnn.set_flags",
+              "torch.backends.cuda.preferred_linalg_library",
               "torch.backends.cuda.preferred_blas_library"}
+# `torch.backends.cudnn.flags(...)` keywords that may appear in a scope with strict's settings;
+# allow_tf32 must be given as False (the function's default is True).
+SCOPED_CUDNN_FLAGS = {"enabled", "benchmark", "benchmark_limit", "deterministic", "allow_tf32"}
 COMPILE_CALLS = {"torch.compile", "torch._dynamo.optimize", "torch.cuda.CUDAGraph",
                  "torch.cuda.graph", "torch.cuda.graphs.graph", "torch.cuda.make_graphed_callables",
                  "torch.jit.script", "torch.jit.trace", "torch.export.export"}
 DYNAMIC_CALLS = {"exec", "eval", "compile", "__import__", "importlib.import_module",
-                 "importlib.__import__", "runpy.run_path", "runpy.run_module"}
+                 "importlib.__import__", "runpy.run_path", "runpy.run_module",
+                 "pickle.loads", "pickle.load", "marshal.loads", "marshal.load"}
 
 
 @dataclass(frozen=True)
@@ -81,27 +91,18 @@ class Context:
             yield call, self.full(call.func)  # type: ignore[attr-defined]
 
 
-@dataclass(frozen=True)
-class Rule:
-    name: str
-    rationale: str
-    check: Callable[[Context], list[Finding]]
-    severities: Mapping[str, Severity] = field(default_factory=dict)
-    default: Severity = "reject"
-
-    def severity(self, policy: str) -> Severity:
-        """Severity under `policy`; policies without an entry get the rule's default."""
-        return self.severities.get(policy, self.default)
+Check = Callable[[Context], list[Finding]]
+RULES: dict[str, Rule] = of_kind("static")
+"""The static rules of the table in `evaluator.rules` (name, rationale, severities)."""
+CHECKS: dict[str, Check] = {}
 
 
-RULES: dict[str, Rule] = {}
-
-
-def rule(name: str, rationale: str, *, default: Severity = "reject",
-         **severities: Severity) -> Callable[[Callable[[Context], list[Finding]]], Callable]:
-    def register(check: Callable[[Context], list[Finding]]) -> Callable:
-        per_policy: dict[str, Severity] = {"kernelbench": "flag", **severities}
-        RULES[name] = Rule(name, rationale, check, per_policy, default)
+def rule(name: str) -> Callable[[Check], Check]:
+    """Registers the check of the static rule `name` (which must be in the rule table)."""
+    def register(check: Check) -> Check:
+        if RULES.get(name) is None:
+            raise KeyError(f"static rule {name!r} is not in evaluator.rules")
+        CHECKS[name] = check
         return check
 
     return register
@@ -123,9 +124,7 @@ def _matches(name: str, modules: set[str]) -> bool:
     return any(name == m or name.startswith(m + ".") for m in modules)
 
 
-@rule("frame_introspection",
-      "Reading frames, globals or the object graph lets a candidate find the harness's "
-      "reference outputs or verdict channel (catalog C10, C11).")
+@rule("frame_introspection")
 def _introspection(ctx: Context) -> list[Finding]:
     out = [Finding(n.lineno, f"imports {name}") for n, name in _imported_modules(ctx)
            if _matches(name, INTROSPECTION_MODULES)]
@@ -149,9 +148,7 @@ def _tamper_target(ctx: Context, target: ast.AST) -> str | None:
     return None
 
 
-@rule("timing_or_comparison_tampering",
-      "Reassigning or wrapping torch/time/triton functions (Event, synchronize, perf_counter, "
-      "allclose, testing…) can fake timings or comparisons (catalog T3).")
+@rule("timing_or_comparison_tampering")
 def _tampering(ctx: Context) -> list[Finding]:
     out = []
     for node in ctx.nodes(ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete):
@@ -176,21 +173,49 @@ def _tampering(ctx: Context) -> list[Finding]:
     return out
 
 
-@rule("threads_or_processes",
-      "Work left running in a thread or process after forward returns escapes the timer "
-      "(catalog T2).")
+def _parents(ctx: Context) -> dict[ast.AST, ast.AST]:
+    return {child: node for node in ast.walk(ctx.tree) for child in ast.iter_child_nodes(node)}
+
+
+def _threading_uses(ctx: Context) -> Iterator[Finding]:
+    """Uses of `threading` other than its synchronisation primitives: the module passed around
+    as a value, a name outside SAFE_THREADING, or anything reached through a safe name
+    (`threading.Lock.__self__` is the `_thread` module, which starts threads)."""
+    parents = _parents(ctx)
+    for node in ctx.nodes(ast.Name, ast.Attribute):
+        full = ctx.full(node)
+        parts = full.split(".")
+        if parts[0] != "threading" or len(parts) > 2:
+            continue
+        parent = parents.get(node)
+        reached_through = isinstance(parent, ast.Attribute) and parent.value is node
+        if len(parts) == 1 and not reached_through:
+            yield Finding(node.lineno, "uses the threading module as a value")  # type: ignore[attr-defined]
+        elif len(parts) == 2 and (parts[1] not in SAFE_THREADING or reached_through):
+            what = full if parts[1] not in SAFE_THREADING else f"{full}.{parent.attr}"  # type: ignore[union-attr]
+            yield Finding(node.lineno, f"uses {what}")  # type: ignore[attr-defined]
+
+
+@rule("threads_or_processes")
 def _concurrency(ctx: Context) -> list[Finding]:
-    out = [Finding(n.lineno, f"imports {name}") for n, name in _imported_modules(ctx)
-           if _matches(name, CONCURRENCY_MODULES)]
+    out = []
+    for node in ctx.nodes(ast.Import, ast.ImportFrom):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name != "threading"]
+        elif node.module == "threading":
+            names = [f"threading.{a.name}" for a in node.names if a.name not in SAFE_THREADING]
+        else:
+            names = [node.module or ""]
+        out += [Finding(node.lineno, f"imports {n}") for n in names
+                if _matches(n, CONCURRENCY_MODULES)]
+    out += _threading_uses(ctx)
     for call, name in ctx.calls():
         if name.startswith("os.") and name.split(".", 1)[1] in PROCESS_CALLS:
             out.append(Finding(call.lineno, f"calls {name}"))
     return out
 
 
-@rule("tensor_subclass",
-      "A Tensor subclass or a torch function/dispatch mode can defer or fake the computation "
-      "until the output is compared (catalog C12).")
+@rule("tensor_subclass")
 def _tensor_subclass(ctx: Context) -> list[Finding]:
     out = []
     for cls in ctx.nodes(ast.ClassDef):
@@ -209,9 +234,7 @@ def _tensor_subclass(ctx: Context) -> list[Finding]:
     return out
 
 
-@rule("reference_model",
-      "Subclassing or calling the reference `Model` returns PyTorch's own result with no "
-      "kernel of the candidate's (catalog B1, B3).")
+@rule("reference_model")
 def _reference_model(ctx: Context) -> list[Finding]:
     out = []
     for cls in ctx.nodes(ast.ClassDef):
@@ -227,81 +250,16 @@ def _reference_model(ctx: Context) -> list[Finding]:
     return out
 
 
-def _key_kind(ctx: Context, key: ast.AST, local: Mapping[str, ast.AST]) -> str | None:
-    """`identity` when a cache key is built from id()/data_ptr()/storage, `shape` when from
-    shapes/sizes, following one local assignment (`k = (x.data_ptr(), x.shape)`)."""
-    if isinstance(key, ast.Name) and key.id in local:
-        key = local[key.id]
-    kinds = set()
-    for n in ast.walk(key):
-        if isinstance(n, ast.Call) and ctx.full(n.func) in ("id", "hash"):
-            kinds.add("identity")
-        elif isinstance(n, ast.Attribute) and n.attr in IDENTITY_KEYS:
-            kinds.add("identity")
-        elif isinstance(n, ast.Attribute) and n.attr in SHAPE_KEYS:
-            kinds.add("shape")
-    return "identity" if "identity" in kinds else "shape" if kinds else None
-
-
-def _persistent(ctx: Context, node: ast.AST) -> bool:
-    """A container that outlives one call: a module global, or an attribute of self/cls."""
-    if isinstance(node, ast.Name):
-        return node.id in ctx.module_names
-    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
-        node.value.id in ("self", "cls")
-
-
-def _written_containers(ctx: Context) -> set[str]:
-    """Source text of every container something is stored into (`c[k] = v`, `c.setdefault`,
-    `c.update`...): a table that is only ever read is a constant, not a cache."""
-    out = set()
-    for n in ctx.nodes(ast.Subscript):
-        if isinstance(n.ctx, ast.Store):  # type: ignore[attr-defined]
-            out.add(ast.unparse(n.value))  # type: ignore[attr-defined]
-    for call in ctx.nodes(ast.Call):
-        f = call.func  # type: ignore[attr-defined]
-        if isinstance(f, ast.Attribute) and f.attr in ("setdefault", "update", "__setitem__"):
-            out.add(ast.unparse(f.value))
-    return out
-
-
-def _cache_lookups(ctx: Context) -> Iterator[tuple[int, str]]:
-    """(line, key kind) of every keyed access to a persistent container that is written to."""
-    written = _written_containers(ctx)
-    for fn in ctx.nodes(ast.FunctionDef, ast.AsyncFunctionDef):
-        local = {t.id: n.value for n in ast.walk(fn) if isinstance(n, ast.Assign)
-                 for t in n.targets if isinstance(t, ast.Name)}
-        for n in ast.walk(fn):
-            pairs: list[tuple[ast.AST, ast.AST]] = []
-            if isinstance(n, ast.Subscript):
-                pairs.append((n.value, n.slice))
-            elif isinstance(n, ast.Compare) and any(isinstance(o, (ast.In, ast.NotIn))
-                                                    for o in n.ops):
-                pairs += [(c, n.left) for c in n.comparators]
-            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.args and \
-                    n.func.attr in ("get", "setdefault", "pop", "__contains__", "__getitem__"):
-                pairs.append((n.func.value, n.args[0]))
-            for container, key in pairs:
-                cache = _persistent(ctx, container) and ast.unparse(container) in written
-                kind = _key_kind(ctx, key, local) if cache else None
-                if kind:
-                    yield n.lineno, kind
-
-
-@rule("identity_keyed_cache",
-      "A cache keyed by tensor identity or data pointer can return stored outputs instead of "
-      "computing them (catalog C4).")
+@rule("identity_keyed_cache")
 def _identity_cache(ctx: Context) -> list[Finding]:
     return [Finding(line, "keys a persistent cache by tensor identity/pointer")
-            for line, kind in _cache_lookups(ctx) if kind == "identity"]
+            for line, kind in cache_lookups(ctx) if kind == "identity"]
 
 
-@rule("shape_keyed_cache",
-      "Keying by shape is normal for kernel configs but can also memoise outputs (catalog C4); "
-      "recorded for review, the runtime re-checks on fresh inputs decide.", default="flag")
+@rule("shape_keyed_cache")
 def _shape_cache(ctx: Context) -> list[Finding]:
     out = [Finding(line, "keys a persistent cache by tensor shape")
-           for line, kind in _cache_lookups(ctx) if kind == "shape"]
+           for line, kind in cache_lookups(ctx) if kind == "shape"]
     for fn in ctx.nodes(ast.FunctionDef, ast.AsyncFunctionDef):
         for dec in fn.decorator_list:  # type: ignore[attr-defined]
             name = ctx.full(dec.func if isinstance(dec, ast.Call) else dec)
@@ -310,10 +268,21 @@ def _shape_cache(ctx: Context) -> list[Finding]:
     return out
 
 
-@rule("global_backend_flags",
-      "TF32, cudnn.benchmark or matmul-precision changes give the candidate's library calls "
-      "settings the baselines did not get, so the comparison is no longer like for like "
-      "(catalog B6, C8).")
+def _strict_cudnn_scope(call: ast.Call) -> bool:
+    """`torch.backends.cudnn.flags(...)` with literal keywords equal to strict's settings: TF32
+    off (given explicitly: the function defaults it to on) and no benchmark autotuning. It is
+    restored on exit and changes nothing strict has not already set."""
+    if call.args or any(k.arg not in SCOPED_CUDNN_FLAGS for k in call.keywords):
+        return False
+    values = {k.arg: k.value for k in call.keywords}
+    if not all(isinstance(v, ast.Constant) for v in values.values()):
+        return False
+    tf32, bench = values.get("allow_tf32"), values.get("benchmark")
+    return tf32 is not None and tf32.value is False and \
+        (bench is None or bench.value is False)  # type: ignore[attr-defined]
+
+
+@rule("global_backend_flags")
 def _backend_flags(ctx: Context) -> list[Finding]:
     out = []
     for node in ctx.nodes(ast.Assign, ast.AugAssign, ast.AnnAssign):
@@ -322,14 +291,16 @@ def _backend_flags(ctx: Context) -> list[Finding]:
             if isinstance(t, ast.Attribute) and ctx.full(t).startswith("torch.backends."):
                 out.append(Finding(node.lineno, f"sets {ctx.full(t)}"))
     for call, name in ctx.calls():
-        if name in FLAG_CALLS:
+        if name in FLAG_CALLS and not (name == "torch.backends.cudnn.flags"
+                                       and _strict_cudnn_scope(call)):
             out.append(Finding(call.lineno, f"calls {name}"))
+        elif name in ("setattr", "delattr") and call.args and \
+                ctx.full(call.args[0]).startswith("torch.backends"):
+            out.append(Finding(call.lineno, f"{name}() on {ctx.full(call.args[0])}"))
     return out
 
 
-@rule("torch_compile_or_cuda_graph",
-      "torch.compile and CUDA graphs are framework speed-ups, not the candidate's kernels; a "
-      "policy may allow them, and they are always recorded (catalog B6, T6).")
+@rule("torch_compile_or_cuda_graph")
 def _compile_graphs(ctx: Context) -> list[Finding]:
     out = [Finding(call.lineno, f"calls {name}") for call, name in ctx.calls()
            if name in COMPILE_CALLS]
@@ -341,9 +312,7 @@ def _compile_graphs(ctx: Context) -> list[Finding]:
     return out
 
 
-@rule("dynamic_code",
-      "Code built from strings at run time (exec, eval, __import__) is invisible to every "
-      "static rule here.")
+@rule("dynamic_code")
 def _dynamic_code(ctx: Context) -> list[Finding]:
     return [Finding(call.lineno, f"calls {name}") for call, name in ctx.calls()
             if name in DYNAMIC_CALLS]
@@ -359,7 +328,7 @@ def static_violations(
     for r in RULES.values():
         severity = (severities or {}).get(r.name, r.severity(policy))
         seen: set[int | None] = set()
-        for f in r.check(ctx):
+        for f in CHECKS[r.name](ctx):
             if f.line not in seen:
                 seen.add(f.line)
                 out.append(Violation(rule=r.name, severity=severity, line=f.line,

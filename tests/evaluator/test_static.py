@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from evaluator.checks import ast_rules
+from evaluator import rules
+from evaluator.checks import RUNTIME_RULES, ast_rules
 from evaluator.static import RULES, static_violations
 
-FIXTURES = Path(__file__).parent / "fixtures_e2"
+HERE = Path(__file__).parent
+FIXTURES = HERE / "fixtures_e2"
 CANDIDATES = Path(__file__).parent / "candidates"
 
 BAD = {
@@ -20,6 +22,8 @@ BAD = {
         "import gc\nouts = [o for o in gc.get_objects()]\n",
         "import sys\nharness = sys.modules['__main__']\n",
         "def f(exc):\n    return exc.__traceback__.tb_frame.f_back\n",
+        # Past the Lock allowance through a method's globals (threading's own namespace).
+        "import threading\nT = threading.Event().wait.__func__.__globals__['Thread']\n",
     ],
     "timing_or_comparison_tampering": [
         "import torch\ntorch.cuda.synchronize = lambda *a: None\n",
@@ -33,7 +37,12 @@ BAD = {
         "__builtins__['print'] = None\n",
     ],
     "threads_or_processes": [
-        "import threading\n",
+        "import threading\nthreading.Thread(target=print).start()\n",
+        # The cheapest way past the Lock allowance: a safe name's attributes lead to `_thread`.
+        "import threading\nthreading.Lock.__self__.start_new_thread(print, ())\n",
+        "import threading as t\nspawn = getattr(t, 'Thread')\n",
+        "from threading import Lock, Timer\n",
+        "import _thread\n",
         "from concurrent.futures import ThreadPoolExecutor\n",
         "import subprocess\n",
         "import torch.multiprocessing as mp\n",
@@ -53,6 +62,8 @@ BAD = {
         "from problems.level3 import mlp\n",
     ],
     "identity_keyed_cache": [
+        "_OUT = {}\ndef forward(x):\n    k = (x.shape, x.data_ptr())\n    if k not in _OUT:\n"
+        "        _OUT[k] = x * 2\n    return _OUT[k]\n",
         "_CACHE = {}\ndef forward(x):\n    k = x.data_ptr()\n    if k in _CACHE:\n"
         "        return _CACHE[k]\n    _CACHE[k] = y = x * 2\n    return y\n",
         "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n"
@@ -65,6 +76,15 @@ BAD = {
     ],
     "global_backend_flags": [
         "import torch\ntorch.backends.cuda.matmul.allow_tf32 = True\n",
+        "import torch\nsetattr(torch.backends.cudnn, 'allow_tf32', True)\n",
+        "import torch\ntorch.backends.cudnn.set_flags(True, True, 10, False, True)\n",
+        # Scoped flags other than strict's own: the runtime probe (before/after) cannot see them.
+        "import torch\ndef f(c, x):\n    with torch.backends.cudnn.flags(enabled=True):\n"
+        "        return c(x)\n",
+        "import torch\ndef f(c, x):\n    with torch.backends.cudnn.flags(enabled=True, "
+        "allow_tf32=False, benchmark=True):\n        return c(x)\n",
+        "import torch\nKW = dict(allow_tf32=True)\ndef f(c, x):\n"
+        "    with torch.backends.cudnn.flags(**KW):\n        return c(x)\n",
         "import torch\ntorch.backends.cudnn.benchmark = True\n",
         "import torch\ntorch.set_float32_matmul_precision('high')\n",
     ],
@@ -77,6 +97,8 @@ BAD = {
     ],
     "dynamic_code": [
         "exec('import inspect')\n",
+        # An unpickled global is an import no rule sees (`cthreading\nThread` ...).
+        "import pickle\nThread = pickle.loads(PAYLOAD)\n",
         "m = __import__('ins' + 'pect')\n",
         "import importlib\nm = importlib.import_module('gc')\n",
     ],
@@ -170,12 +192,14 @@ def test_a_table_that_is_only_read_is_not_a_cache():
     snippet = ("BLOCK_FOR_K = {64: 32, 128: 64}\ndef pick(x):\n    k = x.shape[1]\n"
                "    return BLOCK_FOR_K.get(k, 16)\n")
     assert static_violations(snippet) == []
-    written = snippet + "def remember(x):\n    BLOCK_FOR_K[x.shape[1]] = 8\n"
-    assert {v.rule for v in static_violations(written)} == {"shape_keyed_cache"}
+    configs = snippet + "def remember(x):\n    BLOCK_FOR_K[x.shape[1]] = 8\n"
+    assert static_violations(configs) == []
+    outputs = snippet + "def remember(x):\n    BLOCK_FOR_K[x.shape[1]] = x.relu()\n"
+    assert {v.rule for v in static_violations(outputs)} == {"shape_keyed_cache"}
 
 
 def test_severity_depends_on_policy():
-    snippet = "import torch\ntorch.backends.cudnn.benchmark = True\nimport threading\n"
+    snippet = "import torch\ntorch.backends.cudnn.benchmark = True\nimport subprocess\n"
     strict = {v.rule: v.severity for v in static_violations(snippet, "strict")}
     kb = {v.rule: v.severity for v in static_violations(snippet, "kernelbench")}
     assert strict == {"global_backend_flags": "reject", "threads_or_processes": "reject"}
@@ -196,7 +220,140 @@ def test_local_rebinding_and_unrelated_attributes_do_not_fire():
         "import time\nfrom torch import allclose\n"
         "allclose = None  # only this module's name\n"
         "class Cfg:\n    modules = []\n"
-        "def f(self, x):\n    self.cache = {}\n    self.cache[x.shape] = 1\n"
+        "def f(self, x):\n    self.cache = {}\n    self.cache[x.shape] = x\n"
         "    t = time.perf_counter()\n    return t\n"
     )
     assert _rules(snippet) == {"shape_keyed_cache"}
+
+
+# ---- issue 10: false positives narrowed, and the cheapest attack past each narrowing -------
+
+LOCKED_BLOCK_SIZE = """
+import threading
+import torch
+_LOCK = threading.Lock()
+_BLOCK = {}
+
+
+def block_for(x):
+    n = x.shape[-1]
+    with _LOCK:
+        if n not in _BLOCK:
+            _BLOCK[n] = 128 if n >= 4096 else 64
+        return _BLOCK[n]
+"""
+
+ALIGNMENT_TABLE = """
+import torch
+import triton
+_CFG = {}
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        key = (tuple(x.shape), x.data_ptr() % 16 == 0)
+        cfg = _CFG.get(key)
+        if cfg is None:
+            block = min(1024, triton.next_power_of_2(x.shape[-1]))
+            warps = 4 if block <= 256 else 8
+            cfg = (block, warps)
+            _CFG[key] = cfg
+        return cfg
+"""
+
+SCOPED_CUDNN = """
+import torch
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            return self.conv(x)
+"""
+
+
+@pytest.mark.parametrize("source", [LOCKED_BLOCK_SIZE, ALIGNMENT_TABLE, SCOPED_CUDNN],
+                         ids=["lock", "alignment_table", "scoped_cudnn"])
+def test_issue10_false_positives_are_silent(source):
+    assert static_violations(source, "strict") == []
+    assert static_violations(source, "kernelbench") == []
+
+
+def test_alignment_table_storing_a_tensor_is_still_a_cache():
+    stores_output = ALIGNMENT_TABLE.replace("cfg = (block, warps)", "cfg = x * 2")
+    assert _rules(stores_output) == {"shape_keyed_cache"}
+    by_pointer = stores_output.replace("x.data_ptr() % 16 == 0", "x.data_ptr()")
+    assert _rules(by_pointer) == {"identity_keyed_cache"}
+    # A modulus too large to be an alignment is a pointer in disguise.
+    disguised = stores_output.replace("% 16", "% (1 << 40)").replace("(1 << 40)", "1099511627776")
+    assert _rules(disguised) == {"identity_keyed_cache"}
+
+
+def test_attack_past_the_alignment_table_is_left_to_the_runtime():
+    """The cheapest way past the narrowed cache rules: keep outputs in a list and store only a
+    scalar index in the config table. Nothing static sees it; every checked call on fresh
+    inputs does (exploit C4d: `incorrect` under strict), which is why the cache rules only
+    flag."""
+    source = (HERE / "../exploits/candidates/c04d_alignment_table_index.py").read_text()
+    assert static_violations(source, "strict") == []
+    assert RULES["identity_keyed_cache"].severity("strict") == "flag"
+    assert RULES["shape_keyed_cache"].severity("strict") == "flag"
+
+
+def test_attack_past_the_lock_allowance_is_caught_at_run_time_only():
+    """Threads reached through another module (`queue.threading`) pass the static rule; the
+    runtime thread count (`background_threads`, exploit T2b) is what catches them."""
+    source = "import queue\nqueue.threading.Thread(target=print, daemon=True).start()\n"
+    assert static_violations(source) == []
+    assert RUNTIME_RULES["background_threads"].severity("strict") == "reject"
+
+
+def test_attack_past_the_scoped_flags_allowance_is_an_open_hole():
+    """A flag flipped inside the scope through a name the AST cannot resolve, and restored
+    before return, is invisible to the static rule and to the before/after runtime probe. The
+    allowance adds no hole: the same trick works without any scope (tests/exploits/README.md,
+    open items)."""
+    source = SCOPED_CUDNN.replace(
+        "            return self.conv(x)",
+        "            owner = self.owner\n            setattr(owner, 'benchmark', True)\n"
+        "            return self.conv(x)")
+    assert static_violations(source) == []
+
+
+def test_one_rule_table():
+    assert set(RULES) | set(RUNTIME_RULES) == set(rules.RULES)
+    assert not set(RULES) & set(RUNTIME_RULES)
+    for r in rules.RULES.values():
+        assert {r.severity(p) for p in rules.POLICY_NAMES} <= {"reject", "flag"}
+    strict = set(rules.rejected_by("strict"))
+    assert {"threads_or_processes", "global_backend_flags", "input_mutation"} <= strict
+    assert not {"identity_keyed_cache", "shape_keyed_cache"} & strict
+    assert rules.rejected_by("kernelbench") == ["protocol_violation"]
+
+
+CONFIG_HELPER = """
+import torch
+import triton
+_CFG = {}
+
+
+def config_for(x, n):
+    key = (tuple(x.shape), x.data_ptr() % 16 == 0)
+    if key not in _CFG:
+        _CFG[key] = (min(128, triton.next_power_of_2(n)), 4)
+    return _CFG[key]
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return config_for(x, x.shape[-1])
+"""
+
+
+def test_config_helper_parameters_are_judged_at_their_call_sites():
+    assert static_violations(CONFIG_HELPER) == []
+    # The same helper handed a tensor where the shape was: `min` passes the tensor through.
+    tensor_arg = CONFIG_HELPER.replace("config_for(x, x.shape[-1])", "config_for(x, x.sum())")
+    assert _rules(tensor_arg) == {"shape_keyed_cache"}
+    never_called = CONFIG_HELPER.replace("return config_for(x, x.shape[-1])", "return x")
+    assert _rules(never_called) == {"shape_keyed_cache"}
