@@ -28,8 +28,11 @@ def gpu_config(cache_dir, **overrides) -> EvalConfig:
 def _assert_correct_and_timed(r):
     assert r.status == "correct", (r.error, r.compile, [t.message for t in r.correctness])
     assert r.stage_reached == "done"
-    assert r.timing is not None and r.timing.clock == "cuda_event" and r.timing.comparable
-    assert r.timing.n_trials == 100
+    t = r.timing
+    assert t is not None and t.clock == "harness" and t.comparable and t.n_trials == 100
+    assert t.handshake_ms is not None and 0 < t.handshake_ms < 5.0, t
+    assert t.worker_event_median_ms is not None
+    assert "clock_disagreement" not in r.flags, t
     assert r.eager is not None and r.speedup_vs_eager is not None
     assert r.env is not None and r.env.gpu_arch and r.env.device_name
     assert "cpu_emulation" not in r.flags
@@ -90,6 +93,19 @@ def test_same_model_timed_in_two_processes_agrees(cache_dir):
     _assert_correct_and_timed(r)
     assert r.has_custom_kernel is False
     assert 0.8 < r.speedup_vs_eager < 1.25, (r.timing, r.eager)
+
+
+def test_the_harness_clock_agrees_with_cuda_events_for_a_millisecond_model(cache_dir):
+    """An honest model of a few milliseconds: the harness's clock net of its handshake and the
+    worker's own CUDA events time the same forward within 5 % (bench/clock.py has the table)."""
+    big = {"batch_size": 4096, "input_size": 4096, "layer_sizes": [4096, 4096],
+           "output_size": 4096}
+    r = evaluate("L3/1", candidate("mlp_torch.py"),
+                 gpu_config(cache_dir, problem_overrides=big, baselines="none"))
+    assert r.status == "correct", r.error
+    t = r.timing
+    assert t is not None and t.worker_event_median_ms is not None and t.median_ms > 1.0, t
+    assert abs(t.median_ms / t.worker_event_median_ms - 1) < 0.05, t
 
 
 def test_broken_outputs_on_gpu(cache_dir):
