@@ -201,7 +201,8 @@ def on_message(run: EvalRun, job: CandidateJob, seq: Sequence, child: Any, msg: 
     elif isinstance(msg, FlagMsg):
         run.flags.append(msg.flag)
     elif isinstance(msg, ErrorMsg):
-        run.stop(msg.status, STAGE_OF_CHILD.get(msg.stage, run.stage), msg.error)  # type: ignore[arg-type]
+        if run.status is None:  # a verdict already made (a wrong timed output) stands
+            run.stop(msg.status, STAGE_OF_CHILD.get(msg.stage, run.stage), msg.error)  # type: ignore[arg-type]
     elif isinstance(msg, TrialMsg):
         _judge_trial(run, job, msg)
     elif isinstance(msg, ProbeMsg):

@@ -294,6 +294,7 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput) 
     assert child.calls is not None
     layout = ServeLayout.of(msg.outputs)
     child.calls.set_layout(layout)
+    child.calls.spin = serving.on_cuda
     out.layout = layout
     record, path = _cached(serving, out)
     if msg.role == "compile" and record is not None and record.compiled is not None:

@@ -29,7 +29,9 @@ from evaluator.worker.serve import (
     OP_STOP,
     REPLY,
     REQUEST,
+    SPIN_S,
     ServeLayout,
+    read_exact,
 )
 
 _perf_counter = time.perf_counter
@@ -67,6 +69,9 @@ class CallChannel:
     rep_w: int = -1
     mem: int = -1
     layout: ServeLayout | None = None
+    spin: bool = False
+    """Spin briefly on the reply instead of sleeping (GPU runs: a sleeping wait's wake-up would
+    add a variable fraction of a millisecond to every call)."""
     _closed: bool = field(default=False, repr=False)
 
     @classmethod
@@ -119,15 +124,12 @@ class CallChannel:
             raise ChannelBroken("closed", f"the worker closed its call channel ({e})") from None
 
     def _wait(self, deadline: float) -> tuple[int, float]:
-        data = b""
-        while len(data) < REPLY.size:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.rep_r], [], [], left)[0]:
-                raise ChannelBroken("timeout", "the call did not finish in time")
-            chunk = os.read(self.rep_r, REPLY.size - len(data))
-            if not chunk:
-                raise ChannelBroken("closed", "the worker closed its call channel")
-            data += chunk
+        try:
+            data = read_exact(self.rep_r, REPLY.size, SPIN_S if self.spin else 0.0, deadline)
+        except TimeoutError:
+            raise ChannelBroken("timeout", "the call did not finish in time") from None
+        except EOFError:
+            raise ChannelBroken("closed", "the worker closed its call channel") from None
         status, ms = REPLY.unpack(data)
         return status, ms
 
@@ -152,7 +154,14 @@ class CallChannel:
         return CallResult(status=status, wall_ms=(t1 - t0) * 1000.0, event_ms=event, data=data)
 
     def stop(self) -> None:
+        """Tell the worker to stop serving, and close our end: a reader that never got the
+        stop (a thread of the candidate's took it) sees the end of the pipe instead."""
         try:
             os.write(self.req_w, REQUEST.pack(OP_STOP, 0))
         except OSError:
             pass
+        try:
+            os.close(self.req_w)
+        except OSError:
+            pass
+        self.req_w = -1

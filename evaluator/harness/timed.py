@@ -31,6 +31,7 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
         return
     layout, store = ref.layout, ref.served
     child.calls.set_layout(layout)
+    child.calls.spin = not run.on_cpu
     child.send(Control(next="serve", data=layout.model_dump_json()))
     run.stage = "timing"
     run.mark("timing")
@@ -41,6 +42,8 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
         failed.append(i)
         run.trials.append(CorrectnessTrial(trial=TIMED_TRIAL_BASE + i, kind="timed", passed=False,
                                            outputs=diffs or [], message=message))
+        # Decided here: whatever the process does next (hang, crash) does not change it.
+        run.stop("incorrect", "timing")
         return False
 
     def on_output(i: int, r: CallResult) -> bool:
