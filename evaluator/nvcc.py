@@ -44,6 +44,9 @@ CPP_IMPLICIT_HEADERS = ["#include <torch/extension.h>"]
 CHECK_CACHE_ENV = "KLOOP_NVCC_CHECK_CACHE"
 EXTRA_INCLUDE_ENV = "KLOOP_CUDA_EXTRA_INCLUDE"
 """os.pathsep-separated include dirs, e.g. headers extracted from the nvidia-cublas wheels."""
+SDK_HEADERS_DIR = Path(sys.prefix) / "cuda-headers"
+"""cuBLAS, cuSPARSE, cuSOLVER, cuRAND and cuFFT headers, installed by scripts/cuda_headers.sh
+(`include/`, and `VERSIONS`: the wheels they came from)."""
 
 # Headers a real CUDA machine provides but a compile-only box may lack: missing ones are our
 # infrastructure's fault, not the candidate's.
@@ -103,6 +106,8 @@ def _include_flags(extra_include_dirs: Sequence[str]) -> list[str]:
     # pip's nvidia-* wheels (cuBLAS, cuSPARSE…) put their headers under site-packages/nvidia.
     for site in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
         dirs += sorted(str(p) for p in Path(site).glob("nvidia/*/include") if p.is_dir())
+    if (SDK_HEADERS_DIR / "include").is_dir():
+        dirs.append(str(SDK_HEADERS_DIR / "include"))
     env_dirs = os.environ.get(EXTRA_INCLUDE_ENV, "")
     dirs += [d for d in env_dirs.split(os.pathsep) if d] + list(extra_include_dirs)
     flags: list[str] = []
@@ -148,7 +153,11 @@ def nvcc_version() -> str | None:
 def _toolchain_id() -> str:
     import torch
 
-    return f"{torch.__version__}|{nvcc_version()}|{sys.version_info[:2]}"
+    try:
+        headers = (SDK_HEADERS_DIR / "VERSIONS").read_text().strip()
+    except OSError:
+        headers = None
+    return f"{torch.__version__}|{nvcc_version()}|{sys.version_info[:2]}|{headers}"
 
 
 def _run_parallel(cmds: list[list[str]], cwd: Path, timeout_s: float) -> _RawCheck:
@@ -196,7 +205,9 @@ def _cached_run(key: str, cache_dir: Path, run) -> tuple[_RawCheck, bool]:
         except ValueError:
             log.warning("ignoring unreadable compile-check cache entry %s", path)
     raw: _RawCheck = run()
-    if not raw.timed_out and None not in raw.returncodes:
+    # A check cut short by a header missing here says nothing once it is installed.
+    if not raw.timed_out and None not in raw.returncodes and \
+            _missing_infra_header(raw.output) is None:
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(raw.model_dump_json())
