@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -46,6 +47,7 @@ from problems.registry import Problem
 
 log = logging.getLogger(__name__)
 
+_STAGE_ORDER: tuple[Stage, ...] = typing.get_args(Stage)
 _device_locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
 
@@ -179,6 +181,12 @@ class EvalRun:
         self.status, self.stage = status, stage
         if error is not None:
             self.error = error
+
+    def reach(self, stage: Stage) -> None:
+        """Record that `stage` ran; `stage` never moves back (the sm_90 check of a Triton
+        candidate's kernels runs after its correctness trials, which it does not undo)."""
+        if _STAGE_ORDER.index(stage) > _STAGE_ORDER.index(self.stage):
+            self.stage = stage
 
     def gpu_lock(self) -> contextlib.AbstractContextManager[None]:
         """The device lock of this evaluation's GPU stages (see `device_lock`); its file lives in
