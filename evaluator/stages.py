@@ -14,6 +14,7 @@ import re
 import sys
 from pathlib import Path
 
+from evaluator import buildstore
 from evaluator.checks import STATIC_CHECKS
 from evaluator.isolation import private_dir
 from evaluator.judge import (
@@ -90,6 +91,8 @@ def compile_stage(run: EvalRun) -> None:
 
 def _compile(run: EvalRun) -> None:
     workdir = run.root / "compile"
+    store, digest = buildstore.store_root(run.config.cache_dir), run.source_sha256
+    buildstore.stage(store, digest, build_dir(run), run.sandbox)
     job = CompileJob(candidate_path=str(workdir / "candidate.py"), backend=run.backend,
                      device=run.child_device, build_dir=str(build_dir(run)))
     # Compilation never needs the GPU: hide it so parallel builds do not disturb timings.
@@ -103,6 +106,10 @@ def _compile(run: EvalRun) -> None:
             elif isinstance(msg, DoneMsg):
                 done = True
         outcome = child.outcome()
+    # The child is gone: what it built enters the store, then the verified copies its file's
+    # candidate child may load.
+    buildstore.install(workdir / "build", store, digest)
+    buildstore.stage(store, digest, build_dir(run), run.sandbox)
     log_ = run.compile
     if error is not None and error.status == "compile_error":
         run.stop("compile_error", "compile", error.error)
@@ -120,7 +127,8 @@ def _compile(run: EvalRun) -> None:
 
 
 def build_dir(run: EvalRun) -> Path:
-    return run.writable_cache / "extensions"
+    """The builds of this candidate file, verified and read-only (see `evaluator.buildstore`)."""
+    return run.root / "ext"
 
 
 def _build_env(run: EvalRun) -> dict[str, str]:

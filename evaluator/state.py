@@ -252,6 +252,10 @@ class EvalRun:
         return child
 
     @property
+    def source_sha256(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+    @property
     def writable_cache(self) -> Path:
         """Where children may write shared caches (extension builds, nvcc checks)."""
         if self.sandbox is not None and self.sandbox.cache_dir is not None:
@@ -292,7 +296,7 @@ class EvalRun:
             evaluator_version=__version__, status=self.status, stage_reached=self.stage,
             backend=self.backend, has_custom_kernel=self.has_custom_kernel,
             problem_id=self.problem.id, problem_sha256=self.problem.sha256,
-            candidate_sha256=hashlib.sha256(self.source.encode()).hexdigest(),
+            candidate_sha256=self.source_sha256,
             policy=self.policy.name, device=self.device,
             problem_overrides=self.config.problem_overrides, compile=self.compile,
             correctness=self.trials, timing=self.timing, eager=self.eager,
