@@ -11,6 +11,11 @@ against its manifest, into a read-only directory of the evaluation, which the ch
 from. So a build can only ever be loaded by a byte-identical candidate file, whatever key or
 payload another candidate computes.
 
+The compile child's nvcc check results (`evaluator.nvcc`, CPU machines) are kept the same way:
+its private check cache is installed under the candidate file's hash (plain files that parse as a
+check, nothing else) and staged read-only for the next evaluation of that file. A forged check
+result can therefore only ever speak for the file whose child wrote it.
+
 The store lives in `private_dir` (the vault uid's, mode 0700 when the harness is root): neither
 the sandbox uid nor root without capabilities can look inside. When the harness is not root,
 candidates run under its uid and could rewrite the store; those results carry
@@ -38,6 +43,8 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 _KEY = re.compile(r"[0-9a-f]{64}")
+_CHECK = re.compile(r"[0-9a-f]{64}\.json")
+_MAX_CHECK_BYTES = 16 << 20
 # What load_inline names its products: the module (the `name` argument) and `<name>.so`.
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _MAX_ENTRIES = 32
@@ -62,6 +69,26 @@ class BuildManifest(BaseModel):
 
 def store_root(cache_dir: Path) -> Path:
     return private_dir(cache_dir) / "extensions"
+
+
+def checks_root(cache_dir: Path) -> Path:
+    return private_dir(cache_dir) / "nvcc_check"
+
+
+class Store:
+    """One candidate file's view of the store, for the compile stage (see module doc)."""
+
+    def __init__(self, cache_dir: Path, candidate_sha256: str, plan: SandboxPlan | None) -> None:
+        self.builds, self.checks = store_root(cache_dir), checks_root(cache_dir)
+        self.sha, self.plan = candidate_sha256, plan
+
+    def stage(self, builds_dest: Path, checks_dest: Path) -> None:
+        stage(self.builds, self.sha, builds_dest, self.plan)
+        stage_checks(self.checks, self.sha, checks_dest, self.plan)
+
+    def install(self, build_dir: Path, check_dir: Path) -> None:
+        install(build_dir, self.builds, self.sha)
+        install_checks(check_dir, self.checks, self.sha)
 
 
 def _open_regular(dir_fd: int, name: str, limit: int) -> int:
@@ -229,3 +256,56 @@ def _hand_over(dest: Path, plan: SandboxPlan | None) -> None:
     if owner is not None:
         os.chown(dest, owner, owner, follow_symlinks=False)
     dest.chmod(0o555)
+
+
+def install_checks(check_dir: Path, store: Path, candidate_sha256: str) -> list[str]:
+    """Install the nvcc check results a compile child left in `check_dir` (plain files named by
+    their key that parse as a check) under `candidate_sha256`; the first result of a key stays."""
+    from evaluator.nvcc import RawCheck
+
+    try:
+        top = _open_dir(check_dir)
+    except OSError:
+        return []
+    installed: list[str] = []
+    try:
+        for name in sorted(n for n in os.listdir(top) if _CHECK.fullmatch(n))[:_MAX_ENTRIES]:
+            dest = store / candidate_sha256 / name
+            if dest.exists():
+                continue
+            try:
+                with os.fdopen(_open_regular(top, name, _MAX_CHECK_BYTES), "rb") as f:
+                    data = f.read(_MAX_CHECK_BYTES + 1)
+                RawCheck.model_validate_json(data)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                tmp = dest.with_name(f".tmp-{uuid.uuid4().hex}")
+                tmp.write_bytes(data)
+                try:
+                    os.link(tmp, dest)
+                    installed.append(name)
+                except FileExistsError:
+                    pass
+                finally:
+                    tmp.unlink()
+            except (OSError, ValueError) as e:
+                log.warning("check %s of candidate %s not installed: %s", name[:12],
+                            candidate_sha256[:12], e)
+    finally:
+        os.close(top)
+    return installed
+
+
+def stage_checks(store: Path, candidate_sha256: str, dest: Path,
+                 plan: SandboxPlan | None) -> list[str]:
+    """Copy the store's check results of `candidate_sha256` into `dest`, read-only."""
+    dest.mkdir(exist_ok=True)
+    dest.chmod(0o755)
+    src = store / candidate_sha256
+    names = sorted(p.name for p in src.iterdir() if _CHECK.fullmatch(p.name)) \
+        if src.is_dir() else []
+    for name in names:
+        if not (dest / name).exists():
+            shutil.copyfile(src / name, dest / name, follow_symlinks=False)
+            (dest / name).chmod(0o444)
+    _hand_over(dest, plan)
+    return names

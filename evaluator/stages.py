@@ -91,8 +91,8 @@ def compile_stage(run: EvalRun) -> None:
 
 def _compile(run: EvalRun) -> None:
     workdir = run.root / "compile"
-    store, digest = buildstore.store_root(run.config.cache_dir), run.source_sha256
-    buildstore.stage(store, digest, build_dir(run), run.sandbox)
+    store = buildstore.Store(run.config.cache_dir, run.source_sha256, run.sandbox)
+    store.stage(build_dir(run), run.root / "nvcc_checks")
     job = CompileJob(candidate_path=str(workdir / "candidate.py"), backend=run.backend,
                      device=run.child_device, build_dir=str(build_dir(run)))
     # Compilation never needs the GPU: hide it so parallel builds do not disturb timings.
@@ -106,10 +106,10 @@ def _compile(run: EvalRun) -> None:
             elif isinstance(msg, DoneMsg):
                 done = True
         outcome = child.outcome()
-    # The child is gone: what it built enters the store, then the verified copies its file's
-    # candidate child may load.
-    buildstore.install(workdir / "build", store, digest)
-    buildstore.stage(store, digest, build_dir(run), run.sandbox)
+    # The child is gone: what it built and checked enters the store, then the verified copies
+    # its file's candidate child may load.
+    store.install(workdir / "build", workdir / "nvcc_cache")
+    store.stage(build_dir(run), run.root / "nvcc_checks")
     log_ = run.compile
     if error is not None and error.status == "compile_error":
         run.stop("compile_error", "compile", error.error)
@@ -133,7 +133,8 @@ def build_dir(run: EvalRun) -> Path:
 
 def _build_env(run: EvalRun) -> dict[str, str]:
     env = {"KLOOP_CACHE_DIR": str(run.writable_cache),
-           "KLOOP_NVCC_CHECK_CACHE": str(run.writable_cache / "nvcc_check"),
+           "KLOOP_NVCC_CHECK_CACHE": str(run.root / "compile" / "nvcc_cache"),
+           "KLOOP_NVCC_CHECK_VERIFIED": str(run.root / "nvcc_checks"),
            "TRITON_CACHE_DIR": str(run.root / "triton")}
     if run.on_cpu:
         return env

@@ -9,9 +9,11 @@ the real child-side code (`candidate._install_build_cache`, `child.import_candid
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -322,3 +324,67 @@ def test_the_compile_stage_installs_and_the_next_evaluation_hits(tmp_path):
     # Another file with the same call builds its own.
     other = evaluate("L3/1", E2E + "# another file\n", config)
     assert other.compile is not None and not other.compile.cache_hit
+
+
+def strings(source: str) -> dict[str, str]:
+    return {n.targets[0].id: n.value.value for n in ast.parse(source).body
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)}
+
+
+def nvcc_poisoner(honest: str) -> str:
+    """A CUDA candidate (its build is host-only here) whose import forges the nvcc check result
+    of `honest`'s sources, under the genuine key, wherever it can write."""
+    s = strings(honest)
+    return E2E.replace('"""L3/1 with', '"""Poisons nvcc checks; L3/1 with', 1) + f'''
+import os, shutil
+from pathlib import Path
+from evaluator import nvcc
+
+FORGED = nvcc.RawCheck(returncodes=[1], output="cuda.cu(12): error: forged by another file",
+                       seconds=1.0)
+nvcc._run_parallel = lambda cmds, cwd, timeout_s: FORGED
+private = Path(os.environ[nvcc.CHECK_CACHE_ENV])
+nvcc.nvcc_check([{s["cuda_source"]!r}], [{s["cpp_source"]!r}], None,
+                private.parent / "forge", arch="sm_90", functions=["relu_forward"],
+                cache_dir=private)
+for target in (Path(os.environ[nvcc.CHECK_VERIFIED_ENV]),
+               Path(os.environ["KLOOP_CACHE_DIR"]) / "nvcc_check"):
+    try:
+        shutil.copytree(private, target, dirs_exist_ok=True)
+    except OSError:
+        pass
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_a_forged_nvcc_check_never_speaks_for_another_file(tmp_path, monkeypatch):
+    from eval_helpers import candidate, cpu_config
+
+    from evaluator import nvcc
+    from evaluator.pipeline import evaluate
+
+    honest = candidate("mlp_cuda_relu.py")
+    poisoner = nvcc_poisoner(honest)
+    config = cpu_config(tmp_path / "cache")
+    # kernelbench: static rules only flag, so the import that carries the attack runs (under
+    # strict it would first have to dodge the rule against importing the evaluator).
+    attack = evaluate("L3/1", poisoner, config.model_copy(update={"policy": "kernelbench"}))
+    assert attack.status == "not_run", attack.error
+    [forged] = os.listdir(buildstore.checks_root(tmp_path / "cache") / sha(poisoner))
+
+    # Had it been shared, the forged entry would have been the honest file's check result.
+    staged = tmp_path / "staged"
+    buildstore.stage_checks(buildstore.checks_root(tmp_path / "cache"), sha(poisoner), staged,
+                            None)
+    monkeypatch.setenv(nvcc.CHECK_VERIFIED_ENV, str(staged))
+    s = strings(honest)
+    would_be = nvcc.nvcc_check(s["cuda_source"], s["cpp_source"], None, tmp_path / "w",
+                               functions=["relu_forward"], cache_dir=tmp_path / "empty")
+    assert would_be.cache_hit and not would_be.ok
+    monkeypatch.delenv(nvcc.CHECK_VERIFIED_ENV)
+
+    result = evaluate("L3/1", honest, config)
+    assert (result.status, result.stage_reached) == ("not_run", "compile"), result.compile
+    assert result.compile is not None and result.compile.ok and not result.compile.cache_hit
+    assert forged in os.listdir(buildstore.checks_root(tmp_path / "cache") / sha(honest))
