@@ -47,8 +47,8 @@ _CHECK = re.compile(r"[0-9a-f]{64}\.json")
 _MAX_CHECK_BYTES = 16 << 20
 # What load_inline names its products: the module (the `name` argument) and `<name>.so`.
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-_MAX_ENTRIES = 32
-_MAX_SO_BYTES = 1 << 30
+_MAX_ENTRIES = 16
+_MAX_SO_BYTES = 512 << 20
 _MAX_META_BYTES = 1 << 16
 _CHUNK = 1 << 20
 
@@ -139,20 +139,19 @@ def _install_entry(top: int, key: str, dest: Path, candidate_sha256: str) -> boo
         if not (isinstance(module, str) and _MODULE.fullmatch(module) and so == f"{module}.so"
                 and isinstance(is_module, bool)):
             raise ValueError(f"unexpected build metadata {meta!r:.200}")
-        so_fd = _open_regular(entry, so, _MAX_SO_BYTES)
+        tmp = dest.parent / f".tmp-{key[:16]}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir(parents=True)
+        try:
+            digest = _copy_fd(_open_regular(entry, so, _MAX_SO_BYTES), tmp / so, _MAX_SO_BYTES)
+            manifest = BuildManifest(key=key, candidate_sha256=candidate_sha256, module=module,
+                                     so=so, is_python_module=is_module, files={so: digest})
+            _write_meta(tmp, manifest)
+            (tmp / MANIFEST).write_text(manifest.model_dump_json())
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     finally:
         os.close(entry)
-    tmp = dest.parent / f".tmp-{key[:16]}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
-    try:
-        digest = _copy_fd(so_fd, tmp / so, _MAX_SO_BYTES)
-        manifest = BuildManifest(key=key, candidate_sha256=candidate_sha256, module=module,
-                                 so=so, is_python_module=is_module, files={so: digest})
-        _write_meta(tmp, manifest)
-        (tmp / MANIFEST).write_text(manifest.model_dump_json())
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return _publish(tmp, dest)
 
 
