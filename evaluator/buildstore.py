@@ -17,9 +17,12 @@ check, nothing else) and staged read-only for the next evaluation of that file. 
 result can therefore only ever speak for the file whose child wrote it.
 
 The store lives in `private_dir` (the vault uid's, mode 0700 when the harness is root): neither
-the sandbox uid nor root without capabilities can look inside. When the harness is not root,
-candidates run under its uid and could rewrite the store; those results carry
-`isolation_same_uid`.
+the sandbox uid nor root without capabilities can look inside. Staged copies belong to a uid the
+candidate does not run under and are read-only. Limits: when the harness is not root, candidates
+run under its uid and could rewrite the store; when they run as root without capabilities
+(`isolation_same_uid`), they own the evaluation directories and a candidate running at the same
+time as another evaluation could swap that evaluation's staged directory between staging and
+loading (a race against a path it must find; nothing at rest is reachable).
 """
 
 from __future__ import annotations
@@ -216,8 +219,7 @@ def stage(store: Path, candidate_sha256: str, dest: Path, plan: SandboxPlan | No
     """Copy the store's builds of `candidate_sha256`, each verified against its manifest, into
     `dest`, read-only for candidate processes (see `readonly_owner`). An entry whose files do not
     match its manifest is removed from the store. Returns the keys staged."""
-    dest.mkdir(exist_ok=True)
-    dest.chmod(0o755)  # read-only again below, for candidates and for the harness alike
+    _writable_dir(dest)
     staged: list[str] = []
     src = store / candidate_sha256
     entries = sorted(p for p in src.iterdir() if _KEY.fullmatch(p.name)) if src.is_dir() else []
@@ -245,6 +247,35 @@ def readonly_owner(plan: SandboxPlan | None) -> int | None:
     return 0 if plan is not None and plan.uid is not None else VAULT_UID
 
 
+def _writable_dir(dest: Path) -> None:
+    """`dest` as a real directory the harness can fill (read-only again after `_hand_over`).
+    Whatever else stands there is removed, never followed: where candidates share the harness's
+    uid, a child could have swapped the directory for a link to one the harness would then
+    chmod and chown."""
+    try:
+        st = os.lstat(dest)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        log.warning("%s was replaced by something other than a directory; removed", dest)
+        dest.unlink()
+        st = None
+    if st is None:
+        dest.mkdir()
+    _set_dir(dest, 0o755, None)
+
+
+def _set_dir(path: Path, mode: int, owner: int | None) -> None:
+    """chmod (and chown) a directory through an fd opened without following a link."""
+    fd = _open_dir(path)
+    try:
+        if owner is not None:
+            os.fchown(fd, owner, owner)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
 def _hand_over(dest: Path, plan: SandboxPlan | None) -> None:
     owner = readonly_owner(plan)
     for dirpath, dirnames, filenames in os.walk(dest):
@@ -252,9 +283,7 @@ def _hand_over(dest: Path, plan: SandboxPlan | None) -> None:
             path = os.path.join(dirpath, name)
             if owner is not None:
                 os.chown(path, owner, owner, follow_symlinks=False)
-    if owner is not None:
-        os.chown(dest, owner, owner, follow_symlinks=False)
-    dest.chmod(0o555)
+    _set_dir(dest, 0o555, owner)
 
 
 def install_checks(check_dir: Path, store: Path, candidate_sha256: str) -> list[str]:
@@ -297,8 +326,7 @@ def install_checks(check_dir: Path, store: Path, candidate_sha256: str) -> list[
 def stage_checks(store: Path, candidate_sha256: str, dest: Path,
                  plan: SandboxPlan | None) -> list[str]:
     """Copy the store's check results of `candidate_sha256` into `dest`, read-only."""
-    dest.mkdir(exist_ok=True)
-    dest.chmod(0o755)
+    _writable_dir(dest)
     src = store / candidate_sha256
     names = sorted(p.name for p in src.iterdir() if _CHECK.fullmatch(p.name)) \
         if src.is_dir() else []

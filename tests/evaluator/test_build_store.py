@@ -250,6 +250,28 @@ def test_staged_builds_are_read_only_for_candidate_processes(tmp_path, store):
     assert buildstore.stage(store, "d" * 64, tmp_path / "ext2", None) == []
 
 
+def test_staging_never_follows_a_link_put_in_place_of_its_directory(tmp_path, store):
+    """Where children share the harness's uid they can rename what lies in the evaluation's
+    dir: a link to another directory in place of the staged one must not make the harness chmod
+    or chown that directory (or fill it)."""
+    fake_build(tmp_path / "build" / ("b" * 64))
+    buildstore.install(tmp_path / "build", store, "c" * 64)
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o700)
+    (victim / "keep").write_text("mine")
+    before = os.lstat(victim)
+    for dest, kind in ((tmp_path / "ext", "builds"), (tmp_path / "checks", "checks")):
+        os.symlink(victim, dest)
+        if kind == "builds":
+            assert buildstore.stage(store, "c" * 64, dest, None) == ["b" * 64]
+        else:
+            buildstore.stage_checks(store, "c" * 64, dest, None)
+        assert not dest.is_symlink() and dest.is_dir()
+    after = os.lstat(victim)
+    assert (after.st_mode, after.st_uid) == (before.st_mode, before.st_uid)
+    assert os.listdir(victim) == ["keep"]
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the vault needs a root harness")
 def test_store_and_baselines_sit_in_the_vault(tmp_path):
     from evaluator.config import EvalConfig
