@@ -1,11 +1,16 @@
-"""A content-addressed build cache for `load_inline`, installed inside the candidate process.
+"""The candidate process's side of the `load_inline` build cache (see `evaluator.buildstore`).
 
 The candidate calls `torch.utils.cpp_extension.load_inline` at import time. We replace it with a
 wrapper that keys the build on everything that changes the binary (sources, flags, torch and CUDA
-versions, GPU arch, Python ABI). A hit imports the built `.so` directly, with no FileBaton lock,
-so a build killed half-way can never leave a stale lock behind. A miss builds with the real
-`load_inline` into a private temporary directory that is atomically renamed to
-`cache_root/<key>` once complete; if another process finished the same key first, theirs stays.
+versions, GPU arch, Python ABI) and on the sha256 of the whole candidate file. A hit imports the
+built `.so` directly, with no FileBaton lock, so a build killed half-way can never leave a stale
+lock behind: first from `verified_root/<key>`, the read-only copies of earlier builds of this very
+file that the harness checked against its manifest, then from `cache_root/<key>`, the private
+build directory of this evaluation. A miss builds with the real `load_inline` into a temporary
+directory that is atomically renamed to `cache_root/<key>` once complete (if another process of
+this evaluation finished the same key first, theirs stays). Nothing in this process writes a
+cache another evaluation reads: after the compile child exits, the harness installs what it
+built (`buildstore.install`).
 
 On a machine without CUDA the check-only mode records the call, compile-checks the sources with
 nvcc and raises `CudaNotAvailable` carrying the CompileLog, so the child can report `not_run` with
@@ -45,7 +50,7 @@ from evaluator.result import CompileLog
 
 log = logging.getLogger(__name__)
 
-KEY_VERSION = 1
+KEY_VERSION = 2
 META_FILE = "kloop_build.json"
 _STALE_TMP_S = 24 * 3600
 # Arguments that do not change the built binary.
@@ -92,6 +97,7 @@ class _Installed(BaseModel):
     real: Any
     mode: Literal["build", "check"]
     cache_root: Path
+    verified_root: Path | None = None
     arch: str | None
     work_root: Path | None = None
     timeout_s: float = 300.0
@@ -128,12 +134,13 @@ def _detect_arch() -> str | None:
     return None
 
 
-def build_key(args: dict[str, Any], arch: str | None) -> str:
-    """sha256 over the build inputs and the toolchain."""
+def build_key(args: dict[str, Any], arch: str | None, candidate_sha256: str | None) -> str:
+    """sha256 over the build inputs, the toolchain and the candidate file that made the call."""
     import torch
 
     payload = {
         "v": KEY_VERSION,
+        "candidate": candidate_sha256,
         "args": {k: v for k, v in sorted(args.items()) if k not in _NOT_IN_KEY},
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -212,10 +219,19 @@ def _publish(tmp: Path, entry: Path, result: Any, args: dict[str, Any]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _hit(key: str) -> Path | None:
+    st = _state
+    assert st is not None
+    for root in (st.verified_root, st.cache_root):
+        if root is not None and (root / key / META_FILE).is_file():
+            return root / key
+    return None
+
+
 def _build(args: dict[str, Any], key: str) -> Any:
     st = _state
     assert st is not None
-    entry = st.cache_root / key
+    entry = _hit(key) or st.cache_root / key
     start = time.monotonic()
     if (entry / META_FILE).is_file():
         try:
@@ -275,7 +291,9 @@ def _wrapper(*args: Any, **kwargs: Any) -> Any:
     st = _state
     assert st is not None, "load_inline hook called after uninstall()"
     bound = _bind(st.real, args, kwargs)
-    key = build_key(bound, st.arch)
+    digest = hashlib.sha256(st.candidate_source.encode()).hexdigest() \
+        if st.candidate_source is not None else None
+    key = build_key(bound, st.arch, digest)
     if st.mode == "check" and bound["cuda_sources"]:
         _check(bound, key)
     return _build(bound, key)
@@ -313,15 +331,19 @@ def install_load_inline_cache(
     cache_root: Path,
     *,
     arch: str | None,
+    verified_root: Path | None = None,
     candidate_source: str | None = None,
     candidate_name: str | None = None,
 ) -> None:
     """Replace `torch.utils.cpp_extension.load_inline` with the cached build (see module doc).
 
-    `arch` (`sm_90`, `9.0`) defaults to the current device's. Call before importing the candidate.
+    `cache_root` is this evaluation's private build directory, `verified_root` the read-only
+    builds the harness staged for this candidate file. `arch` (`sm_90`, `9.0`) defaults to the
+    current device's. Call before importing the candidate.
     """
     _install(_Installed(
-        real=None, mode="build", cache_root=cache_root, arch=normalise_arch(arch) or _detect_arch(),
+        real=None, mode="build", cache_root=cache_root, verified_root=verified_root,
+        arch=normalise_arch(arch) or _detect_arch(),
         candidate_source=candidate_source, candidate_name=candidate_name,
     ))
 
@@ -332,16 +354,17 @@ def install_compile_check_only(
     *,
     arch: str = "sm_90",
     timeout_s: float = 300.0,
+    verified_root: Path | None = None,
     candidate_source: str | None = None,
     candidate_name: str | None = None,
 ) -> None:
     """On a machine without CUDA: compile-check CUDA extensions and raise `CudaNotAvailable`.
 
-    CPU-only extensions (no `cuda_sources`) are still built, through the cache.
+    CPU-only extensions (no `cuda_sources`) are still built, as `install_load_inline_cache` does.
     """
     _install(_Installed(
-        real=None, mode="check", cache_root=cache_root, arch=normalise_arch(arch),
-        work_root=work_root, timeout_s=timeout_s,
+        real=None, mode="check", cache_root=cache_root, verified_root=verified_root,
+        arch=normalise_arch(arch), work_root=work_root, timeout_s=timeout_s,
         candidate_source=candidate_source, candidate_name=candidate_name,
     ))
 

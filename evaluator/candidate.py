@@ -259,21 +259,24 @@ def run_compile(job: CompileJob, ch: Channel) -> None:
 
 def _install_build_cache(build_dir: str | None, candidate_path: str, check_only: bool) -> None:
     """Route `load_inline` through kloop's content-addressed build cache (or, without a GPU,
-    through an nvcc compile check that raises `CudaNotAvailable`)."""
+    through an nvcc compile check that raises `CudaNotAvailable`). `build_dir` holds the builds
+    the harness verified for this file (read-only); new builds go to `build/` beside the
+    candidate, for the harness to install (`evaluator.buildstore`)."""
     from evaluator import buildcache
 
     if build_dir is None:
         return
     source = Path(candidate_path).read_text()
+    private = Path(candidate_path).parent / "build"
     if check_only:
         buildcache.install_compile_check_only(
-            Path(build_dir), Path(candidate_path).parent / "nvcc", candidate_source=source,
-            candidate_name="candidate.py")
+            private, Path(candidate_path).parent / "nvcc", verified_root=Path(build_dir),
+            candidate_source=source, candidate_name="candidate.py")
     else:
         # The compile child sees no GPU: the arch comes from TORCH_CUDA_ARCH_LIST (harness).
         buildcache.install_load_inline_cache(
-            Path(build_dir), arch=os.environ.get("TORCH_CUDA_ARCH_LIST") or None,
-            candidate_source=source, candidate_name="candidate.py")
+            private, arch=os.environ.get("TORCH_CUDA_ARCH_LIST") or None,
+            verified_root=Path(build_dir), candidate_source=source, candidate_name="candidate.py")
 
 
 def builds_log() -> CompileLog | None:

@@ -170,7 +170,8 @@ class EvalConfig(BaseModel):
     """On a machine without a GPU, also compile Triton kernels for sm_90 to catch errors the
     interpreter misses."""
     cache_dir: Path = Field(default_factory=_default_cache_dir)
-    """Baseline timings, extension builds and inductor caches live under here."""
+    """Baseline timings, extension builds, nvcc checks and inductor caches live under here
+    (`private/`, harness-only when the harness is root; see `evaluator.isolation.private_dir`)."""
     work_root: Path | None = None
     """Parent of the per-evaluation temporary directories (default: the system temp dir)."""
     keep_workdir: bool = False

@@ -100,8 +100,9 @@ class SandboxPlan:
     gid: int | None
     drop_caps: bool
     cache_dir: Path | None
-    """Writable cache root for the sandbox uid (extension builds, nvcc checks); None: the
-    configured cache dir."""
+    """Writable cache root for the sandbox uid (`KLOOP_CACHE_DIR` of candidate children; never
+    read by the harness or by another evaluation's children as trusted); None: the configured
+    cache dir."""
     reason: str
 
     @property

@@ -42,8 +42,14 @@ log = logging.getLogger(__name__)
 CUDA_IMPLICIT_HEADERS = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
 CPP_IMPLICIT_HEADERS = ["#include <torch/extension.h>"]
 CHECK_CACHE_ENV = "KLOOP_NVCC_CHECK_CACHE"
+CHECK_VERIFIED_ENV = "KLOOP_NVCC_CHECK_VERIFIED"
+"""A read-only dir of results the harness installed for this candidate file, looked up first
+(see `evaluator.buildstore`); new results go to the check cache."""
 EXTRA_INCLUDE_ENV = "KLOOP_CUDA_EXTRA_INCLUDE"
 """os.pathsep-separated include dirs, e.g. headers extracted from the nvidia-cublas wheels."""
+SDK_HEADERS_DIR = Path(sys.prefix) / "cuda-headers"
+"""cuBLAS, cuSPARSE, cuSOLVER, cuRAND and cuFFT headers, installed by scripts/cuda_headers.sh
+(`include/`, and `VERSIONS`: the wheels they came from)."""
 
 # Headers a real CUDA machine provides but a compile-only box may lack: missing ones are our
 # infrastructure's fault, not the candidate's.
@@ -66,7 +72,7 @@ _NVCC_DEFAULT_FLAGS = [
 ]
 
 
-class _RawCheck(BaseModel):
+class RawCheck(BaseModel):
     """What the compilers said; cached by content hash."""
 
     returncodes: list[int | None]
@@ -103,6 +109,8 @@ def _include_flags(extra_include_dirs: Sequence[str]) -> list[str]:
     # pip's nvidia-* wheels (cuBLAS, cuSPARSE…) put their headers under site-packages/nvidia.
     for site in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
         dirs += sorted(str(p) for p in Path(site).glob("nvidia/*/include") if p.is_dir())
+    if (SDK_HEADERS_DIR / "include").is_dir():
+        dirs.append(str(SDK_HEADERS_DIR / "include"))
     env_dirs = os.environ.get(EXTRA_INCLUDE_ENV, "")
     dirs += [d for d in env_dirs.split(os.pathsep) if d] + list(extra_include_dirs)
     flags: list[str] = []
@@ -148,10 +156,14 @@ def nvcc_version() -> str | None:
 def _toolchain_id() -> str:
     import torch
 
-    return f"{torch.__version__}|{nvcc_version()}|{sys.version_info[:2]}"
+    try:
+        headers = (SDK_HEADERS_DIR / "VERSIONS").read_text().strip()
+    except OSError:
+        headers = None
+    return f"{torch.__version__}|{nvcc_version()}|{sys.version_info[:2]}|{headers}"
 
 
-def _run_parallel(cmds: list[list[str]], cwd: Path, timeout_s: float) -> _RawCheck:
+def _run_parallel(cmds: list[list[str]], cwd: Path, timeout_s: float) -> RawCheck:
     start = time.monotonic()
     procs = [
         subprocess.Popen(c, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -169,7 +181,7 @@ def _run_parallel(cmds: list[list[str]], cwd: Path, timeout_s: float) -> _RawChe
             out, _ = p.communicate()
         outputs.append(f"$ {' '.join(p.args)}\n{out}")  # type: ignore[arg-type]
         codes.append(None if timed_out else p.returncode)
-    return _RawCheck(returncodes=codes, output="\n".join(outputs),
+    return RawCheck(returncodes=codes, output="\n".join(outputs),
                      seconds=time.monotonic() - start, timed_out=timed_out)
 
 
@@ -188,15 +200,19 @@ def _cache_dir(cache_dir: Path | None) -> Path:
     return Path(env) if env else Path.home() / ".cache" / "kloop" / "nvcc_check"
 
 
-def _cached_run(key: str, cache_dir: Path, run) -> tuple[_RawCheck, bool]:
+def _cached_run(key: str, cache_dir: Path, run) -> tuple[RawCheck, bool]:
     path = cache_dir / f"{key}.json"
-    if path.is_file():
-        try:
-            return _RawCheck.model_validate_json(path.read_text()), True
-        except ValueError:
-            log.warning("ignoring unreadable compile-check cache entry %s", path)
-    raw: _RawCheck = run()
-    if not raw.timed_out and None not in raw.returncodes:
+    verified = os.environ.get(CHECK_VERIFIED_ENV)
+    for found in [*([Path(verified) / path.name] if verified else []), path]:
+        if found.is_file():
+            try:
+                return RawCheck.model_validate_json(found.read_text()), True
+            except ValueError:
+                log.warning("ignoring unreadable compile-check cache entry %s", found)
+    raw: RawCheck = run()
+    # A check cut short by a header missing here says nothing once it is installed.
+    if not raw.timed_out and None not in raw.returncodes and \
+            _missing_infra_header(raw.output) is None:
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(raw.model_dump_json())

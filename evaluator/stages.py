@@ -14,6 +14,7 @@ import re
 import sys
 from pathlib import Path
 
+from evaluator import buildstore
 from evaluator.checks import STATIC_CHECKS
 from evaluator.isolation import private_dir
 from evaluator.judge import (
@@ -91,6 +92,8 @@ def compile_stage(run: EvalRun) -> None:
 
 def _compile(run: EvalRun) -> None:
     workdir = run.root / "compile"
+    store = buildstore.Store(run.config.cache_dir, run.source_sha256, run.sandbox)
+    store.stage(build_dir(run), run.root / "nvcc_checks")
     job = CompileJob(candidate_path=str(workdir / "candidate.py"), backend=run.backend,
                      device=run.child_device, build_dir=str(build_dir(run)))
     # Compilation never needs the GPU: hide it so parallel builds do not disturb timings.
@@ -104,6 +107,10 @@ def _compile(run: EvalRun) -> None:
             elif isinstance(msg, DoneMsg):
                 done = True
         outcome = child.outcome()
+    # The child is gone: what it built and checked enters the store, then the verified copies
+    # its file's candidate child may load.
+    store.install(workdir / "build", workdir / "nvcc_cache")
+    store.stage(build_dir(run), run.root / "nvcc_checks")
     log_ = run.compile
     if error is not None and error.status == "compile_error":
         run.stop("compile_error", "compile", error.error)
@@ -121,12 +128,14 @@ def _compile(run: EvalRun) -> None:
 
 
 def build_dir(run: EvalRun) -> Path:
-    return run.writable_cache / "extensions"
+    """The builds of this candidate file, verified and read-only (see `evaluator.buildstore`)."""
+    return run.root / "ext"
 
 
 def _build_env(run: EvalRun) -> dict[str, str]:
     env = {"KLOOP_CACHE_DIR": str(run.writable_cache),
-           "KLOOP_NVCC_CHECK_CACHE": str(run.writable_cache / "nvcc_check"),
+           "KLOOP_NVCC_CHECK_CACHE": str(run.root / "compile" / "nvcc_cache"),
+           "KLOOP_NVCC_CHECK_VERIFIED": str(run.root / "nvcc_checks"),
            "TRITON_CACHE_DIR": str(run.root / "triton")}
     if run.on_cpu:
         return env

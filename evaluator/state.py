@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -47,6 +48,7 @@ from problems.registry import Problem
 
 log = logging.getLogger(__name__)
 
+_STAGE_ORDER: tuple[Stage, ...] = typing.get_args(Stage)
 _device_locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
 
@@ -180,6 +182,12 @@ class EvalRun:
         if error is not None:
             self.error = error
 
+    def reach(self, stage: Stage) -> None:
+        """Record that `stage` ran; `stage` never moves back (the sm_90 check of a Triton
+        candidate's kernels runs after its correctness trials, which it does not undo)."""
+        if _STAGE_ORDER.index(stage) > _STAGE_ORDER.index(self.stage):
+            self.stage = stage
+
     def gpu_lock(self) -> contextlib.AbstractContextManager[None]:
         """The device lock of this evaluation's GPU stages (see `device_lock`); its file lives in
         the harness-private cache, where candidate code cannot hold it."""
@@ -253,8 +261,13 @@ class EvalRun:
         return child
 
     @property
+    def source_sha256(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+    @property
     def writable_cache(self) -> Path:
-        """Where children may write shared caches (extension builds, nvcc checks)."""
+        """Where children may write (`KLOOP_CACHE_DIR`); nothing trusted is read from here.
+        Extension builds and nvcc checks go through `evaluator.buildstore` instead."""
         if self.sandbox is not None and self.sandbox.cache_dir is not None:
             return self.sandbox.cache_dir
         return self.config.cache_dir
@@ -293,7 +306,7 @@ class EvalRun:
             evaluator_version=__version__, status=self.status, stage_reached=self.stage,
             backend=self.backend, has_custom_kernel=self.has_custom_kernel,
             problem_id=self.problem.id, problem_sha256=self.problem.sha256,
-            candidate_sha256=hashlib.sha256(self.source.encode()).hexdigest(),
+            candidate_sha256=self.source_sha256,
             policy=self.policy.name, device=self.device,
             problem_overrides=self.config.problem_overrides, compile=self.compile,
             correctness=self.trials, timing=self.timing, eager=self.eager,

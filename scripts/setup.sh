@@ -28,4 +28,5 @@ if ! "$VENV/bin/python" -c "import triton" 2>/dev/null; then
   "${PIP[@]}" install "triton==3.7.1"
 fi
 "${PIP[@]}" install -e ".[dev]"
+VENV="$VENV" bash scripts/cuda_headers.sh
 echo "kloop installed in $VENV ($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

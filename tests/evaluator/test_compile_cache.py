@@ -116,11 +116,14 @@ def test_failed_build_records_mapped_errors_and_publishes_nothing(tmp_path):
 def test_key_tracks_what_changes_the_binary():
     base = {"name": "e", "cpp_sources": ["a"], "cuda_sources": ["b"], "functions": ["f"],
             "extra_cuda_cflags": None, "build_directory": "/x", "verbose": False}
-    key = buildcache.build_key(base, "sm_90")
-    assert buildcache.build_key({**base, "build_directory": "/y", "verbose": True}, "sm_90") == key
-    assert buildcache.build_key({**base, "cuda_sources": ["b "]}, "sm_90") != key
-    assert buildcache.build_key({**base, "extra_cuda_cflags": ["-O3"]}, "sm_90") != key
-    assert buildcache.build_key(base, "sm_100") != key
+    key = buildcache.build_key(base, "sm_90", "f" * 64)
+    same = {**base, "build_directory": "/y", "verbose": True}
+    assert buildcache.build_key(same, "sm_90", "f" * 64) == key
+    assert buildcache.build_key({**base, "cuda_sources": ["b "]}, "sm_90", "f" * 64) != key
+    assert buildcache.build_key({**base, "extra_cuda_cflags": ["-O3"]}, "sm_90", "f" * 64) != key
+    assert buildcache.build_key(base, "sm_100", "f" * 64) != key
+    # Another candidate file with the same call never shares the build.
+    assert buildcache.build_key(base, "sm_90", "e" * 64) != key
 
 
 def test_arch_spellings():

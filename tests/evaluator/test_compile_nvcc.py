@@ -106,3 +106,27 @@ def test_missing_candidate_header_is_the_candidates_error(tmp_path):
                      no_implicit_headers=True, cache_dir=tmp_path / "cache")
     assert not log.ok and log.infra_error is None
     assert any("my_helpers.cuh" in d.message for d in log.diagnostics)
+
+
+@pytest.mark.slow
+def test_cuda_context_include_is_checked_completely(tmp_path):
+    """`ATen/cuda/CUDAContext.h` needs the cuBLAS/cuSPARSE/cuSOLVER headers that
+    scripts/cuda_headers.sh installs: with them, a type error is reported at the candidate's line
+    and a correct file gets a complete check."""
+    from eval_helpers import candidate, cpu_config
+
+    from evaluator.pipeline import evaluate_many
+
+    ok, broken = evaluate_many(
+        [("L3/1", candidate("mlp_cuda_context_ok.py")),
+         ("L3/1", candidate("mlp_cuda_context_type_error.py"))],
+        cpu_config(tmp_path / "cache"), max_workers=2)
+    assert (ok.status, ok.stage_reached) == ("not_run", "compile"), ok.compile
+    assert "compile_check_incomplete" not in ok.flags
+    assert ok.compile is not None and ok.compile.ok and ok.compile.infra_error is None
+
+    assert (broken.status, broken.stage_reached) == ("compile_error", "compile")
+    assert broken.compile is not None and broken.compile.infra_error is None
+    [diag] = broken.compile.diagnostics
+    assert (diag.file, diag.line) == ("candidate.py", 23)
+    assert '"void *" is incompatible with parameter of type "float *"' in diag.message

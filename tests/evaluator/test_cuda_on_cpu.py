@@ -1,7 +1,7 @@
 """CUDA candidates on a machine without a GPU: compile-checked with nvcc, then `not_run`.
 
-nvcc against torch's headers takes a minute or more per source on 2 cores (results are cached by
-content under the evaluator's cache dir), hence `slow`.
+nvcc against torch's headers takes a minute or more per source on 2 cores (results are cached per
+candidate file in the evaluator's harness-only store), hence `slow`.
 """
 
 from __future__ import annotations
