@@ -1,25 +1,36 @@
-"""The `kloop` command line. Each area registers its own commands on the one Typer app."""
+"""The `kloop` command line. Each area registers its own commands on the one Typer app.
+
+`main()` is the one place where errors meet the user: a `KloopError` (or a problem-registry
+error) becomes one line on stderr and exit status 2; `--debug` shows the traceback instead.
+Nothing here imports torch, so `kloop --help` answers at once.
+"""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich.console import Console
-from rich.syntax import Syntax
 from rich.table import Table
 
+from kloop.errors import KloopError
 from problems.registry import ProblemError, load_problem_set
 
+CONTEXT = {"help_option_names": ["-h", "--help"]}
 app = typer.Typer(
     name="kloop",
     help="Agentic multi-turn GPU-kernel generation for KernelBench, with an evaluator you can trust.",
     no_args_is_help=True,
     add_completion=False,
+    context_settings=CONTEXT,
+    pretty_exceptions_enable=False,
 )
-problems_app = typer.Typer(help="List and show reference problems.", no_args_is_help=True)
+problems_app = typer.Typer(help="List and show reference problems.", no_args_is_help=True,
+                           context_settings=CONTEXT)
 app.add_typer(problems_app, name="problems")
 console = Console()
 if not console.is_terminal:
@@ -55,6 +66,11 @@ def problems_list(
     except ProblemError as e:
         raise typer.BadParameter(str(e)) from None
     rows = pset.filter(level)
+    if not rows and level is not None:
+        levels = [lv for lv in pset.levels() if lv is not None]
+        raise KloopError(f"no level-{level} problems in {pset.root} (it has levels "
+                         f"{', '.join(map(str, levels)) or 'none'}); give --problems-dir with a "
+                         "KernelBench checkout's KernelBench/ folder for other levels")
     if as_json:
         typer.echo(json.dumps([{"id": p.id, "stem": p.stem, **p.meta.model_dump()} for p in rows]))
         return
@@ -69,19 +85,21 @@ def problems_list(
 
 @problems_app.command("show")
 def problems_show(problem_id: str, problems_dir: ProblemsDir = None) -> None:
-    """Print one problem's source with its metadata."""
+    """Print one problem's metadata (stderr) and its source as-is (stdout, copyable)."""
     try:
         p = load_problem_set(problems_dir).get(problem_id)
     except ProblemError as e:
         raise typer.BadParameter(str(e)) from None
-    console.print(f"[bold]{p.id}[/bold]  {p.stem}  ({p.path})")
-    console.print(f"sha256 (normalised): {p.sha256}")
+    info = Console(stderr=True)
+    info.print(f"[bold]{p.id}[/bold]  {p.stem}  ({p.path})")
+    info.print(f"sha256 (normalised): {p.sha256}")
     meta = p.meta
-    console.print(f"params: {meta.params if meta.params is not None else '?'}   "
-                  f"output: {_shape(meta.output_shape)}   flags: {' '.join(meta.flags()) or '-'}")
+    info.print(f"params: {meta.params if meta.params is not None else '?'}   "
+               f"output: {_shape(meta.output_shape)}   flags: {' '.join(meta.flags()) or '-'}")
     for line in filter(None, [meta.degenerate_reason, meta.notes]):
-        console.print(f"note: {line}")
-    console.print(Syntax(p.source, "python", line_numbers=True))
+        info.print(f"note: {line}")
+    # Plain text, no line numbers or colour: the source must paste back into a file unchanged.
+    sys.stdout.write(p.source if p.source.endswith("\n") else p.source + "\n")
 
 
 def _register_optional() -> None:
@@ -101,5 +119,44 @@ def _register_optional() -> None:
 _register_optional()
 
 
-def main() -> None:
-    app()
+def _version(value: bool) -> None:
+    if value:
+        from agent.store import kloop_version
+
+        typer.echo(f"kloop {kloop_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
+) -> None:
+    """Agentic multi-turn GPU-kernel generation for KernelBench, with an evaluator you can trust."""
+
+
+def _user_error(e: BaseException) -> bool:
+    return isinstance(e, KloopError | ProblemError)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run `kloop`: usage errors and `KloopError`s exit 2 with one line, never a traceback."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    try:
+        code = app(args=args, prog_name="kloop", standalone_mode=False)
+    except click.ClickException as e:  # usage errors: click's own one-line message
+        e.show()
+        code = e.exit_code
+    except (click.Abort, KeyboardInterrupt):
+        typer.echo("interrupted", err=True)
+        code = 130
+    except Exception as e:
+        if debug or not _user_error(e):
+            raise
+        message = " ".join(str(e).split()) if "\n" not in str(e).strip() else str(e).strip()
+        typer.echo(f"error: {message}", err=True)
+        code = 2
+    sys.exit(code if isinstance(code, int) else 0)
+

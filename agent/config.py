@@ -17,12 +17,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agent.models.base import ModelConfig
+from kloop.errors import KloopError
 
 ContextPolicy = Literal["full", "last_k", "last"]
 StrategyKind = Literal["sequential", "best_of_n", "grid", "beam"]
 
 
-class ConfigError(ValueError):
+class ConfigError(KloopError, ValueError):
     """A config file, override or flag that cannot be used; the message says which and why."""
 
 

@@ -37,13 +37,14 @@ from agent.report.load import IMPORT_MARKER, load_run
 from agent.report.metrics import problem_rows
 from agent.store import RunStore
 from agent.strategies import summarize
+from kloop.errors import KloopError
 from problems.registry import Problem, ProblemError, load_problem_set
 
 KB_NAME = re.compile(r"^level_(\d+)_problem_(\d+)_sample_(\d+)_kernel\.py$")
 EXPORT_MANIFEST = "kloop_export.json"
 
 
-class InteropError(ValueError):
+class InteropError(KloopError, ValueError):
     """A folder or run that cannot be imported or exported as asked; says which file and why."""
 
 

@@ -34,12 +34,13 @@ from agent.records import (
     TurnRecord,
     utcnow,
 )
+from kloop.errors import KloopError
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", bound=BaseModel)
 
 
-class RunDirError(ValueError):
+class RunDirError(KloopError, ValueError):
     """A run directory that cannot be used as asked (missing, damaged, already exists)."""
 
 

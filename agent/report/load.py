@@ -19,6 +19,7 @@ from agent.config import RunConfig
 from agent.records import EpisodeRecord, TurnRecord
 from agent.store import RunConfigRecord, RunDirError, RunStore
 from agent.sweep import MANIFEST_NAME, ExperimentManifest
+from kloop.errors import KloopError
 from problems.registry import ProblemError, ProblemSet, load_problem_set
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ IMPORT_MARKER = "kloop_import"
 _OPERATIONAL = {"problems", "level", "problems_dir", "concurrency", "runs_dir", "run_id", "seed"}
 
 
-class ReportError(ValueError):
+class ReportError(KloopError, ValueError):
     """A path that is neither a run nor an experiment directory, or a run that cannot be read."""
 
 
