@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -146,10 +145,11 @@ def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in args
     try:
         code = app(args=args, prog_name="kloop", standalone_mode=False)
-    except click.ClickException as e:  # usage errors: click's own one-line message
-        e.show()
+    except typer.TyperException as e:  # usage errors: Typer's own short message, exit 2
+        show = getattr(e, "show", None)
+        show() if show is not None else typer.echo(f"error: {e.format_message()}", err=True)
         code = e.exit_code
-    except (click.Abort, KeyboardInterrupt):
+    except (typer.Abort, KeyboardInterrupt):
         typer.echo("interrupted", err=True)
         code = 130
     except Exception as e:

@@ -7,6 +7,8 @@ hand them to the Runner; progress and the final table are printed here and nowhe
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,7 +24,7 @@ from agent.config import ConfigError, RunConfig, parse_layer, resolve
 from agent.records import EpisodeRecord, RunSummary, TurnRecord
 from agent.store import RunDirError, RunStore
 from agent.strategies import Runner
-from agent.sweep import SweepError, is_sweep_file, run_sweep
+from agent.sweep import is_sweep_file, run_sweep
 
 console = Console(stderr=True)
 DEMO_DIR = Path(__file__).resolve().parent / "demo"
@@ -122,6 +124,21 @@ def print_summary(summary: RunSummary, root: Path) -> None:
         console.print(f"stopped: {summary.stop_detail}")
 
 
+@contextmanager
+def guarded(store: RunStore) -> Iterator[None]:
+    """Around a run: Ctrl-C says how to continue; a run that failed before its first turn
+    leaves no directory behind (`show` and `report` would take it for an empty run)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        detail = store.summary().stop_detail if (store.root / "summary.json").exists() else None
+        console.print(detail or f"stopped; continue with: kloop run --resume {store.root}")
+        raise typer.Exit(130) from None
+    except BaseException:
+        store.discard_if_unstarted()
+        raise
+
+
 def start(cfg: RunConfig) -> tuple[RunSummary, Path]:
     """Create the run directory for `cfg` and run it."""
     problems = load_problems(cfg)
@@ -131,7 +148,7 @@ def start(cfg: RunConfig) -> tuple[RunSummary, Path]:
     store = RunStore.create(cfg.runs_dir / run_id, cfg)
     console.print(f"run {run_id}: {len(problems)} problem(s), strategy {cfg.strategy.kind}, "
                   f"model {cfg.model.spec} -> {store.root}")
-    with Reporter(planned_turns(cfg, len(problems))) as rep:
+    with guarded(store), Reporter(planned_turns(cfg, len(problems))) as rep:
         summary = Runner(cfg, store, model, evaluator, rep.on_turn, rep.on_episode).run(problems)
     return summary, store.root
 
@@ -145,9 +162,9 @@ def resume(run_dir: Path) -> tuple[RunSummary, Path]:
     cfg = record.config
     problems = load_problems(cfg)
     fork = (RunStore.open(Path(record.source_run)), record.fork_at) if record.kind == "fork" else None
-    with Reporter(None if fork else planned_turns(cfg, len(problems))) as rep:
-        runner = Runner(cfg, store, build_model(cfg), build_evaluator(cfg, problems),
-                        rep.on_turn, rep.on_episode)
+    model, evaluator = build_model(cfg), build_evaluator(cfg, problems)
+    with guarded(store), Reporter(None if fork else planned_turns(cfg, len(problems))) as rep:
+        runner = Runner(cfg, store, model, evaluator, rep.on_turn, rep.on_episode)
         done = sum(len(t) for t in runner.turns.values())
         rep.progress.advance(rep.task, done)
         console.print(f"resuming {store.root}: {done} turn(s) and {len(runner.finished)} "
@@ -189,26 +206,22 @@ def run_command(
                    runs_dir=out.parent if out else runs_dir, run_id=out.name if out else None,
                    budget_calls=budget_calls, budget_tokens=budget_tokens, budget_cost=budget_cost,
                    budget_eval_s=budget_eval_s, budget_wall_s=budget_wall_s)
-    try:
-        if len(config) == 1 and is_sweep_file(config[0]):
-            if flags or demo or resume_dir is not None:
-                raise ConfigError("a sweep file declares everything; give it alone: kloop run -c sweep.yaml")
-            _run_sweep(Path(config[0]))
-            return
-        if resume_dir is not None:
-            if flags or config or demo:
-                raise ConfigError("--resume continues a run with its saved config; give no other options")
-            summary, root = resume(resume_dir)
-        else:
-            layers = [parse_layer(str(DEMO_DIR / "demo.yaml")),
-                      {"model": {"spec": f"scripted:{_near(DEMO_DIR / 'replies.yaml')}"}}] if demo else []
-            cfg = resolve(layers + [parse_layer(c) for c in config] + [flags])
-            if demo and cfg.run_id is None:
-                cfg = cfg.model_copy(update={"run_id": f"demo-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"})
-            summary, root = start(cfg)
-    except (ConfigError, RunDirError, SweepError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
+    if len(config) == 1 and is_sweep_file(config[0]):
+        if flags or demo or resume_dir is not None:
+            raise ConfigError("a sweep file declares everything; give it alone: kloop run -c sweep.yaml")
+        _run_sweep(Path(config[0]))
+        return
+    if resume_dir is not None:
+        if flags or config or demo:
+            raise ConfigError("--resume continues a run with its saved config; give no other options")
+        summary, root = resume(resume_dir)
+    else:
+        layers = [parse_layer(str(DEMO_DIR / "demo.yaml")),
+                  {"model": {"spec": f"scripted:{_near(DEMO_DIR / 'replies.yaml')}"}}] if demo else []
+        cfg = resolve(layers + [parse_layer(c) for c in config] + [flags])
+        if demo and cfg.run_id is None:
+            cfg = cfg.model_copy(update={"run_id": f"demo-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"})
+        summary, root = start(cfg)
     print_summary(summary, root)
 
 

@@ -57,7 +57,11 @@ class Runner:
         self._prefixes: dict[str, list[TurnRecord]] = {}
         """Each started episode's inherited context, so its turns can parent a beam child."""
         self._beam_kept: dict[str, list[TurnRecord]] = {}
+        # One bound on episodes in flight for the whole run: problems and the episodes of each
+        # problem both get threads, and without it the two pools multiply (concurrency squared).
+        self._slots = threading.BoundedSemaphore(cfg.concurrency)
         self._load_existing()
+        restore_position(model, self.store.turns())
         self.run_meter = Meter(cfg.budget.run, "run", spent=self._spent_so_far())
         self.env = EpisodeEnv(
             run_id=store.run_id, model=model, evaluator=evaluator, agent=cfg.agent,
@@ -126,10 +130,11 @@ class Runner:
             if spec.key in self.finished:
                 return self.finished[spec.key]
             done = list(self.turns.get(spec.key, []))
-        if not done and self.run_meter.exceeded() is not None:
-            self.skipped += 1
-            return None
-        record = run_episode(spec, self.env, done)
+        with self._slots:
+            if not done and self.run_meter.exceeded() is not None:
+                self.skipped += 1
+                return None
+            record = run_episode(spec, self.env, done)
         self.store.append_episode(record)
         with self._lock:
             self.records.append(record)
@@ -210,7 +215,7 @@ class Runner:
                 with ThreadPoolExecutor(self.cfg.concurrency, thread_name_prefix="problem") as pool:
                     list(pool.map(one, problems))
         except KeyboardInterrupt:
-            self.write_summary("interrupted", "stopped by the user; continue with --resume")
+            self.write_summary("interrupted", f"stopped; continue with: kloop run --resume {self.store.root}")
             raise
         reached = self.run_meter.exceeded()
         return self.write_summary("budget" if reached else "finished", reached)
@@ -221,6 +226,16 @@ class Runner:
             summary = summarize(self.store.run_id, self.turns, self.records, self.best, status, detail)
             self.store.write_summary(summary)
         return summary
+
+
+def restore_position(model: Model, turns: list[TurnRecord]) -> None:
+    """Give a model that keeps a position (scripted, replay) the replies already on disk.
+
+    Providers without one (the HTTP APIs) need nothing: every query carries its whole context.
+    """
+    restore = getattr(model, "restore", None)
+    if restore is not None and turns:
+        restore([t.reply for t in turns])
 
 
 def summarize(run_id: str, turns: dict[str, list[TurnRecord]], records: list[EpisodeRecord],

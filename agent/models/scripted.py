@@ -70,6 +70,15 @@ class ScriptedModel:
     def remaining(self) -> int:
         return len(self._replies) - self._next
 
+    def restore(self, replies: list[ModelReply]) -> None:
+        """Continue after the replies a resumed run already holds (see `Resumable`)."""
+        indices = [r.raw.get("scripted", {}).get("index") for r in replies]
+        known = [i for i in indices if isinstance(i, int)]
+        # Entries with a raw body of their own carry no index: count them instead.
+        position = max(known) + 1 if len(known) == len(indices) else len(replies)
+        with self._lock:
+            self._next = max(self._next, min(position, len(self._replies)))
+
     def query(self, messages: list[Message]) -> ModelReply:
         with self._lock:
             index = self._next

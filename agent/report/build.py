@@ -134,8 +134,8 @@ def run_report(run: RunData, n_boot: int, seed: int, scope: Scope) -> RunReport:
         label=run.label, path=str(run.path), run_id=run.record.run_id, kind=run.record.kind,
         source_run=run.record.source_run, model=cfg.model.spec, strategy=_strategy(run),
         context=cfg.agent.context if cfg.agent.context != "last_k" else f"last_k={cfg.agent.context_k}",
-        backend=cfg.agent.backend, policy=str(cfg.eval.get("policy", "strict")),
-        device=str(cfg.eval.get("device", "auto")), tolerance=run.tolerance, seed=cfg.seed,
+        backend=cfg.agent.backend, policy=cfg.eval.policy,
+        device=cfg.eval.device, tolerance=run.tolerance, seed=cfg.seed,
         axes=run.axes, imported=run.imported, warnings=_run_warnings(run, metrics),
         degenerate=degenerate, problems=rows, metrics=metrics,
         metrics_excluding_degenerate=compute_metrics([rows], n_boot, seed, exclude_degenerate=True)

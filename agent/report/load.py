@@ -94,10 +94,10 @@ def run_tolerance(cfg: RunConfig) -> float | None:
     from evaluator.config import UnknownPolicyError, get_policy
 
     try:
-        policy = get_policy(str(cfg.eval.get("policy", "strict")))
+        policy = get_policy(cfg.eval.policy)
     except UnknownPolicyError:
         return None
-    return policy.tolerance(cfg.eval.get("precision", "fp32"))
+    return policy.tolerance(cfg.eval.precision)
 
 
 def _problem_set_of(cfg: RunConfig, tol: float | None, seen: list[str], episodes: list[EpisodeRecord],

@@ -62,7 +62,8 @@ def test_resume_after_a_crash_mid_episode_with_a_truncated_line(tmp_path, caplog
     with (store.root / "turns.jsonl").open("a") as f:
         f.write('{"schema_version": 1, "kind": "turn", "run_id": "run", "episode_k')
 
-    model = ScriptedModel(replies_for(6)[4:])
+    # The same script as before: the model continues after the 4 replies already on disk.
+    model = ScriptedModel(replies_for(6))
     runner = Runner(cfg, RunStore.open(store.root), model, FakeEvaluator())
     assert "truncated last line" in caplog.text
     runner.run(problems)
@@ -82,7 +83,7 @@ def test_resume_skips_finished_episodes_and_continues_infra_errors(tmp_path):
     Runner(cfg, store, ScriptedModel(replies_for(3)), FakeEvaluator()).run(problems)
     first = {e.episode: e.stop_reason for e in store.episodes()}
     assert first == {0: "max_turns", 1: "infra_error"}  # the script ran out in episode 1
-    model = ScriptedModel(replies_for(4)[3:])
+    model = ScriptedModel(replies_for(4))
     Runner(cfg, RunStore.open(store.root), model, FakeEvaluator()).run(problems)
     check_complete(store, episodes=2, turns=2)
     assert model.remaining == 0
@@ -146,7 +147,7 @@ def test_resume_after_kill_9(tmp_path):
     done = len(store.turns())
     assert 5 <= done < 8
     cfg = store.config_record().config
-    model = ScriptedModel([reply(kernel(runtime_ms=1 + i / 10), f"reply {i}") for i in range(8)][done:])
+    model = ScriptedModel([reply(kernel(runtime_ms=1 + i / 10), f"reply {i}") for i in range(8)])
     Runner(cfg, store, model, FakeEvaluator()).run(load_problems(cfg))
     check_complete(store, episodes=2, turns=4)
     assert model.remaining == 0
