@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from kloop.console import make_console
 from kloop.errors import KloopError
 from problems.registry import ProblemError, load_problem_set
 
@@ -31,10 +31,7 @@ app = typer.Typer(
 problems_app = typer.Typer(help="List and show reference problems.", no_args_is_help=True,
                            context_settings=CONTEXT)
 app.add_typer(problems_app, name="problems")
-console = Console()
-if not console.is_terminal:
-    # Piped output (CI logs, `| less`) would otherwise be cut to 80 columns.
-    console.width = 160
+console = make_console()
 
 ProblemsDir = Annotated[
     Path | None,
@@ -60,10 +57,7 @@ def problems_list(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON array on stdout.")] = False,
 ) -> None:
     """A table of problems: id, name, parameters, output shape, flags."""
-    try:
-        pset = load_problem_set(problems_dir)
-    except ProblemError as e:
-        raise typer.BadParameter(str(e)) from None
+    pset = load_problem_set(problems_dir)
     rows = pset.filter(level)
     if not rows and level is not None:
         levels = [lv for lv in pset.levels() if lv is not None]
@@ -85,11 +79,8 @@ def problems_list(
 @problems_app.command("show")
 def problems_show(problem_id: str, problems_dir: ProblemsDir = None) -> None:
     """Print one problem's metadata (stderr) and its source as-is (stdout, copyable)."""
-    try:
-        p = load_problem_set(problems_dir).get(problem_id)
-    except ProblemError as e:
-        raise typer.BadParameter(str(e)) from None
-    info = Console(stderr=True)
+    p = load_problem_set(problems_dir).get(problem_id)
+    info = make_console(stderr=True)
     info.print(f"[bold]{p.id}[/bold]  {p.stem}  ({p.path})")
     info.print(f"sha256 (normalised): {p.sha256}")
     meta = p.meta
@@ -143,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run `kloop`: usage errors and `KloopError`s exit 2 with one line, never a traceback."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]  # accepted anywhere, not only before the command
     try:
         code = app(args=args, prog_name="kloop", standalone_mode=False)
     except typer.TyperException as e:  # usage errors: Typer's own short message, exit 2

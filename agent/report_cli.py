@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from agent.store import RunDirError
+from kloop.console import make_console
 
 Opt = typer.Option
-err = Console(stderr=True)
+err = make_console(stderr=True)
 
 
 def _fail(message: str) -> typer.Exit:
@@ -69,7 +69,7 @@ def show_command(
     """A trajectory turn by turn: prompt, reply, kernel, verdict, feedback."""
     from agent.report.show import show
 
-    console = Console()
+    console = make_console()
     try:
         shown = show(run_dir, console, problem, episode, turn, full)
     except RunDirError as e:

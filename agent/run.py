@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -25,8 +24,9 @@ from agent.records import EpisodeRecord, RunSummary, TurnRecord
 from agent.store import RunDirError, RunStore
 from agent.strategies import Runner
 from agent.sweep import is_sweep_file, run_sweep
+from kloop.console import make_console
 
-console = Console(stderr=True)
+console = make_console(stderr=True)
 DEMO_DIR = Path(__file__).resolve().parent / "demo"
 Opt = typer.Option
 
@@ -78,7 +78,8 @@ class Reporter:
 
     def __init__(self, total: int | None = None):
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TimeElapsedColumn(), console=console)
+                                 MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                                 disable=not console.is_terminal)  # piped: the turn lines only
         self.task = self.progress.add_task("turns", total=total)
 
     def __enter__(self) -> Reporter:
@@ -113,7 +114,7 @@ def print_summary(summary: RunSummary, root: Path) -> None:
                       fmt(b and b.runtime_ms, " ms"), fmt(b and b.speedup_vs_eager, "x"),
                       fmt(b and b.speedup_vs_compile, "x"),
                       ", ".join(f"{k} {v}" for k, v in p.stop_reasons.items()))
-    Console().print(table)
+    make_console().print(table)
     s = summary.spend
     console.print(f"{s.calls} LLM calls, {s.input_tokens} in / {s.output_tokens} out tokens, "
                   f"${s.cost_usd:.4f}{' (+unpriced calls)' if s.unpriced_calls else ''}, "
@@ -233,7 +234,7 @@ def _run_sweep(path: Path) -> None:
         table.add_column(col)
     for o in outcomes:
         table.add_row(o.cell_id, o.action, o.status, o.path)
-    Console().print(table)
+    make_console().print(table)
 
 
 def register(app: typer.Typer) -> None:

@@ -30,6 +30,7 @@ from evaluator.precheck import (
     small_overrides,
 )
 from evaluator.result import EvalResult, TimingStats
+from kloop.console import make_console
 from kloop.errors import KloopError
 from problems.registry import Problem, get_problem, load_problem_set
 
@@ -88,7 +89,7 @@ def read_candidate(path: Path) -> str:
 @contextlib.contextmanager
 def stage_line(label: str, enabled: bool) -> Iterator[Callable[[str], None]]:
     """A live `label: stage (elapsed)` line on a terminal; nothing at all when piped."""
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     if not (enabled and err.is_terminal):
         yield lambda stage: None
         return
@@ -153,7 +154,7 @@ def eval_command(
     if as_json:
         sys.stdout.write(result.model_dump_json() + "\n")
     else:
-        render(result, Console())
+        render(result, make_console())
     if result.status != "correct":
         raise typer.Exit(1)
 
@@ -192,7 +193,7 @@ def baseline_command(
     if not probs:
         raise EvalCommandError("no problems chosen: give --level N or --problem ID")
     configs = {p.id: _config(device, policy, problem_overrides(p, size, set_ or [])) for p in probs}
-    console = Console()
+    console = make_console()
     first = configs[probs[0].id]
     table = Table(title=f"baselines ({first.policy}, {first.device})")
     for col in ("problem", "eager median ms", "compile median ms", "note"):
