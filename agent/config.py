@@ -151,8 +151,9 @@ class RunConfig(_Config):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     """How candidates are judged: device, policy, precision, timeouts (see `evaluator.EvalConfig`)."""
     seed: int = 0
-    """Base seed: sample i of a problem is sent seed + i where the provider takes a seed
-    (OpenAI-compatible APIs); part of every episode key, so runs with other seeds never mix."""
+    """Part of every episode key: the same config with another seed is a new set of episodes
+    (resume never mixes them). kloop draws nothing from it: providers sample on their own and the
+    evaluator draws fresh inputs per evaluation (`eval.salt` fixes those)."""
     concurrency: int = Field(4, ge=1)
     """Episodes run in parallel threads (LLM calls are I/O bound; the evaluator serialises GPU work)."""
     runs_dir: Path = Path("runs")

@@ -121,7 +121,10 @@ def small_overrides(problem_source: str) -> dict[str, Any]:
                 constants[node.targets[0].id] = ast.literal_eval(node.value)
             except ValueError:
                 continue
-    kept = {v for k, v in constants.items() if _kept(k.lower()) and _is_int(v)}
+    # Every constant that stays as it is may be a divisor the model relies on (groups, heads,
+    # an expansion ratio): the shrunk widths stay multiples of those they were multiples of.
+    kept = {v for k, v in constants.items()
+            if _is_int(v) and _shrink(k.lower(), v, set()) == v}
     out: dict[str, Any] = {}
     for name, value in constants.items():
         key = name.lower()
