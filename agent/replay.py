@@ -28,6 +28,7 @@ from agent.protocols import Evaluator, Model
 from agent.records import TRAJECTORY_SCHEMA_VERSION, TurnRecord, utcnow
 from agent.store import RunDirError, RunStore
 from agent.strategies import Runner, summarize
+from agent.tally import best_per_problem
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,8 @@ def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
             start = time.monotonic()
             rec.eval = evaluator.evaluate(problem, rec.code)
             rec.spend = Spend(eval_s=time.monotonic() - start)
-        rec.feedback = prompts.render(feedback_template(rec), **feedback_vars(state, rec, cfg.agent))
+        rec.feedback = prompts.render(feedback_template(rec.eval),
+                                      **feedback_vars(state, rec.eval, rec.fault, cfg.agent))
         store.append_turn(rec)
         state.add(rec)
         runner_turns.setdefault(rec.episode_key, []).append(rec)
@@ -142,7 +144,7 @@ def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
             "finished_at": utcnow()})
         store.append_episode(new)
         records.append(new)
-    best = _best_per_problem(runner_turns)
+    best = best_per_problem(t for ts in runner_turns.values() for t in ts)
     for rec in best.values():
         store.write_best(rec.problem_stem, rec.code or "")
     store.write_summary(summarize(store.run_id, runner_turns, records, best, "finished"))
@@ -151,17 +153,6 @@ def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
                           turns_compared=compared, differences=diffs)
     (out / "replay_report.json").write_text(report.model_dump_json(indent=2) + "\n")
     return report
-
-
-def _best_per_problem(turns: dict[str, list[TurnRecord]]) -> dict[str, TurnRecord]:
-    from agent.strategies import rank_key
-
-    best: dict[str, TurnRecord] = {}
-    for rec in (t for ts in turns.values() for t in ts):
-        if rec.eval is not None and rec.eval.correct:
-            if rec.problem_id not in best or rank_key(rec) < rank_key(best[rec.problem_id]):
-                best[rec.problem_id] = rec
-    return best
 
 
 def fork(source_dir: Path, out: Path, at_turn: int, layers: list[dict], model: Model | None = None,

@@ -196,7 +196,7 @@ def write_summary(out: Path, runs: list[Path], checked: list[Rejudged]) -> None:
     lines += ["## Recorded results", "",
               "| problem | family | sequential 1x4 | best-of-4 | calls | tokens (counted) |",
               "|---|---|---|---|---|---|"]
-    stores = {s: RunStore.open(r) for s, r in zip(RUNS, runs)}
+    stores = {s: RunStore.open(r) for s, r in zip(RUNS, runs, strict=True)}
     turns = {s: st.turns() for s, st in stores.items()}
     for pid in SIZES:
         cells = []

@@ -26,6 +26,7 @@ from agent.report.metrics import (
     problem_rows,
 )
 from agent.store import kloop_version
+from agent.tally import total_spend
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +97,7 @@ def _strategy(run: RunData) -> str:
 
 
 def _spend(run: RunData) -> Spend:
-    total = sum((t.spend for t in run.turns), Spend())
-    total = sum((e.unrecorded_spend for e in run.episodes), total)
+    total = total_spend(run.turns, run.episodes)
     if run.turns:
         first = min(datetime.fromisoformat(t.started_at) for t in run.turns)
         last = max(datetime.fromisoformat(t.finished_at) for t in run.turns)

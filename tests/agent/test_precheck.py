@@ -26,7 +26,7 @@ from problems.registry import get_problem, load_problem_set
     ("import torch\nclass Model(torch.nn.Module):\n    pass\n", "no_model_new"),
     ("def make():\n    class ModelNew: pass\n", "no_model_new"),  # must be top level
     ("class ModelNew:\n    pass\n", None),
-    ("class ModelNew:\n    pass\n".encode(), None),
+    (b"class ModelNew:\n    pass\n", None),
 ])
 def test_precheck_source(source, kind):
     bad = precheck_source(source)
