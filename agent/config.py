@@ -209,13 +209,15 @@ def parse_layer(spec: str) -> dict[str, Any]:
     if "=" not in spec:
         raise ConfigError(f"-c {spec!r}: no such file, and not a key=value override")
     key, _, raw = spec.partition("=")
-    value = yaml.safe_load(raw) if raw.strip() else None
-    layer: dict[str, Any] = {}
-    node = layer
-    parts = key.strip().split(".")
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = value
+    return dotted(key.strip(), yaml.safe_load(raw) if raw.strip() else None)
+
+
+def dotted(key: str, value: Any) -> dict[str, Any]:
+    """A config layer setting one dotted key: `dotted("a.b", 1) == {"a": {"b": 1}}`."""
+    *parents, leaf = key.split(".")
+    layer: dict[str, Any] = {leaf: value}
+    for part in reversed(parents):
+        layer = {part: layer}
     return layer
 
 

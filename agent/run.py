@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from agent.components import build_evaluator, build_model, load_problems
-from agent.config import ConfigError, RunConfig, parse_layer, resolve
+from agent.config import ConfigError, RunConfig, dotted, merge, parse_layer, resolve
 from agent.records import EpisodeRecord, RunSummary, TurnRecord
 from agent.store import RunDirError, RunStore
 from agent.strategies import Runner
@@ -46,11 +46,7 @@ def _flags(**given: Any) -> dict[str, Any]:
     for name, value in given.items():
         if value is None or value == []:
             continue
-        node = layer
-        *parents, leaf = paths[name].split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = str(value) if isinstance(value, Path) else value
+        layer = merge(layer, dotted(paths[name], str(value) if isinstance(value, Path) else value))
     return layer
 
 
