@@ -131,3 +131,23 @@ def test_ctrl_c_says_how_to_continue(tmp_path, fake_evaluator, monkeypatch):
     assert res.exit_code == 130
     assert f"stopped; continue with: kloop run --resume {run}" in res.stderr
     assert "Traceback" not in res.output
+
+
+def test_problems_show_prints_the_source_as_is():
+    from problems.registry import get_problem
+
+    res = run_kloop("problems", "show", "L3/4")
+    assert res.exit_code == 0
+    assert res.stdout == get_problem("L3/4").source  # copyable: no line numbers, no colour
+    assert "L3/4" in res.stderr
+
+
+def test_rescore_counts_no_llm_calls(tmp_path, source_run):
+    out = tmp_path / "rescored"
+    res = run_kloop("replay", source_run, "--rescore", "--out", out)
+    assert res.exit_code == 0, res.output
+    from agent.store import RunStore
+
+    spend = RunStore.open(out).summary().spend
+    assert (spend.calls, spend.total_tokens) == (0, 0) and spend.eval_s >= 0
+    assert RunStore.open(source_run).summary().spend.calls == 2

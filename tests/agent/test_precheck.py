@@ -82,6 +82,7 @@ def test_an_empty_candidate_is_judged_before_the_reference_runs(tmp_path):
     assert res.exit_code == 1
     assert (result["status"], result["stage_reached"]) == ("compile_error", "static")
     assert set(result["stage_seconds"]) == {"static"}
+    assert res.stderr == ""  # piped: no progress line, nothing but the one JSON object on stdout
 
 
 def test_no_model_new_is_a_verdict_with_its_reason(tmp_path):
