@@ -151,3 +151,18 @@ def test_rescore_counts_no_llm_calls(tmp_path, source_run):
     spend = RunStore.open(out).summary().spend
     assert (spend.calls, spend.total_tokens) == (0, 0) and spend.eval_s >= 0
     assert RunStore.open(source_run).summary().spend.calls == 2
+
+
+def test_resume_with_a_prompts_dir_that_is_gone_is_one_line(tmp_path, fake_evaluator):
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    script = tmp_path / "replies.yaml"
+    script.write_text(yaml.safe_dump([reply(kernel("BUG"))]))
+    run = tmp_path / "run"
+    res = run_kloop("run", "-p", "L3/1", "--model", f"scripted:{script}", "--turns", 2,
+                    "--prompts-dir", prompts, "--out", run)
+    assert res.exit_code == 0, res.output  # the script runs out after one turn: resumable
+    prompts.rmdir()
+    res = run_kloop("run", "--resume", run)
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1
+    assert "prompts_dir" in res.stderr and "is not a folder" in res.stderr

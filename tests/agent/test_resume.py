@@ -151,3 +151,17 @@ def test_resume_after_kill_9(tmp_path):
     Runner(cfg, store, model, FakeEvaluator()).run(load_problems(cfg))
     check_complete(store, episodes=2, turns=4)
     assert model.remaining == 0
+
+
+def test_records_of_a_newer_schema_are_refused_not_misread(tmp_path):
+    cfg = make_config(strategy={"turns": 1})
+    store = RunStore.create(tmp_path / "run", cfg)
+    Runner(cfg, store, ScriptedModel(replies_for(1)), FakeEvaluator()).run(load_problems(cfg))
+    path = store.root / "turns.jsonl"
+    path.write_text(path.read_text().replace('"schema_version":1', '"schema_version":99', 1))
+    with pytest.raises(RunDirError, match="schema_version 99 is newer"):
+        store.turns()
+    config = store.root / "config.json"
+    config.write_text(config.read_text().replace('"schema_version": 1', '"schema_version": 2', 1))
+    with pytest.raises(RunDirError, match="config.json: schema_version 2 is newer"):
+        store.config_record()
