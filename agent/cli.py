@@ -147,8 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:
         if debug or not _user_error(e):
             raise
-        message = " ".join(str(e).split()) if "\n" not in str(e).strip() else str(e).strip()
-        typer.echo(f"error: {message}", err=True)
+        typer.echo(f"error: {' '.join(str(e).split())}", err=True)  # one line, always
         code = 2
     sys.exit(code if isinstance(code, int) else 0)
 
