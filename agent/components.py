@@ -15,6 +15,7 @@ from agent.errors import EvalInfraError
 from agent.models import get_model
 from agent.protocols import Evaluator, Model
 from evaluator.config import EvalConfig
+from evaluator.precheck import check_overrides
 from evaluator.result import EvalResult
 from problems.registry import Problem, ProblemError, ProblemSet, load_problem_set
 
@@ -42,11 +43,13 @@ def load_problems(cfg: RunConfig) -> list[Problem]:
         raise ConfigError(str(e)) from None
     if not chosen:
         raise ConfigError("no problems chosen: give --problem ID (repeatable) or --level N")
-    for key in cfg.problem_overrides:
+    for key, constants in cfg.problem_overrides.items():
         try:
-            pset.get(key)
+            problem = pset.get(key)
         except ProblemError as e:
             raise ConfigError(f"problem_overrides: {e}") from None
+        # A constant the problem does not define would fail only inside the reference worker.
+        check_overrides(problem.source, constants, f"problem_overrides.{key}")
     return chosen
 
 

@@ -51,6 +51,8 @@ def mistakes(tmp: Path, src: Path) -> list[tuple[list, str]]:
         (["run", "-p", "L3/1", "--model", "scripted:x", "--policy", "lax", "--out", out], "lax"),
         (["run", "-p", "L3/999", "--model", "scripted:x", "--out", out], "L3/999"),
         (["run", "-p", "L3/1", "--model", "nosuch:x", "--out", out], "unknown model provider"),
+        (["run", "-p", "L3/1", "--model", "scripted:x", "-c", "problem_overrides={L3/1: {foo: 2}}",
+          "--out", out], "'foo'"),
         (["run", "--resume", tmp / "nope"], "not a run directory"),
         (["run", "--resume", src, "--turns", 3], "saved config"),
         (["eval", tmp / "latin1.py", "-p", "L3/1"], "UTF-8"),
