@@ -14,13 +14,33 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from typer.core import TyperGroup
 
 from kloop.console import make_console
 from kloop.errors import KloopError
 from problems.registry import ProblemError, load_problem_set
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
+_debug = False
+"""Set by `main` for `--debug`: errors then propagate with their traceback."""
+
+
+class _Group(TyperGroup):
+    """The root command group: a user error in any command becomes one line and exit 2, for
+    `main` and for anything that invokes the app directly (tests, `CliRunner`)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (KloopError, ProblemError) as e:
+            if _debug:
+                raise
+            typer.echo(f"error: {' '.join(str(e).split())}", err=True)  # one line, always
+            raise typer.Exit(2) from None
+
+
 app = typer.Typer(
+    cls=_Group,
     name="kloop",
     help="Agentic multi-turn GPU-kernel generation for KernelBench, with an evaluator you can trust.",
     no_args_is_help=True,
@@ -59,7 +79,7 @@ def problems_list(
     """A table of problems: id, name, parameters, output shape, flags."""
     pset = load_problem_set(problems_dir)
     rows = pset.filter(level)
-    if not rows and level is not None:
+    if not rows and level is not None and not as_json:  # JSON: an empty list is the answer
         levels = [lv for lv in pset.levels() if lv is not None]
         raise KloopError(f"no level-{level} problems in {pset.root} (it has levels "
                          f"{', '.join(map(str, levels)) or 'none'}); give --problems-dir with a "
@@ -126,14 +146,11 @@ def _root(
     """Agentic multi-turn GPU-kernel generation for KernelBench, with an evaluator you can trust."""
 
 
-def _user_error(e: BaseException) -> bool:
-    return isinstance(e, KloopError | ProblemError)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run `kloop`: usage errors and `KloopError`s exit 2 with one line, never a traceback."""
+    global _debug
     args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args
+    _debug = "--debug" in args
     args = [a for a in args if a != "--debug"]  # accepted anywhere, not only before the command
     try:
         code = app(args=args, prog_name="kloop", standalone_mode=False)
@@ -144,10 +161,5 @@ def main(argv: list[str] | None = None) -> None:
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("interrupted", err=True)
         code = 130
-    except Exception as e:
-        if debug or not _user_error(e):
-            raise
-        typer.echo(f"error: {' '.join(str(e).split())}", err=True)  # one line, always
-        code = 2
     sys.exit(code if isinstance(code, int) else 0)
 

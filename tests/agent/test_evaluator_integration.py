@@ -68,3 +68,23 @@ def test_make_demo_rejudges_the_examples_and_writes_a_full_report(tmp_path):
     assert "10/10 verdicts match" in page
     for name in ("report.md", "curves_fast.png", "curves_geomean.png", "fast_p.png", "speedups.png"):
         assert (tmp_path / "report" / name).stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_readme_eval_example_finishes_and_exit_codes_follow_the_verdict(tmp_path):
+    """The README's `kloop eval ... --device cpu --size small` (it used to time out at full
+    size): 0 for correct, 1 for any other verdict."""
+    import time
+
+    from agent_fakes import run_kloop
+
+    candidates = Path(__file__).resolve().parents[1] / "evaluator" / "candidates"
+    start = time.monotonic()
+    ok = run_kloop("eval", candidates / "mlp_triton.py", "--problem", "L3/1", "--device", "cpu",
+                   "--size", "small")
+    assert ok.exit_code == 0, ok.output
+    assert ok.stdout.startswith("correct")
+    assert time.monotonic() - start < 120
+    crash = run_kloop("eval", candidates / "raises.py", "--problem", "L3/1", "--device", "cpu",
+                      "--size", "small", "--json")
+    assert crash.exit_code == 1 and '"status":"runtime_error"' in crash.stdout
