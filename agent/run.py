@@ -136,6 +136,22 @@ def guarded(store: RunStore) -> Iterator[None]:
         raise
 
 
+def with_size(cfg: RunConfig, size: str) -> RunConfig:
+    """`--size small`: each chosen problem's small constants, under any given explicitly."""
+    from evaluator.precheck import small_overrides
+
+    if size not in ("full", "small"):
+        raise ConfigError(f"--size must be full or small, not {size!r}")
+    if size == "full":
+        return cfg
+    given = {k.lower(): v for k, v in cfg.problem_overrides.items()}
+    sizes = {p.id: {**small_overrides(p.source), **given.get(p.id.lower(), given.get(p.stem.lower(), {}))}
+             for p in load_problems(cfg)}
+    kept = {k: v for k, v in cfg.problem_overrides.items()
+            if k.lower() not in {i.lower() for i in sizes}}
+    return cfg.model_copy(update={"problem_overrides": {**kept, **sizes}})
+
+
 def start(cfg: RunConfig) -> tuple[RunSummary, Path]:
     """Create the run directory for `cfg` and run it."""
     problems = load_problems(cfg)
@@ -192,6 +208,7 @@ def run_command(
     budget_eval_s: Annotated[float | None, Opt(help="Run limit: evaluation seconds.")] = None,
     budget_wall_s: Annotated[float | None, Opt(help="Run limit: wall-clock seconds.")] = None,
     resume_dir: Annotated[Path | None, Opt("--resume", help="Continue this run directory.")] = None,
+    size: Annotated[str | None, Opt(help="small: shrink every problem's size constants for CPU use (as kloop eval --size small).")] = None,
     demo: Annotated[bool, Opt(help="Run the bundled scripted example (no API key, no GPU needed).")] = False,
     verbose: Annotated[bool, Opt("--verbose", "-v")] = False,
 ) -> None:
@@ -209,13 +226,15 @@ def run_command(
         _run_sweep(Path(config[0]))
         return
     if resume_dir is not None:
-        if flags or config or demo:
+        if flags or config or demo or size:
             raise ConfigError("--resume continues a run with its saved config; give no other options")
         summary, root = resume(resume_dir)
     else:
         layers = [parse_layer(str(DEMO_DIR / "demo.yaml")),
                   {"model": {"spec": f"scripted:{_near(DEMO_DIR / 'replies.yaml')}"}}] if demo else []
         cfg = resolve(layers + [parse_layer(c) for c in config] + [flags])
+        if size is not None:
+            cfg = with_size(cfg, size)
         if demo and cfg.run_id is None:
             cfg = cfg.model_copy(update={"run_id": f"demo-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"})
         summary, root = start(cfg)

@@ -100,3 +100,14 @@ def test_bad_input_gets_a_clear_error(tmp_path, fake_evaluator):
                  "--runs-dir", tmp_path)
     assert res.exit_code == 2 and "strategy.kind" in res.output
     assert list(tmp_path.iterdir()) == []  # nothing was created for a refused run
+
+
+def test_run_size_small_records_the_shrunk_constants(tmp_path, fake_evaluator):
+    model = script(tmp_path, [reply(kernel(runtime_ms=0.5))])
+    out = tmp_path / "runs" / "small"
+    res = invoke("run", "-p", "L3/1", "--model", model, "--turns", 1, "--size", "small",
+                 "-c", "problem_overrides={L3/1: {batch_size: 1}}", "--out", out)
+    assert res.exit_code == 0, res.output
+    sizes = RunStore.open(out).config_record().config.problem_overrides
+    assert sizes == {"L3/1": {"batch_size": 1, "input_size": 512, "layer_sizes": [512, 512],
+                              "output_size": 256}}  # --size small under the explicit batch size
