@@ -14,6 +14,8 @@ from agent.config import ConfigError, RunConfig
 from agent.errors import EvalInfraError
 from agent.models import get_model
 from agent.protocols import Evaluator, Model
+from evaluator.config import EvalConfig
+from evaluator.precheck import check_overrides
 from evaluator.result import EvalResult
 from problems.registry import Problem, ProblemError, ProblemSet, load_problem_set
 
@@ -41,11 +43,13 @@ def load_problems(cfg: RunConfig) -> list[Problem]:
         raise ConfigError(str(e)) from None
     if not chosen:
         raise ConfigError("no problems chosen: give --problem ID (repeatable) or --level N")
-    for key in cfg.problem_overrides:
+    for key, constants in cfg.problem_overrides.items():
         try:
-            pset.get(key)
+            problem = pset.get(key)
         except ProblemError as e:
             raise ConfigError(f"problem_overrides: {e}") from None
+        # A constant the problem does not define would fail only inside the reference worker.
+        check_overrides(problem.source, constants, f"problem_overrides.{key}")
     return chosen
 
 
@@ -59,15 +63,9 @@ def build_model(cfg: RunConfig) -> Model:
 class LocalEvaluator:
     """kloop's own evaluator with the run's EvalConfig and per-problem constant overrides."""
 
-    def __init__(self, eval_fields: dict[str, Any], overrides: dict[str, dict[str, Any]],
+    def __init__(self, base: EvalConfig, overrides: dict[str, dict[str, Any]],
                  problems: list[Problem]):
-        from evaluator import EvalConfig
-
         self._evaluate = _import_evaluate()
-        try:
-            base = EvalConfig(**eval_fields)
-        except ValueError as e:
-            raise ConfigError(f"eval: {e}") from None
         self.configs: dict[str, Any] = {}
         for p in problems:
             extra = next((v for k, v in overrides.items() if k.lower() in (p.id.lower(), p.stem.lower())), {})

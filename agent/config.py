@@ -14,15 +14,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agent.models.base import ModelConfig
+from evaluator.config import EvalConfig
+from kloop.errors import KloopError
 
 ContextPolicy = Literal["full", "last_k", "last"]
 StrategyKind = Literal["sequential", "best_of_n", "grid", "beam"]
 
 
-class ConfigError(ValueError):
+class ConfigError(KloopError, ValueError):
     """A config file, override or flag that cannot be used; the message says which and why."""
 
 
@@ -51,6 +53,14 @@ class AgentConfig(_Config):
     """Upper bound on each free-text part of the feedback (logs, tracebacks)."""
     prompts_dir: Path | None = None
     """A folder of templates that replace the packaged ones of the same name."""
+
+    @field_validator("prompts_dir")
+    @classmethod
+    def _a_folder(cls, v: Path | None) -> Path | None:
+        # Checked when the config is resolved, so a wrong path fails before a run dir exists.
+        if v is not None and not v.is_dir():
+            raise ValueError(f"{v} is not a folder of .j2 templates")
+        return v
 
 
 class StrategyConfig(_Config):
@@ -138,10 +148,12 @@ class RunConfig(_Config):
     agent: AgentConfig = AgentConfig()
     strategy: StrategyConfig = StrategyConfig()
     budget: BudgetConfig = BudgetConfig()
-    eval: dict[str, Any] = Field(default_factory=dict)
-    """Fields of `evaluator.EvalConfig` (device, policy, ...), validated by the evaluator."""
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """How candidates are judged: device, policy, precision, timeouts (see `evaluator.EvalConfig`)."""
     seed: int = 0
-    """Base seed; sample i of a problem uses seed + i."""
+    """Part of every episode key: the same config with another seed is a new set of episodes
+    (resume never mixes them). kloop draws nothing from it: providers sample on their own and the
+    evaluator draws fresh inputs per evaluation (`eval.salt` fixes those)."""
     concurrency: int = Field(4, ge=1)
     """Episodes run in parallel threads (LLM calls are I/O bound; the evaluator serialises GPU work)."""
     runs_dir: Path = Path("runs")
@@ -150,14 +162,22 @@ class RunConfig(_Config):
     """Name of the run directory (default: UTC time and config digest)."""
 
     def digest(self) -> str:
-        """sha256 of the fields that decide what an episode does (not where it is stored)."""
-        data = self.model_dump(mode="json", exclude=_OPERATIONAL)
+        """sha256 of the fields that decide what an episode does (not where it is stored).
+
+        The evaluator's policy is included resolved (tolerances, trial counts), so a policy
+        whose rules change under the same name gives new episode keys.
+        """
+        data = self.model_dump(mode="json", exclude={**{k: True for k in _OPERATIONAL},
+                                                      "eval": _EVAL_OPERATIONAL})
+        data["eval_policy"] = self.eval.resolved_policy().model_dump(mode="json")
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 # Fields that say where and how fast a run goes, or which problems it covers (each episode key
 # already holds its problem's hash): changing them must not change episode keys.
 _OPERATIONAL = {"problems", "level", "problems_dir", "concurrency", "runs_dir", "run_id"}
+# The evaluator's machine-local knobs: where caches and work dirs live, what is kept for debugging.
+_EVAL_OPERATIONAL = {"cache_dir", "work_root", "keep_workdir", "device_lock", "output_tail_bytes"}
 
 
 def merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
@@ -189,13 +209,15 @@ def parse_layer(spec: str) -> dict[str, Any]:
     if "=" not in spec:
         raise ConfigError(f"-c {spec!r}: no such file, and not a key=value override")
     key, _, raw = spec.partition("=")
-    value = yaml.safe_load(raw) if raw.strip() else None
-    layer: dict[str, Any] = {}
-    node = layer
-    parts = key.strip().split(".")
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = value
+    return dotted(key.strip(), yaml.safe_load(raw) if raw.strip() else None)
+
+
+def dotted(key: str, value: Any) -> dict[str, Any]:
+    """A config layer setting one dotted key: `dotted("a.b", 1) == {"a": {"b": 1}}`."""
+    *parents, leaf = key.split(".")
+    layer: dict[str, Any] = {leaf: value}
+    for part in reversed(parents):
+        layer = {part: layer}
     return layer
 
 
@@ -209,8 +231,10 @@ def resolve(layers: list[dict[str, Any]]) -> RunConfig:
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        lines = [f"  {'.'.join(map(str, err['loc'])) or '<root>'}: {err['msg']}" for err in e.errors()]
-        raise ConfigError("invalid run config:\n" + "\n".join(lines)) from None
+        # One line per field, without pydantic's URLs: "eval.device: device must be ...".
+        lines = [f"{'.'.join(map(str, err['loc'])) or '<root>'}: "
+                 f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors()]
+        raise ConfigError("invalid run config: " + "; ".join(lines)) from None
 
 
 def load_config(specs: list[str], flags: dict[str, Any] | None = None) -> RunConfig:

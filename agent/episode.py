@@ -16,7 +16,9 @@ from agent.config import AgentConfig, Limits
 from agent.models.base import Message
 from agent.prompts import PromptSet
 from agent.protocols import Evaluator, Model
-from agent.records import BestKernel, TurnRecord, TurnRef
+from agent.records import BestKernel, ModelFaultInfo, TurnRecord, TurnRef
+from agent.tally import best_turn
+from evaluator.result import EvalResult
 from problems.registry import Problem
 
 
@@ -76,22 +78,11 @@ class HistoryRow(NamedTuple):
     speedup_vs_compile: float | None
 
 
-def history_row(position: int, rec: TurnRecord) -> HistoryRow:
-    ev = rec.eval
-    if ev is None:
-        return HistoryRow(position, rec.status, None, None, None)
-    return HistoryRow(position, ev.status, ev.runtime_ms, ev.speedup_vs_eager, ev.speedup_vs_compile)
-
-
-def _better(rec: TurnRecord, best: BestKernel | None) -> bool:
-    ev = rec.eval
-    if ev is None or not ev.correct:
-        return False
-    if best is None:
-        return True
-    if ev.runtime_ms is None:
-        return False
-    return best.runtime_ms is None or ev.runtime_ms < best.runtime_ms
+def history_row(position: int, result: EvalResult | None) -> HistoryRow:
+    if result is None:
+        return HistoryRow(position, "format_error", None, None, None)
+    return HistoryRow(position, result.status, result.runtime_ms, result.speedup_vs_eager,
+                      result.speedup_vs_compile)
 
 
 def best_of(rec: TurnRecord) -> BestKernel:
@@ -115,6 +106,7 @@ class EpisodeState:
         self.spec = spec
         self.own: list[TurnRecord] = []
         self.best: BestKernel | None = None
+        self._best_turn: TurnRecord | None = None
         self.consecutive_faults = 0
         self.spend = Spend()
         for rec in own or []:
@@ -124,8 +116,9 @@ class EpisodeState:
         self.own.append(rec)
         self.spend = self.spend + rec.spend
         self.consecutive_faults = self.consecutive_faults + 1 if rec.fault else 0
-        if _better(rec, self.best):
-            self.best = best_of(rec)
+        best = best_turn([rec] if self._best_turn is None else [self._best_turn, rec])
+        if best is not None and best is not self._best_turn:
+            self._best_turn, self.best = best, best_of(best)
 
     @property
     def trajectory(self) -> list[TurnRecord]:
@@ -137,7 +130,7 @@ class EpisodeState:
         return len(self.spec.prefix) + len(self.own) + 1
 
     def history(self) -> list[HistoryRow]:
-        return [history_row(i, rec) for i, rec in enumerate(self.trajectory, start=1)]
+        return [history_row(i, rec.eval) for i, rec in enumerate(self.trajectory, start=1)]
 
 
 def opening(spec: EpisodeSpec, env: EpisodeEnv) -> list[Message]:
@@ -166,23 +159,24 @@ def build_messages(opening_msgs: list[Message], trajectory: list[TurnRecord],
     return messages
 
 
-def feedback_vars(state: EpisodeState, rec: TurnRecord, agent: AgentConfig) -> dict[str, Any]:
+def feedback_vars(state: EpisodeState, result: EvalResult | None, fault: ModelFaultInfo | None,
+                  agent: AgentConfig) -> dict[str, Any]:
     """The one dict every feedback template renders from."""
     total = len(state.spec.prefix) + state.spec.max_turns
     position = state.position
-    history = [*state.history(), history_row(position, rec)]
+    history = [*state.history(), history_row(position, result)]
     return {
         "turn": position,
         "max_turns": total,
         "turns_left": total - position,
         "backend": agent.backend,
-        "result": rec.eval,
-        "fault": rec.fault,
+        "result": result,
+        "fault": fault,
         "history": history,
         "max_chars": agent.feedback_max_chars,
         "profile_feedback": agent.profile_feedback,
     }
 
 
-def feedback_template(rec: TurnRecord) -> str:
-    return "feedback_format_error" if rec.eval is None else f"feedback_{rec.eval.status}"
+def feedback_template(result: EvalResult | None) -> str:
+    return "feedback_format_error" if result is None else f"feedback_{result.status}"

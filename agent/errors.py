@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
+from kloop.errors import KloopError
 
-class KloopError(Exception):
-    """Base of every error kloop raises on purpose."""
+__all__ = ["KloopError"]
 
 
 class ModelFault(KloopError):

@@ -37,13 +37,14 @@ from agent.report.load import IMPORT_MARKER, load_run
 from agent.report.metrics import problem_rows
 from agent.store import RunStore
 from agent.strategies import summarize
+from kloop.errors import KloopError
 from problems.registry import Problem, ProblemError, load_problem_set
 
 KB_NAME = re.compile(r"^level_(\d+)_problem_(\d+)_sample_(\d+)_kernel\.py$")
 EXPORT_MANIFEST = "kloop_export.json"
 
 
-class InteropError(ValueError):
+class InteropError(KloopError, ValueError):
     """A folder or run that cannot be imported or exported as asked; says which file and why."""
 
 
@@ -106,6 +107,18 @@ def _resolve_problems(keys, problems_dir: Path | None) -> dict[tuple[int, int], 
     return out
 
 
+def _exported_overrides(src: Path) -> dict:
+    """Problem size overrides recorded by `kloop export` in the folder's manifest, if any."""
+    path = src / EXPORT_MANIFEST
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as e:
+        raise InteropError(f"{path}: not valid JSON: {e}") from None
+    return data.get("problem_overrides") or {} if isinstance(data, dict) else {}
+
+
 def _backend(codes: list[str]) -> str:
     triton = sum("import triton" in c or "@triton.jit" in c for c in codes)
     return "triton" if triton > len(codes) / 2 else "cuda"
@@ -129,6 +142,7 @@ def import_kernelbench(src: Path, out: Path, problems_dir: Path | None = None,
             "model": {"spec": f"kernelbench-import:{name}"}, "concurrency": 1,
             "agent": {"backend": _backend(list(codes.values()))},
             "strategy": {"kind": "best_of_n", "samples": samples, "turns": 1},
+            "problem_overrides": _exported_overrides(src),
             "runs_dir": str(Path(out).parent), "run_id": Path(out).name}])
     except ConfigError as e:
         raise InteropError(str(e)) from None
@@ -226,7 +240,9 @@ def export_kernels(run_dir: Path, out: Path, all_kernels: bool = False, level: i
             exported.append(ExportedKernel(
                 file=name, problem_id=row.problem_id, episode=row.best_episode, turn=row.best_turn,
                 status="correct", speedup_vs_eager=row.speedup_vs_eager, speedup_vs_compile=row.speedup_vs_compile))
+    # The sizes the kernels were judged at travel with them, so `import` judges them alike.
     manifest = {"source_run": str(run.path), "run_id": run.record.run_id, "all_kernels": all_kernels,
+                "problem_overrides": run.record.config.problem_overrides,
                 "kernels": [k.model_dump() for k in exported]}
     (out / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return exported

@@ -24,7 +24,7 @@ from agent.episode import (
 )
 from agent.errors import InfraFault, ModelFault
 from agent.extract import extract_code
-from agent.models.base import Message, ModelReply
+from agent.models.base import ModelReply
 from agent.records import EpisodeRecord, ModelFaultInfo, StopReason, TurnRecord, utcnow
 from evaluator.result import ErrorInfo, EvalResult
 
@@ -52,21 +52,12 @@ def evaluate_timed(env: EpisodeEnv, spec: EpisodeSpec, code: str) -> tuple[EvalR
     return result, time.monotonic() - start
 
 
-def make_turn(spec: EpisodeSpec, env: EpisodeEnv, state: EpisodeState, messages: list[Message],
-              reply: ModelReply, started: str) -> TurnRecord:
-    turn = len(state.own) + 1
+def extract(reply: ModelReply) -> tuple[str | None, ModelFaultInfo | None]:
+    """The kernel of a reply, or why there is none (a model fault: feedback, and a turn)."""
     try:
-        code, fault = extract_code(reply.text, reply.finish_reason), None
+        return extract_code(reply.text, reply.finish_reason), None
     except ModelFault as e:
-        code, fault = None, ModelFaultInfo(type=type(e).__name__, message=str(e))
-    return TurnRecord(
-        run_id=env.run_id, episode_key=spec.key, episode=spec.episode,
-        problem_id=spec.problem.id, problem_stem=spec.problem.stem, turn=turn,
-        messages=messages, reply=reply, fault=fault, code=code,
-        code_sha256=sha256_text(code) if code is not None else None,
-        kernel_path=env.sink.kernel_relpath(spec.problem.stem, spec.episode, turn) if code else None,
-        feedback="", spend=Spend.of_reply(reply), started_at=started, finished_at=started,
-    )
+        return None, ModelFaultInfo(type=type(e).__name__, message=str(e))
 
 
 def run_episode(spec: EpisodeSpec, env: EpisodeEnv,
@@ -87,19 +78,28 @@ def run_episode(spec: EpisodeSpec, env: EpisodeEnv,
             stop, error = ("infra_error", f"model call failed: {e}"), _error_info(e)
             break
         meter.charge(Spend.of_reply(reply))
-        rec = make_turn(spec, env, state, messages, reply, turn_start)
-        if rec.code is not None:
+        code, fault = extract(reply)
+        result, eval_s = None, 0.0
+        if code is not None:
             try:
-                result, eval_s = evaluate_timed(env, spec, rec.code)
+                result, eval_s = evaluate_timed(env, spec, code)
             except InfraFault as e:
                 unrecorded = Spend.of_reply(reply)
                 stop, error = ("infra_error", f"evaluation failed: {e}"), _error_info(e)
                 break
             meter.charge(Spend(eval_s=eval_s))
-            rec.eval, rec.spend.eval_s = result, eval_s
-        template = feedback_template(rec)
-        rec.feedback = env.prompts.render(template, **feedback_vars(state, rec, env.agent))
-        rec.finished_at, rec.spend.wall_s = utcnow(), time.monotonic() - clock
+        feedback = env.prompts.render(feedback_template(result),
+                                      **feedback_vars(state, result, fault, env.agent))
+        turn = len(state.own) + 1
+        spend = Spend.of_reply(reply).model_copy(
+            update={"eval_s": eval_s, "wall_s": time.monotonic() - clock})
+        rec = TurnRecord(
+            run_id=env.run_id, episode_key=spec.key, episode=spec.episode,
+            problem_id=spec.problem.id, problem_stem=spec.problem.stem, turn=turn,
+            messages=messages, reply=reply, fault=fault, code=code,
+            code_sha256=sha256_text(code) if code is not None else None,
+            kernel_path=env.sink.kernel_relpath(spec.problem.stem, spec.episode, turn) if code else None,
+            eval=result, feedback=feedback, spend=spend, started_at=turn_start, finished_at=utcnow())
         env.sink.append_turn(rec)
         state.add(rec)
         log.info("%s episode %d turn %d: %s", spec.problem.id, spec.episode, rec.turn, rec.status)

@@ -8,13 +8,13 @@ without a usable kernel.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
 import prompts as prompts_package
+from kloop.errors import KloopError
 
 PACKAGED_DIR = Path(prompts_package.__file__).resolve().parent
 
@@ -40,13 +40,18 @@ def fmt_x(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
 
+class PromptsDirError(KloopError):
+    """A `--prompts-dir` that is not a folder."""
+
+
 class PromptSet:
     """The templates of one run: a user folder (optional) in front of the packaged ones."""
 
     def __init__(self, prompts_dir: Path | None = None):
         dirs = [str(prompts_dir)] if prompts_dir is not None else []
         if prompts_dir is not None and not Path(prompts_dir).is_dir():
-            raise FileNotFoundError(f"prompts directory {prompts_dir} does not exist")
+            raise PromptsDirError(f"prompts directory {prompts_dir} does not exist; give a folder "
+                                  f"of .j2 templates (copies of those in {PACKAGED_DIR})")
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader([*dirs, str(PACKAGED_DIR)]),
             undefined=jinja2.StrictUndefined,
@@ -65,13 +70,3 @@ class PromptSet:
 
     def names(self) -> list[str]:
         return sorted(n for n in self.env.list_templates(extensions=["j2"]) if not n.startswith("_"))
-
-
-@lru_cache(maxsize=8)
-def prompt_set(prompts_dir: Path | None = None) -> PromptSet:
-    return PromptSet(prompts_dir)
-
-
-def render(name: str, prompts_dir: Path | None = None, **variables: Any) -> str:
-    """Render one template from the packaged set, or from `prompts_dir` in front of it."""
-    return prompt_set(prompts_dir).render(name, **variables)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from agent.models.base import Model
+from agent.models.base import Model, ModelReply
 from evaluator.result import EvalResult
 from problems.registry import Problem
 
-__all__ = ["Evaluator", "Model", "ProblemSource"]
+__all__ = ["Evaluator", "Model", "Resumable"]
 
 
 class Evaluator(Protocol):
@@ -25,9 +25,11 @@ class Evaluator(Protocol):
     def evaluate(self, problem: Problem, source: str) -> EvalResult: ...
 
 
-class ProblemSource(Protocol):
-    """Resolves problem ids (`L3/4`, `4_LeNet5`) and levels to problems."""
+class Resumable(Protocol):
+    """A model with a position of its own (scripted replies, a replayed run).
 
-    def get(self, problem_id: str) -> Problem: ...
+    On resume the runner passes the replies already recorded, in file order, so the model
+    continues after them instead of starting from its first reply again.
+    """
 
-    def filter(self, level: int | None = None) -> list[Problem]: ...
+    def restore(self, replies: list[ModelReply]) -> None: ...

@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from agent.budget import Spend
 from agent.components import build_evaluator, load_problems
 from agent.config import RunConfig, resolve
 from agent.episode import EpisodeSpec, EpisodeState, feedback_template, feedback_vars
@@ -27,6 +28,7 @@ from agent.protocols import Evaluator, Model
 from agent.records import TRAJECTORY_SCHEMA_VERSION, TurnRecord, utcnow
 from agent.store import RunDirError, RunStore
 from agent.strategies import Runner, summarize
+from agent.tally import best_per_problem
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +90,9 @@ def replay(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
     cfg = derived_config(source, out, [layer, {"eval": eval_overrides or {}}])
     problems = load_problems(cfg)
     model = ReplayModel.from_run(source_dir)
+    evaluator = evaluator or build_evaluator(cfg, problems)
     store = RunStore.create(out, cfg, kind="replay", source_run=str(source_dir))
-    Runner(cfg, store, model, evaluator or build_evaluator(cfg, problems), on_turn=on_turn).run(problems)
+    Runner(cfg, store, model, evaluator, on_turn=on_turn).run(problems)
     compared, diffs = diff_turns(source.turns(), store.turns())
     report = ReplayReport(kind="replay", source_run=str(source_dir), new_run=str(out),
                           turns_compared=compared, differences=diffs, replies_unused=model.remaining)
@@ -116,11 +119,15 @@ def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
                            max_turns=cfg.strategy.turns)
         state = states.setdefault(old.episode_key, EpisodeState(spec))
         rec = old.model_copy(deep=True, update={"run_id": store.run_id})
+        # A rescore calls no model: its spend is the evaluation alone (the recorded reply, with
+        # its usage, stays on the turn for reference).
+        rec.spend = Spend()
         if rec.code is not None:
             start = time.monotonic()
             rec.eval = evaluator.evaluate(problem, rec.code)
-            rec.spend = rec.spend.model_copy(update={"eval_s": time.monotonic() - start})
-        rec.feedback = prompts.render(feedback_template(rec), **feedback_vars(state, rec, cfg.agent))
+            rec.spend = Spend(eval_s=time.monotonic() - start)
+        rec.feedback = prompts.render(feedback_template(rec.eval),
+                                      **feedback_vars(state, rec.eval, rec.fault, cfg.agent))
         store.append_turn(rec)
         state.add(rec)
         runner_turns.setdefault(rec.episode_key, []).append(rec)
@@ -133,11 +140,11 @@ def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
         new = ep.model_copy(update={
             "run_id": store.run_id, "best": state.best if state else None,
             "statuses": [t.status for t in state.own] if state else [],
-            "spend": state.spend + ep.unrecorded_spend if state else ep.spend,
+            "spend": state.spend if state else Spend(), "unrecorded_spend": Spend(),
             "finished_at": utcnow()})
         store.append_episode(new)
         records.append(new)
-    best = _best_per_problem(runner_turns)
+    best = best_per_problem(t for ts in runner_turns.values() for t in ts)
     for rec in best.values():
         store.write_best(rec.problem_stem, rec.code or "")
     store.write_summary(summarize(store.run_id, runner_turns, records, best, "finished"))
@@ -146,17 +153,6 @@ def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
                           turns_compared=compared, differences=diffs)
     (out / "replay_report.json").write_text(report.model_dump_json(indent=2) + "\n")
     return report
-
-
-def _best_per_problem(turns: dict[str, list[TurnRecord]]) -> dict[str, TurnRecord]:
-    from agent.strategies import rank_key
-
-    best: dict[str, TurnRecord] = {}
-    for rec in (t for ts in turns.values() for t in ts):
-        if rec.eval is not None and rec.eval.correct:
-            if rec.problem_id not in best or rank_key(rec) < rank_key(best[rec.problem_id]):
-                best[rec.problem_id] = rec
-    return best
 
 
 def fork(source_dir: Path, out: Path, at_turn: int, layers: list[dict], model: Model | None = None,
@@ -168,8 +164,10 @@ def fork(source_dir: Path, out: Path, at_turn: int, layers: list[dict], model: M
     source = RunStore.open(source_dir)
     cfg = derived_config(source, out, layers)
     problems = load_problems(cfg)
+    # Everything that can fail on the user's input (API key, evaluator config) before the run dir.
+    model = model or build_model(cfg)
+    evaluator = evaluator or build_evaluator(cfg, problems)
     store = RunStore.create(out, cfg, kind="fork", source_run=str(source_dir), fork_at=at_turn)
-    runner = Runner(cfg, store, model or build_model(cfg), evaluator or build_evaluator(cfg, problems),
-                    on_turn=on_turn)
+    runner = Runner(cfg, store, model, evaluator, on_turn=on_turn)
     runner.run(problems, fork=(source, at_turn))
     return runner

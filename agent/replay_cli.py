@@ -11,7 +11,7 @@ import typer
 from agent import replay as replay_lib
 from agent.config import ConfigError, parse_layer
 from agent.run import Reporter, _setup_logging, console, print_summary
-from agent.store import RunDirError, RunStore
+from agent.store import RunStore
 
 Opt = typer.Option
 
@@ -33,25 +33,23 @@ def replay_command(
     stamp = f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     out = out or Path("runs") / f"{run_dir.name}-{kind}-{stamp}"
     eval_overrides = {k: v for k, v in {"device": device, "policy": policy}.items() if v is not None}
-    rep = Reporter()
-    try:
-        rep.progress.start()
-        if (model or config) and fork_at is None:
-            raise ConfigError("--model and -c apply to --fork-at only")
+    if (model or config) and fork_at is None:
+        raise ConfigError("--model and -c apply to --fork-at only")
+    # Replay and rescore go through every recorded turn once: that is the bar's total.
+    total = None if fork_at is not None else len(RunStore.open(run_dir).turns())
+    with Reporter(total) as rep:
         if fork_at is not None:
             layers = [parse_layer(c) for c in config] + [{"eval": eval_overrides}]
             if model:
                 layers.append({"model": {"spec": model}})
             runner = replay_lib.fork(run_dir, out, fork_at, layers, on_turn=rep.on_turn)
-            print_summary(runner.write_summary("finished"), out)
-            return
-        fn = replay_lib.rescore if rescore else replay_lib.replay
-        report = fn(run_dir, out, eval_overrides=eval_overrides, on_turn=rep.on_turn)
-    except (ConfigError, RunDirError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
-    finally:
-        rep.progress.stop()
+            summary = runner.write_summary("finished")
+        else:
+            fn = replay_lib.rescore if rescore else replay_lib.replay
+            report = fn(run_dir, out, eval_overrides=eval_overrides, on_turn=rep.on_turn)
+    if fork_at is not None:
+        print_summary(summary, out)
+        return
     print_summary(RunStore.open(out).summary(), out)
     if not report.differences:
         console.print(f"all {report.turns_compared} turns have the same verdict as in {run_dir}")

@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from agent.store import RunDirError
+from kloop.console import make_console
 
 Opt = typer.Option
-err = Console(stderr=True)
+err = make_console(stderr=True)
 
 
 def _fail(message: str) -> typer.Exit:
@@ -20,13 +20,29 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
+def _tracked(path: Path) -> bool:
+    """Whether git tracks files under `path` (a committed example run, say)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "ls-files", "--error-unmatch", "."], cwd=path,
+                             capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0
+
+
 def _default_out(paths: list[Path]) -> Path:
-    return paths[0] / "report" if len(paths) == 1 else Path("report")
+    """RUN/report for one untracked run; otherwise runs/reports/<names> (runs/ is git-ignored),
+    so a report never lands in a tracked folder unless asked with --out."""
+    if len(paths) == 1 and paths[0].is_dir() and not _tracked(paths[0]):
+        return paths[0] / "report"
+    return Path("runs") / "reports" / "-vs-".join(p.resolve().name for p in paths[:3])
 
 
 def report_command(
     paths: Annotated[list[Path], typer.Argument(help="Run directories, experiment directories, or folders of runs.")],
-    out: Annotated[Path | None, Opt(help="Where to write report.md and the PNGs (default: RUN/report, or ./report).")] = None,
+    out: Annotated[Path | None, Opt(help="Where to write report.md and the PNGs (default: RUN/report, or runs/reports/<names> for several runs or a git-tracked one).")] = None,
     html: Annotated[bool, Opt("--html", help="Also write report.html: one self-contained page.")] = False,
     as_json: Annotated[bool, Opt("--json", help="Also write report.json and print it on stdout.")] = False,
     bootstrap: Annotated[int, Opt(help="Bootstrap resamples for confidence intervals (0: none).")] = 1000,
@@ -69,7 +85,7 @@ def show_command(
     """A trajectory turn by turn: prompt, reply, kernel, verdict, feedback."""
     from agent.report.show import show
 
-    console = Console()
+    console = make_console()
     try:
         shown = show(run_dir, console, problem, episode, turn, full)
     except RunDirError as e:

@@ -7,24 +7,26 @@ hand them to the Runner; progress and the final table are printed here and nowhe
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from agent.components import build_evaluator, build_model, load_problems
-from agent.config import ConfigError, RunConfig, parse_layer, resolve
+from agent.config import ConfigError, RunConfig, dotted, merge, parse_layer, resolve
 from agent.records import EpisodeRecord, RunSummary, TurnRecord
 from agent.store import RunDirError, RunStore
 from agent.strategies import Runner
-from agent.sweep import SweepError, is_sweep_file, run_sweep
+from agent.sweep import is_sweep_file, run_sweep
+from kloop.console import make_console
 
-console = Console(stderr=True)
+console = make_console(stderr=True)
 DEMO_DIR = Path(__file__).resolve().parent / "demo"
 Opt = typer.Option
 
@@ -44,11 +46,7 @@ def _flags(**given: Any) -> dict[str, Any]:
     for name, value in given.items():
         if value is None or value == []:
             continue
-        node = layer
-        *parents, leaf = paths[name].split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = str(value) if isinstance(value, Path) else value
+        layer = merge(layer, dotted(paths[name], str(value) if isinstance(value, Path) else value))
     return layer
 
 
@@ -76,7 +74,8 @@ class Reporter:
 
     def __init__(self, total: int | None = None):
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TimeElapsedColumn(), console=console)
+                                 MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                                 disable=not console.is_terminal)  # piped: the turn lines only
         self.task = self.progress.add_task("turns", total=total)
 
     def __enter__(self) -> Reporter:
@@ -111,7 +110,7 @@ def print_summary(summary: RunSummary, root: Path) -> None:
                       fmt(b and b.runtime_ms, " ms"), fmt(b and b.speedup_vs_eager, "x"),
                       fmt(b and b.speedup_vs_compile, "x"),
                       ", ".join(f"{k} {v}" for k, v in p.stop_reasons.items()))
-    Console().print(table)
+    make_console().print(table)
     s = summary.spend
     console.print(f"{s.calls} LLM calls, {s.input_tokens} in / {s.output_tokens} out tokens, "
                   f"${s.cost_usd:.4f}{' (+unpriced calls)' if s.unpriced_calls else ''}, "
@@ -120,6 +119,37 @@ def print_summary(summary: RunSummary, root: Path) -> None:
         console.print("runtimes were measured with a host clock (no GPU): not comparable with GPU numbers")
     if summary.stop_detail:
         console.print(f"stopped: {summary.stop_detail}")
+
+
+@contextmanager
+def guarded(store: RunStore) -> Iterator[None]:
+    """Around a run: Ctrl-C says how to continue; a run that failed before its first turn
+    leaves no directory behind (`show` and `report` would take it for an empty run)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        detail = store.summary().stop_detail if (store.root / "summary.json").exists() else None
+        console.print(detail or f"stopped; continue with: kloop run --resume {store.root}")
+        raise typer.Exit(130) from None
+    except BaseException:
+        store.discard_if_unstarted()
+        raise
+
+
+def with_size(cfg: RunConfig, size: str) -> RunConfig:
+    """`--size small`: each chosen problem's small constants, under any given explicitly."""
+    from evaluator.precheck import small_overrides
+
+    if size not in ("full", "small"):
+        raise ConfigError(f"--size must be full or small, not {size!r}")
+    if size == "full":
+        return cfg
+    given = {k.lower(): v for k, v in cfg.problem_overrides.items()}
+    sizes = {p.id: {**small_overrides(p.source), **given.get(p.id.lower(), given.get(p.stem.lower(), {}))}
+             for p in load_problems(cfg)}
+    kept = {k: v for k, v in cfg.problem_overrides.items()
+            if k.lower() not in {i.lower() for i in sizes}}
+    return cfg.model_copy(update={"problem_overrides": {**kept, **sizes}})
 
 
 def start(cfg: RunConfig) -> tuple[RunSummary, Path]:
@@ -131,7 +161,7 @@ def start(cfg: RunConfig) -> tuple[RunSummary, Path]:
     store = RunStore.create(cfg.runs_dir / run_id, cfg)
     console.print(f"run {run_id}: {len(problems)} problem(s), strategy {cfg.strategy.kind}, "
                   f"model {cfg.model.spec} -> {store.root}")
-    with Reporter(planned_turns(cfg, len(problems))) as rep:
+    with guarded(store), Reporter(planned_turns(cfg, len(problems))) as rep:
         summary = Runner(cfg, store, model, evaluator, rep.on_turn, rep.on_episode).run(problems)
     return summary, store.root
 
@@ -145,9 +175,9 @@ def resume(run_dir: Path) -> tuple[RunSummary, Path]:
     cfg = record.config
     problems = load_problems(cfg)
     fork = (RunStore.open(Path(record.source_run)), record.fork_at) if record.kind == "fork" else None
-    with Reporter(None if fork else planned_turns(cfg, len(problems))) as rep:
-        runner = Runner(cfg, store, build_model(cfg), build_evaluator(cfg, problems),
-                        rep.on_turn, rep.on_episode)
+    model, evaluator = build_model(cfg), build_evaluator(cfg, problems)
+    with guarded(store), Reporter(None if fork else planned_turns(cfg, len(problems))) as rep:
+        runner = Runner(cfg, store, model, evaluator, rep.on_turn, rep.on_episode)
         done = sum(len(t) for t in runner.turns.values())
         rep.progress.advance(rep.task, done)
         console.print(f"resuming {store.root}: {done} turn(s) and {len(runner.finished)} "
@@ -178,6 +208,7 @@ def run_command(
     budget_eval_s: Annotated[float | None, Opt(help="Run limit: evaluation seconds.")] = None,
     budget_wall_s: Annotated[float | None, Opt(help="Run limit: wall-clock seconds.")] = None,
     resume_dir: Annotated[Path | None, Opt("--resume", help="Continue this run directory.")] = None,
+    size: Annotated[str | None, Opt(help="small: shrink every problem's size constants for CPU use (as kloop eval --size small).")] = None,
     demo: Annotated[bool, Opt(help="Run the bundled scripted example (no API key, no GPU needed).")] = False,
     verbose: Annotated[bool, Opt("--verbose", "-v")] = False,
 ) -> None:
@@ -189,26 +220,24 @@ def run_command(
                    runs_dir=out.parent if out else runs_dir, run_id=out.name if out else None,
                    budget_calls=budget_calls, budget_tokens=budget_tokens, budget_cost=budget_cost,
                    budget_eval_s=budget_eval_s, budget_wall_s=budget_wall_s)
-    try:
-        if len(config) == 1 and is_sweep_file(config[0]):
-            if flags or demo or resume_dir is not None:
-                raise ConfigError("a sweep file declares everything; give it alone: kloop run -c sweep.yaml")
-            _run_sweep(Path(config[0]))
-            return
-        if resume_dir is not None:
-            if flags or config or demo:
-                raise ConfigError("--resume continues a run with its saved config; give no other options")
-            summary, root = resume(resume_dir)
-        else:
-            layers = [parse_layer(str(DEMO_DIR / "demo.yaml")),
-                      {"model": {"spec": f"scripted:{_near(DEMO_DIR / 'replies.yaml')}"}}] if demo else []
-            cfg = resolve(layers + [parse_layer(c) for c in config] + [flags])
-            if demo and cfg.run_id is None:
-                cfg = cfg.model_copy(update={"run_id": f"demo-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"})
-            summary, root = start(cfg)
-    except (ConfigError, RunDirError, SweepError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
+    if len(config) == 1 and is_sweep_file(config[0]):
+        if flags or demo or resume_dir is not None:
+            raise ConfigError("a sweep file declares everything; give it alone: kloop run -c sweep.yaml")
+        _run_sweep(Path(config[0]))
+        return
+    if resume_dir is not None:
+        if flags or config or demo or size:
+            raise ConfigError("--resume continues a run with its saved config; give no other options")
+        summary, root = resume(resume_dir)
+    else:
+        layers = [parse_layer(str(DEMO_DIR / "demo.yaml")),
+                  {"model": {"spec": f"scripted:{_near(DEMO_DIR / 'replies.yaml')}"}}] if demo else []
+        cfg = resolve(layers + [parse_layer(c) for c in config] + [flags])
+        if size is not None:
+            cfg = with_size(cfg, size)
+        if demo and cfg.run_id is None:
+            cfg = cfg.model_copy(update={"run_id": f"demo-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"})
+        summary, root = start(cfg)
     print_summary(summary, root)
 
 
@@ -220,7 +249,7 @@ def _run_sweep(path: Path) -> None:
         table.add_column(col)
     for o in outcomes:
         table.add_row(o.cell_id, o.action, o.status, o.path)
-    Console().print(table)
+    make_console().print(table)
 
 
 def register(app: typer.Typer) -> None:

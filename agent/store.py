@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -34,12 +35,13 @@ from agent.records import (
     TurnRecord,
     utcnow,
 )
+from kloop.errors import KloopError
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", bound=BaseModel)
 
 
-class RunDirError(ValueError):
+class RunDirError(KloopError, ValueError):
     """A run directory that cannot be used as asked (missing, damaged, already exists)."""
 
 
@@ -99,6 +101,19 @@ def _repair_tail(path: Path) -> None:
         f.truncate(keep)
 
 
+_VERSION_RE = re.compile(rb'"schema_version"\s*:\s*(\d+)')
+
+
+def check_schema(path: Path, text: str | bytes, number: int | None = None) -> None:
+    """Refuse a record written by a newer kloop (its fields may mean something else)."""
+    raw = text.encode() if isinstance(text, str) else text
+    found = _VERSION_RE.search(raw)
+    if found is not None and int(found.group(1)) > TRAJECTORY_SCHEMA_VERSION:
+        where = f"{path}:{number}" if number is not None else str(path)
+        raise RunDirError(f"{where}: schema_version {int(found.group(1))} is newer than this "
+                          f"kloop reads ({TRAJECTORY_SCHEMA_VERSION}); upgrade kloop to read it")
+
+
 def read_jsonl(path: Path, model: type[R]) -> Iterator[R]:
     """Records of a JSONL file; a truncated last line is skipped with a warning."""
     if not path.exists():
@@ -107,6 +122,7 @@ def read_jsonl(path: Path, model: type[R]) -> Iterator[R]:
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
+        check_schema(path, line, number)
         try:
             yield model.model_validate_json(line)
         except ValidationError as e:
@@ -151,7 +167,24 @@ class RunStore:
         return store
 
     def config_record(self) -> RunConfigRecord:
-        return RunConfigRecord.model_validate_json((self.root / "config.json").read_text())
+        path = self.root / "config.json"
+        text = path.read_text()
+        check_schema(path, text)
+        try:
+            return RunConfigRecord.model_validate_json(text)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(map(str, err["loc"]))
+            raise RunDirError(f"{path}: {where}: {err['msg'].removeprefix('Value error, ')}") from None
+
+    def discard_if_unstarted(self) -> bool:
+        """Remove the run dir if no turn was ever written (a run that failed while starting)."""
+        if any(p.name not in ("config.json", "summary.json") for p in self.root.iterdir()):
+            return False
+        for p in self.root.iterdir():
+            p.unlink()
+        self.root.rmdir()
+        return True
 
     def kernel_relpath(self, problem_stem: str, episode: int, turn: int) -> str:
         return f"kernels/{problem_stem}/{episode}-{turn}.py"

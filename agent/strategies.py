@@ -24,20 +24,10 @@ from agent.prompts import PromptSet
 from agent.protocols import Evaluator, Model
 from agent.records import EpisodeRecord, ProblemSummary, RunSummary, TurnRecord, TurnRef, utcnow
 from agent.store import RunStore
+from agent.tally import best_turn, rank_key, total_spend
 from problems.registry import Problem
 
 log = logging.getLogger(__name__)
-
-_STATUS_RANK = {"correct": 0, "incorrect": 1, "not_run": 2, "rejected": 3, "timeout": 4,
-                "runtime_error": 5, "compile_error": 6, "format_error": 7}
-
-
-def rank_key(rec: TurnRecord) -> tuple:
-    """Sort key of kernels for beam selection: correct and fastest first, then by how far it got."""
-    ev = rec.eval
-    runtime = ev.runtime_ms if ev is not None and ev.correct and ev.runtime_ms is not None else float("inf")
-    return (_STATUS_RANK.get(rec.status, 8), runtime, rec.episode, rec.turn)
-
 
 class Runner:
     """Runs a config's strategy over its problems into one run store; resumes from what is there."""
@@ -57,7 +47,11 @@ class Runner:
         self._prefixes: dict[str, list[TurnRecord]] = {}
         """Each started episode's inherited context, so its turns can parent a beam child."""
         self._beam_kept: dict[str, list[TurnRecord]] = {}
+        # One bound on episodes in flight for the whole run: problems and the episodes of each
+        # problem both get threads, and without it the two pools multiply (concurrency squared).
+        self._slots = threading.BoundedSemaphore(cfg.concurrency)
         self._load_existing()
+        restore_position(model, self.store.turns())
         self.run_meter = Meter(cfg.budget.run, "run", spent=self._spent_so_far())
         self.env = EpisodeEnv(
             run_id=store.run_id, model=model, evaluator=evaluator, agent=cfg.agent,
@@ -79,8 +73,7 @@ class Runner:
 
     def _spent_so_far(self) -> Spend:
         turns = [t for ts in self.turns.values() for t in ts]
-        spent = sum((t.spend for t in turns), Spend())
-        spent = sum((e.unrecorded_spend for e in self.records), spent)
+        spent = total_spend(turns, self.records)
         if turns:  # episodes overlap in time: the wall clock is the span, not the sum
             first = min(datetime.fromisoformat(t.started_at) for t in turns)
             last = max(datetime.fromisoformat(t.finished_at) for t in turns)
@@ -88,15 +81,13 @@ class Runner:
         return spent
 
     def _note_best(self, rec: TurnRecord, write: bool = True) -> None:
-        ev = rec.eval
-        if ev is None or not ev.correct or rec.code is None:
-            return
         current = self.best.get(rec.problem_id)
-        if current is not None and rank_key(current) <= rank_key(rec):
+        best = best_turn([rec] if current is None else [current, rec])
+        if best is None or best is current:
             return
-        self.best[rec.problem_id] = rec
-        if write:
-            self.store.write_best(rec.problem_stem, rec.code)
+        self.best[rec.problem_id] = best
+        if write and best.code is not None:
+            self.store.write_best(best.problem_stem, best.code)
 
     def _on_turn(self, rec: TurnRecord) -> None:
         with self._lock:
@@ -126,10 +117,11 @@ class Runner:
             if spec.key in self.finished:
                 return self.finished[spec.key]
             done = list(self.turns.get(spec.key, []))
-        if not done and self.run_meter.exceeded() is not None:
-            self.skipped += 1
-            return None
-        record = run_episode(spec, self.env, done)
+        with self._slots:
+            if not done and self.run_meter.exceeded() is not None:
+                self.skipped += 1
+                return None
+            record = run_episode(spec, self.env, done)
         self.store.append_episode(record)
         with self._lock:
             self.records.append(record)
@@ -210,7 +202,7 @@ class Runner:
                 with ThreadPoolExecutor(self.cfg.concurrency, thread_name_prefix="problem") as pool:
                     list(pool.map(one, problems))
         except KeyboardInterrupt:
-            self.write_summary("interrupted", "stopped by the user; continue with --resume")
+            self.write_summary("interrupted", f"stopped; continue with: kloop run --resume {self.store.root}")
             raise
         reached = self.run_meter.exceeded()
         return self.write_summary("budget" if reached else "finished", reached)
@@ -221,6 +213,16 @@ class Runner:
             summary = summarize(self.store.run_id, self.turns, self.records, self.best, status, detail)
             self.store.write_summary(summary)
         return summary
+
+
+def restore_position(model: Model, turns: list[TurnRecord]) -> None:
+    """Give a model that keeps a position (scripted, replay) the replies already on disk.
+
+    Providers without one (the HTTP APIs) need nothing: every query carries its whole context.
+    """
+    restore = getattr(model, "restore", None)
+    if restore is not None and turns:
+        restore([t.reply for t in turns])
 
 
 def summarize(run_id: str, turns: dict[str, list[TurnRecord]], records: list[EpisodeRecord],
@@ -238,9 +240,7 @@ def summarize(run_id: str, turns: dict[str, list[TurnRecord]], records: list[Epi
         if pid in by_problem:
             by_problem[pid].best = best_of(rec)
             by_problem[pid].best_episode = rec.episode
-    all_turns = [t for ts in turns.values() for t in ts]
-    spend = sum((t.spend for t in all_turns), Spend())
-    spend = sum((r.unrecorded_spend for r in records), spend)
+    spend = total_spend([t for ts in turns.values() for t in ts], latest.values())
     return RunSummary(run_id=run_id, status=status, stop_detail=detail,
                       problems=sorted(by_problem.values(), key=lambda p: p.problem_id),
                       spend=spend, updated_at=utcnow())

@@ -47,6 +47,7 @@ from agent.config import (
 from agent.models.base import ModelConfig
 from agent.records import TRAJECTORY_SCHEMA_VERSION, EpisodeRecord, TurnRecord, utcnow
 from agent.store import RunDirError, RunStore
+from kloop.errors import KloopError
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ DONE_STATUSES = ("finished", "budget")
 _WHERE = {"runs_dir", "run_id", "concurrency"}
 
 
-class SweepError(ValueError):
+class SweepError(KloopError, ValueError):
     """A sweep file or experiment directory that cannot be used as asked; says which and why."""
 
 

@@ -1,13 +1,20 @@
 """`kloop eval` (one candidate) and `kloop baseline` (reference timings for a level).
 
 `kloop eval --json` prints exactly one JSON object (the EvalResult) on stdout; logs go to stderr.
+Exit status of `kloop eval`: 0 for `correct`, 1 for any other verdict, 2 for a usage error
+(unreadable file, unknown problem or constant, bad option). Everything that needs no GPU is
+checked before the reference runs. Nothing here imports torch until a command runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,11 +23,22 @@ from rich.console import Console
 from rich.table import Table
 
 from evaluator.config import POLICIES, EvalConfig
-from evaluator.reference import ReferenceFailure
+from evaluator.precheck import (
+    CandidateUnreadable,
+    check_overrides,
+    precheck_source,
+    small_overrides,
+)
 from evaluator.result import EvalResult, TimingStats
-from problems.registry import ProblemError, get_problem, load_problem_set
+from kloop.console import make_console
+from kloop.errors import KloopError
+from problems.registry import Problem, get_problem, load_problem_set
 
 _STATUS_STYLE = {"correct": "bold green", "incorrect": "bold yellow", "not_run": "bold blue"}
+
+
+class EvalCommandError(KloopError):
+    """A `kloop eval` / `kloop baseline` that cannot run as asked (bad option, failed reference)."""
 
 
 def _overrides(items: list[str]) -> dict[str, Any]:
@@ -29,7 +47,7 @@ def _overrides(items: list[str]) -> dict[str, Any]:
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
-            raise typer.BadParameter(f"--set expects NAME=VALUE, got {item!r}")
+            raise EvalCommandError(f"--set expects NAME=VALUE, got {item!r}")
         try:
             out[name.strip()] = json.loads(value)
         except json.JSONDecodeError:
@@ -37,12 +55,83 @@ def _overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def _config(device: str, policy: str, overrides: list[str], keep: bool = False) -> EvalConfig:
+def _config(device: str, policy: str, overrides: dict[str, Any], keep: bool = False) -> EvalConfig:
     try:
-        return EvalConfig(device=device, policy=policy, problem_overrides=_overrides(overrides),
+        return EvalConfig(device=device, policy=policy, problem_overrides=overrides,
                           keep_workdir=keep)
     except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
+        first = e.errors()[0]["msg"] if hasattr(e, "errors") else str(e)  # pydantic: no URL
+        raise EvalCommandError(first.removeprefix("Value error, ")) from None
+
+
+def problem_overrides(problem: Problem, size: str, items: list[str]) -> dict[str, Any]:
+    """`--size small` constants, then `--set` ones; names checked against the problem file."""
+    if size not in ("full", "small"):
+        raise EvalCommandError(f"--size must be full or small, not {size!r}")
+    out = small_overrides(problem.source) if size == "small" else {}
+    given = _overrides(items)
+    check_overrides(problem.source, given, f"--set for {problem.id}")
+    return {**out, **given}
+
+
+def read_candidate(path: Path) -> str:
+    """The candidate's text; a file that cannot be read or is not UTF-8 is a usage error."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise CandidateUnreadable(f"cannot read {path}: {e.strerror or e}") from None
+    bad = precheck_source(data)
+    if bad is not None and bad.kind == "not_utf8":
+        raise CandidateUnreadable(f"{path}: {bad.message}; save the candidate as UTF-8")
+    return data.decode("utf-8")
+
+
+@contextlib.contextmanager
+def stage_line(label: str, enabled: bool) -> Iterator[Callable[[str], None]]:
+    """A live `label: stage (elapsed)` line on a terminal; nothing at all when piped."""
+    err = make_console(stderr=True)
+    if not (enabled and err.is_terminal):
+        yield lambda stage: None
+        return
+    current = ["starting"]
+    start = time.monotonic()
+    with err.status(f"{label}: starting") as status:
+        stop = threading.Event()
+
+        def tick() -> None:
+            while not stop.wait(0.25):
+                status.update(f"{label}: {current[0]} ({time.monotonic() - start:.0f} s)")
+
+        thread = threading.Thread(target=tick, daemon=True)
+        thread.start()
+        try:
+            yield lambda stage: current.__setitem__(0, stage)
+        finally:
+            stop.set()
+            thread.join()
+
+
+@contextlib.contextmanager
+def announced_stages(announce: Callable[[str], None]) -> Iterator[None]:
+    """Report each pipeline stage by name while it runs (the pipeline has no progress hook)."""
+    from evaluator import pipeline
+
+    stages = getattr(pipeline, "STAGES", None)
+    if stages is None:  # a pipeline without a stage table: the line shows elapsed time only
+        yield
+        return
+
+    def wrap(stage: Callable) -> Callable:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            announce(stage.__name__.removesuffix("_stage"))
+            return stage(*args, **kwargs)
+        return run
+
+    pipeline.STAGES = tuple(wrap(s) for s in stages)
+    try:
+        yield
+    finally:
+        pipeline.STAGES = stages
 
 
 def eval_command(
@@ -55,29 +144,34 @@ def eval_command(
     problems_dir: Annotated[Path | None, typer.Option(help="A KernelBench-format folder.")] = None,
     keep_workdir: Annotated[bool, typer.Option(help="Keep the temporary directories.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print only the EvalResult JSON.")] = False,
+    size: Annotated[str, typer.Option(help="full, or small: every size constant shrunk for CPU use.")] = "full",
 ) -> None:
-    """Evaluate one candidate against a reference problem in isolated processes."""
-    from evaluator.pipeline import evaluate
+    """Evaluate one candidate against a reference problem in isolated processes.
 
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO if not as_json else logging.WARNING)
-    try:
-        source = candidate.read_text()
-    except OSError as e:
-        raise typer.BadParameter(f"cannot read {candidate}: {e}") from None
-    try:
-        prob = get_problem(problem, problems_dir)
-    except ProblemError as e:
-        raise typer.BadParameter(str(e)) from None
-    config = _config(device, policy, set_ or [], keep_workdir)
-    try:
-        result = evaluate(prob, source, config)
-    except (ReferenceFailure, RuntimeError) as e:
-        typer.echo(f"evaluation could not run: {e}", err=True)
-        raise typer.Exit(2) from None
+    Exit status: 0 when the verdict is `correct`, 1 for any other verdict, 2 for a usage error.
+    """
+    source = read_candidate(candidate)
+    prob = get_problem(problem, problems_dir)
+    config = _config(device, policy, problem_overrides(prob, size, set_ or []), keep_workdir)
+    result = _evaluate(prob, source, config, progress=not as_json)
     if as_json:
         sys.stdout.write(result.model_dump_json() + "\n")
-        return
-    render(result, Console())
+    else:
+        render(result, make_console())
+    if result.status != "correct":
+        raise typer.Exit(1)
+
+
+def _evaluate(prob: Problem, source: str, config: EvalConfig, progress: bool) -> EvalResult:
+    from evaluator.pipeline import evaluate
+    from evaluator.reference import ReferenceFailure
+
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    with stage_line(f"kloop eval {prob.id}", progress) as announce, announced_stages(announce):
+        try:
+            return evaluate(prob, source, config)
+        except (ReferenceFailure, RuntimeError) as e:
+            raise EvalCommandError(f"evaluation could not run: {e}") from None
 
 
 def baseline_command(
@@ -90,24 +184,27 @@ def baseline_command(
     problems_dir: Annotated[Path | None, typer.Option(help="A KernelBench-format folder.")] = None,
     use_cache: Annotated[bool, typer.Option(
         "--use-cache/--rebuild", help="Keep cached timings (default: time again).")] = False,
+    size: Annotated[str, typer.Option(help="full, or small: every size constant shrunk for CPU use.")] = "full",
 ) -> None:
     """Time the eager and torch.compile baselines of a level's references (cached on disk)."""
     from evaluator.pipeline import build_baselines
+    from evaluator.reference import ReferenceFailure
 
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO)
-    try:
-        pset = load_problem_set(problems_dir)
-        probs = [pset.get(p) for p in problem] if problem else pset.filter(level)
-    except ProblemError as e:
-        raise typer.BadParameter(str(e)) from None
-    config = _config(device, policy, set_ or [])
-    console = Console()
-    table = Table(title=f"baselines ({config.policy}, {config.device})")
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    pset = load_problem_set(problems_dir)
+    probs = [pset.get(p) for p in problem] if problem else pset.filter(level)
+    if not probs:
+        raise EvalCommandError("no problems chosen: give --level N or --problem ID")
+    configs = {p.id: _config(device, policy, problem_overrides(p, size, set_ or [])) for p in probs}
+    console = make_console()
+    first = configs[probs[0].id]
+    table = Table(title=f"baselines ({first.policy}, {first.device})")
     for col in ("problem", "eager median ms", "compile median ms", "note"):
         table.add_column(col)
-    for prob in probs:
+    for i, prob in enumerate(probs, start=1):
         try:
-            out = build_baselines(prob, config, rebuild=not use_cache)
+            with stage_line(f"kloop baseline {prob.id} ({i}/{len(probs)})", True):
+                out = build_baselines(prob, configs[prob.id], rebuild=not use_cache)
         except ReferenceFailure as e:
             table.add_row(prob.id, "-", "-", str(e).splitlines()[0][:80])
             continue

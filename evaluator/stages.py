@@ -28,6 +28,7 @@ from evaluator.judge import (
     ref_trials,
     served_seeds,
 )
+from evaluator.precheck import precheck_source
 from evaluator.protocol import (
     CandidateJob,
     CompileJob,
@@ -56,6 +57,9 @@ def _static(run: EvalRun) -> None:
         ast.parse(run.source, filename="candidate.py")
     except SyntaxError as e:
         _syntax_error(run, e)
+        return
+    if (bad := precheck_source(run.source)) is not None:  # empty, or no ModelNew: stop before any child
+        run.stop("compile_error", "static", ErrorInfo(type=bad.kind, message=bad.message))
         return
     run.backend = detect_backend(run.source)
     run.has_custom_kernel = run.backend != "torch"

@@ -43,7 +43,8 @@ class AnthropicModel:
         key = os.environ.get("ANTHROPIC_API_KEY")
         if not key:
             if cfg.base_url is None:
-                raise ProviderAbort("anthropic: ANTHROPIC_API_KEY is not set", kind="auth")
+                raise ProviderAbort("anthropic: ANTHROPIC_API_KEY is not set; export it, or give "
+                                    "--base-url for a gateway", kind="auth")
             key = "EMPTY"  # a local gateway may need none
         self._client = anthropic.Anthropic(
             api_key=key, base_url=cfg.base_url, max_retries=0, timeout=cfg.timeout_s

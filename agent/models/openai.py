@@ -34,7 +34,8 @@ class OpenAIModel:
         key = os.environ.get("OPENAI_API_KEY")
         if not key:
             if base_url is None:
-                raise ProviderAbort("openai: OPENAI_API_KEY is not set", kind="auth")
+                raise ProviderAbort("openai: OPENAI_API_KEY is not set; export it, or give --base-url "
+                                    "for a local OpenAI-compatible server", kind="auth")
             key = "EMPTY"  # local compatible servers (vLLM, SGLang) accept any key
         self._client = openai.OpenAI(
             api_key=key, base_url=base_url, max_retries=0, timeout=cfg.timeout_s

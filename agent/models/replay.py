@@ -36,7 +36,7 @@ def loose_key(messages: list[Message]) -> str:
 
 
 class ReplayModel:
-    """Serves recorded (messages, reply) pairs; `unmatched` counts queries that found none."""
+    """Serves recorded (messages, reply) pairs, each once."""
 
     def __init__(self, recorded: list[tuple[list[Message], ModelReply]], name: str = "replay"):
         self.name = name
@@ -48,9 +48,6 @@ class ReplayModel:
             self._exact.setdefault(exact_key(messages), []).append(i)
             self._loose.setdefault(loose_key(messages), []).append(i)
         self._lock = threading.Lock()
-        self.served = 0
-        self.loose_matches = 0
-        self.unmatched = 0
 
     @classmethod
     def from_run(cls, run_dir: str | Path) -> ReplayModel:
@@ -69,6 +66,14 @@ class ReplayModel:
     def remaining(self) -> int:
         return self._used.count(False)
 
+    def restore(self, replies: list[ModelReply]) -> None:
+        """Mark the replies a resumed run already holds as given out (see `Resumable`)."""
+        with self._lock:
+            for reply in replies:
+                i = next((i for i, r in enumerate(self._replies) if not self._used[i] and r == reply), None)
+                if i is not None:
+                    self._used[i] = True
+
     def _take(self, index: dict[str, list[int]], key: str) -> int | None:
         for i in index.get(key, []):
             if not self._used[i]:
@@ -81,12 +86,9 @@ class ReplayModel:
             i = self._take(self._exact, exact_key(messages))
             if i is None:
                 i = self._take(self._loose, loose_key(messages))
-                self.loose_matches += i is not None
             if i is None:
-                self.unmatched += 1
                 raise ScriptExhausted(
                     f"{self.name}: no recorded reply for this prompt (the trajectory diverged "
                     "from the recorded one, or its replies are used up)"
                 )
-            self.served += 1
             return self._replies[i]

@@ -4,6 +4,9 @@ A file is a YAML or JSON list (or a mapping with a `replies` list). Each entry i
 reply text) or a mapping with `text` and optionally `reasoning`, `usage`, `finish_reason`,
 `cost_usd`, `model`, `latency_s`, `raw`. A scripted reply costs 0 unless its entry says
 otherwise, so recorded replies can carry their recorded cost into a budget.
+
+A mapping file may also say `usage: counted`: entries without usage of their own then get the
+prompt and reply counted by `agent.tokens` (marked in `raw`: counted, not provider-reported).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pydantic import ConfigDict, Field, ValidationError
 
 from agent.errors import ScriptExhausted
 from agent.models.base import Message, ModelConfig, ModelReply, Usage
+from agent.tokens import COUNTER, count_tokens
 
 
 class ScriptedEntry(ModelReply):
@@ -39,8 +43,12 @@ class ScriptedModel:
     was shown.
     """
 
-    def __init__(self, replies: Sequence[str | dict | ModelReply], name: str = "scripted") -> None:
+    def __init__(self, replies: Sequence[str | dict | ModelReply], name: str = "scripted",
+                 count_usage: bool = False) -> None:
         self.name = name
+        self.count_usage = count_usage
+        self._counted = [isinstance(r, str) or (isinstance(r, dict) and "usage" not in r)
+                         for r in replies]
         self._replies = [_entry(r, i) for i, r in enumerate(replies)]
         self._next = 0
         self._lock = threading.Lock()
@@ -55,11 +63,12 @@ class ScriptedModel:
             raise ValueError(f"scripted replies: cannot read {path}: {e}") from e
         except yaml.YAMLError as e:
             raise ValueError(f"scripted replies: {path} is not valid YAML or JSON: {e}") from e
+        count = isinstance(data, dict) and data.get("usage") == "counted"
         if isinstance(data, dict) and "replies" in data:
             data = data["replies"]
         if not isinstance(data, list):
             raise ValueError(f"scripted replies: {path} must hold a list of replies")
-        return cls(data, name=f"scripted:{path}")
+        return cls(data, name=f"scripted:{path}", count_usage=count)
 
     @classmethod
     def from_spec(cls, arg: str, cfg: ModelConfig) -> ScriptedModel:
@@ -69,6 +78,15 @@ class ScriptedModel:
     @property
     def remaining(self) -> int:
         return len(self._replies) - self._next
+
+    def restore(self, replies: list[ModelReply]) -> None:
+        """Continue after the replies a resumed run already holds (see `Resumable`)."""
+        indices = [r.raw.get("scripted", {}).get("index") for r in replies]
+        known = [i for i in indices if isinstance(i, int)]
+        # Entries with a raw body of their own carry no index: count them instead.
+        position = max(known) + 1 if len(known) == len(indices) else len(replies)
+        with self._lock:
+            self._next = max(self._next, min(position, len(self._replies)))
 
     def query(self, messages: list[Message]) -> ModelReply:
         with self._lock:
@@ -82,7 +100,13 @@ class ScriptedModel:
             self.seen.append(list(messages))
         entry = self._replies[index]
         raw = entry.raw or {"scripted": {"source": self.name, "index": index}}
-        return ModelReply.model_validate({**entry.model_dump(), "raw": raw})
+        update: dict = {"raw": raw}
+        if self.count_usage and self._counted[index]:
+            update["usage"] = Usage(
+                input_tokens=sum(count_tokens(m.content) for m in messages),
+                output_tokens=count_tokens(entry.text))
+            raw["scripted"]["usage_counted_by"] = COUNTER
+        return ModelReply.model_validate({**entry.model_dump(), **update})
 
 
 def _entry(reply: str | dict | ModelReply, index: int) -> ModelReply:

@@ -26,6 +26,7 @@ from agent.report.metrics import (
     problem_rows,
 )
 from agent.store import kloop_version
+from agent.tally import total_spend
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +97,7 @@ def _strategy(run: RunData) -> str:
 
 
 def _spend(run: RunData) -> Spend:
-    total = sum((t.spend for t in run.turns), Spend())
-    total = sum((e.unrecorded_spend for e in run.episodes), total)
+    total = total_spend(run.turns, run.episodes)
     if run.turns:
         first = min(datetime.fromisoformat(t.started_at) for t in run.turns)
         last = max(datetime.fromisoformat(t.finished_at) for t in run.turns)
@@ -134,8 +134,8 @@ def run_report(run: RunData, n_boot: int, seed: int, scope: Scope) -> RunReport:
         label=run.label, path=str(run.path), run_id=run.record.run_id, kind=run.record.kind,
         source_run=run.record.source_run, model=cfg.model.spec, strategy=_strategy(run),
         context=cfg.agent.context if cfg.agent.context != "last_k" else f"last_k={cfg.agent.context_k}",
-        backend=cfg.agent.backend, policy=str(cfg.eval.get("policy", "strict")),
-        device=str(cfg.eval.get("device", "auto")), tolerance=run.tolerance, seed=cfg.seed,
+        backend=cfg.agent.backend, policy=cfg.eval.policy,
+        device=cfg.eval.device, tolerance=run.tolerance, seed=cfg.seed,
         axes=run.axes, imported=run.imported, warnings=_run_warnings(run, metrics),
         degenerate=degenerate, problems=rows, metrics=metrics,
         metrics_excluding_degenerate=compute_metrics([rows], n_boot, seed, exclude_degenerate=True)

@@ -1,6 +1,6 @@
 """Budget curves: best-so-far fast_p and geomean speedup as functions of what was spent.
 
-The x axes are matched units: turns, LLM calls, tokens (input + output), dollars, GPU-seconds
+The x axes are matched units: turns, LLM calls, tokens (input + output), dollars, eval seconds (GPU-seconds on a GPU)
 (evaluation seconds) and wall-clock seconds. Turns are replayed in the order they finished.
 
 Two scopes:
@@ -35,7 +35,7 @@ AXES: dict[str, str] = {
     "calls": "LLM calls",
     "tokens": "tokens (in + out)",
     "dollars": "USD",
-    "eval_s": "GPU-seconds (evaluation)",
+    "eval_s": "eval seconds",
     "wall_s": "wall-clock seconds",
 }
 _COUNTED = {"turns", "calls"}

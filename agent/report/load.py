@@ -19,6 +19,7 @@ from agent.config import RunConfig
 from agent.records import EpisodeRecord, TurnRecord
 from agent.store import RunConfigRecord, RunDirError, RunStore
 from agent.sweep import MANIFEST_NAME, ExperimentManifest
+from kloop.errors import KloopError
 from problems.registry import ProblemError, ProblemSet, load_problem_set
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ IMPORT_MARKER = "kloop_import"
 _OPERATIONAL = {"problems", "level", "problems_dir", "concurrency", "runs_dir", "run_id", "seed"}
 
 
-class ReportError(ValueError):
+class ReportError(KloopError, ValueError):
     """A path that is neither a run nor an experiment directory, or a run that cannot be read."""
 
 
@@ -93,10 +94,10 @@ def run_tolerance(cfg: RunConfig) -> float | None:
     from evaluator.config import UnknownPolicyError, get_policy
 
     try:
-        policy = get_policy(str(cfg.eval.get("policy", "strict")))
+        policy = get_policy(cfg.eval.policy)
     except UnknownPolicyError:
         return None
-    return policy.tolerance(cfg.eval.get("precision", "fp32"))
+    return policy.tolerance(cfg.eval.precision)
 
 
 def _problem_set_of(cfg: RunConfig, tol: float | None, seen: list[str], episodes: list[EpisodeRecord],
@@ -122,6 +123,25 @@ def _problem_set_of(cfg: RunConfig, tol: float | None, seen: list[str], episodes
     return out
 
 
+def provenance_warnings(record: RunConfigRecord, turns: list[TurnRecord]) -> list[str]:
+    """Where the replies, token counts and timings of a run come from, when not the obvious."""
+    out = []
+    if record.config.model.spec.startswith("scripted:"):
+        out.append(f"replies are scripted ({record.config.model.spec}), not model output")
+    counted = {str(t.reply.raw.get("scripted", {}).get("usage_counted_by")) for t in turns
+               if isinstance(t.reply.raw.get("scripted"), dict)
+               and t.reply.raw["scripted"].get("usage_counted_by")}
+    if counted:
+        out.append(f"token counts are counted by {', '.join(sorted(counted))} over the recorded "
+                   "text, not provider-reported")
+    clocks = {t.eval.timing.clock for t in turns if t.eval is not None and t.eval.timing is not None}
+    devices = sorted({t.eval.device for t in turns if t.eval is not None})
+    if clocks and clocks != {"cuda_event"}:
+        out.append(f"timings measured on {', '.join(devices)} with a host clock: eval seconds and "
+                   "runtimes are not GPU numbers")
+    return out
+
+
 def load_run(path: Path, label: str | None = None, axes: dict[str, str] | None = None) -> RunData:
     """Read one run directory."""
     try:
@@ -131,6 +151,8 @@ def load_run(path: Path, label: str | None = None, axes: dict[str, str] | None =
         episodes = list({e.episode_key: e for e in store.episodes()}.values())
     except (RunDirError, ValueError) as e:
         raise ReportError(f"{path}: {e}") from None
+    if not turns and not episodes:
+        raise ReportError(f"{path}: no turns recorded (a run that never started); nothing to report")
     warnings: list[str] = []
     seen = list(dict.fromkeys([t.problem_id for t in turns] + [e.problem_id for e in episodes]))
     tol = run_tolerance(record.config)
@@ -138,6 +160,7 @@ def load_run(path: Path, label: str | None = None, axes: dict[str, str] | None =
     if record.config.problem_overrides:
         warnings.append(f"problem sizes overridden for {sorted(record.config.problem_overrides)}: speedups "
                         "and degenerate marks are not those of the full-size problems")
+    warnings += provenance_warnings(record, turns)
     if record.kind in ("rescore", "replay", "fork"):
         warnings.append(f"this run is a {record.kind} of {record.source_run}")
     return RunData(path=Path(path), label=label or Path(path).name, record=record, turns=turns,

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.budget import Spend
 from agent.records import TurnRecord
 from agent.report.load import RunData
+from agent.tally import best_turn, total_spend
 
 P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 _STATUS_ORDER = ("correct", "incorrect", "not_run", "rejected", "timeout", "runtime_error",
@@ -71,14 +72,6 @@ class ProblemRow(_Record):
     spend: Spend = Spend()
 
 
-def _best(turns: list[TurnRecord]) -> TurnRecord | None:
-    correct = [t for t in turns if t.eval is not None and t.eval.correct]
-    if not correct:
-        return None
-    return min(correct, key=lambda t: (t.eval.runtime_ms if t.eval.runtime_ms is not None else float("inf"),
-                                       t.episode, t.turn))
-
-
 def problem_rows(run: RunData) -> list[ProblemRow]:
     """One row per problem of the run's set, in set order."""
     by_problem: dict[str, list[TurnRecord]] = {}
@@ -89,12 +82,11 @@ def problem_rows(run: RunData) -> list[ProblemRow]:
         turns = by_problem.get(info.id, [])
         eps = [e for e in run.episodes if e.problem_id == info.id]
         statuses = Counter(turn_status(t) for t in turns)
-        spend = sum((t.spend for t in turns), Spend())
-        spend = sum((e.unrecorded_spend for e in eps), spend)
+        spend = total_spend(turns, eps)
         row = ProblemRow(problem_id=info.id, stem=info.stem, degenerate=info.degenerate,
                          status=min(statuses, key=_STATUS_ORDER.index) if statuses else "missing",
                          turns=len(turns), episodes=len(eps), statuses=dict(statuses), spend=spend)
-        best = _best(turns)
+        best = best_turn(turns)
         if best is not None and best.eval is not None:
             ev = best.eval
             share = None

@@ -7,6 +7,7 @@ runs compare side by side. Figures are small: reports are read on screens and bu
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -41,8 +42,13 @@ def plot_curves(curves: list[Curve], labels: list[str], path: Path, metric: str 
     fig, axes = plt.subplots(2, 3, figsize=(10, 5.6))
     for ax, axis in zip(axes.flat, AXES, strict=True):
         drawn = False
+        why = "no run has this axis"
         for c in (c for c in curves if c.axis == axis):
             if not c.available or not c.points:
+                why = c.note or why
+                continue
+            if all(p.x == 0 for p in c.points):
+                why = "nothing spent on this axis (scripted replies cost nothing)"
                 continue
             xs = [p.x for p in c.points]
             if metric == "fast":
@@ -59,12 +65,22 @@ def plot_curves(curves: list[Curve], labels: list[str], path: Path, metric: str 
         ax.tick_params(labelsize=7)
         if metric == "fast":
             ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"{'fast_1.0 and correct' if metric == 'fast' else 'geomean vs eager'} by "
+                     f"{AXES[axis]}", fontsize=8)
         if not drawn:
-            ax.text(0.5, 0.5, "not available", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+            _no_data(ax, why)
     ylabel = "fast_1.0 (solid), correct (dashed)" if metric == "fast" else "geomean speedup vs eager"
     for ax in axes[:, 0]:
         ax.set_ylabel(ylabel, fontsize=8)
     return _save(fig, path, _legend(fig, axes, labels))
+
+
+def _no_data(ax, why: str) -> None:
+    """An empty panel says why it is empty instead of showing bare axes."""
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.text(0.5, 0.5, "\n".join(textwrap.wrap("no data: " + why, 36)), ha="center", va="center",
+            transform=ax.transAxes, fontsize=7)
 
 
 def _legend(fig, axes, labels: list[str]) -> bool:
@@ -116,16 +132,24 @@ def plot_speedups(rows: dict[str, list[ProblemRow]], path: Path) -> Path:
             if vals:
                 ax.scatter(vals, [y] * len(vals), s=14, color=colors[label], alpha=0.7)
                 any_dot = True
+        if not any_dot:
+            correct = any(r.correct for rs in rows.values() for r in rs)
+            _no_data(ax, ("no correct kernel has a speedup: runtimes timed with a host clock "
+                          f"(no GPU) or no {'torch.compile' if vs == 'compile' else 'eager'} "
+                          "baseline timed") if correct else "no correct kernel")
+            ax.set_title(f"best speedup vs {'torch.compile' if vs == 'compile' else 'eager'}",
+                         fontsize=9)
+            continue
         ax.axvline(1.0, color="grey", linewidth=0.8, linestyle=":")
         if any_dot:
             ax.set_xscale("log")
             for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
                 axis(FuncFormatter(lambda v, _: f"{v:.2g}x"))
             ax.tick_params(axis="x", which="both", labelsize=6)
-        ax.set_title(f"best speedup vs {'torch.compile' if vs == 'compile' else 'eager'} (correct only)",
-                     fontsize=9)
+        ax.set_title(f"best speedup vs {'torch.compile' if vs == 'compile' else 'eager'} (correct "
+                     "only, x)", fontsize=9)
         ax.tick_params(labelsize=7)
-    axes[0].set_yticks(range(len(labels)))
+    axes[0].set_yticks(range(len(labels)))  # (a no-data panel cleared its own ticks only)
     axes[0].set_yticklabels(labels, fontsize=7)
     axes[0].set_ylim(-0.6, len(labels) - 0.4)
     return _save(fig, path)

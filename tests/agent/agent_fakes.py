@@ -9,10 +9,13 @@ anything else is correct, with `# runtime_ms=X` setting the measured median (def
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import re
 import threading
 import time
+from typing import NamedTuple
 
 from agent.errors import EvalInfraError
 from evaluator.result import (
@@ -127,3 +130,27 @@ def make_runner(tmp_path, replies, evaluator=None, run_id="run", **layer):
     store = RunStore.create(tmp_path / run_id, cfg)
     model = ScriptedModel(replies)
     return Runner(cfg, store, model, evaluator or FakeEvaluator()), model
+
+
+class KloopResult(NamedTuple):
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def run_kloop(*args: object) -> KloopResult:
+    """`kloop ARGS` in this process through `agent.cli.main`, its error handling included."""
+    from agent.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return KloopResult(code, out.getvalue(), err.getvalue())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -39,6 +40,9 @@ class FakeLLMServer:
     def __init__(self) -> None:
         self.requests: list[Recorded] = []
         self.max_in_flight = 0
+        self.responder: Callable[[Recorded], dict] | None = None
+        """When the queue is empty: the body to answer a request with, computed from it (a
+        model that answers from its context alone, as a real one does)."""
         self._queue: list[Canned] = []
         self._lock = threading.Lock()
         self._in_flight = 0
@@ -93,6 +97,8 @@ class FakeLLMServer:
             self.max_in_flight = max(self.max_in_flight, self._in_flight)
             if self._queue:
                 return self._queue.pop(0)
+            if self.responder is not None:
+                return Canned(200, self.responder(recorded))
         # 418 is not retried by kloop, so a test that forgot a reply fails at once and says why
         return Canned(418, {"error": {"message": "fake server: no reply queued"}})
 

@@ -47,3 +47,44 @@ def test_bundled_example_replays_with_the_same_verdicts(tmp_path):
     before = [t.status for t in RunStore.open(example).turns()]
     after = [t.status for t in RunStore.open(out).turns()]
     assert before == after == ["compile_error", "incorrect", "correct", "correct"]
+
+
+@pytest.mark.slow
+def test_make_demo_rejudges_the_examples_and_writes_a_full_report(tmp_path):
+    """`make demo`: a sample of the bundled runs' kernels judged again here, verdicts matching,
+    and a report whose tables and plots are all written, in well under 3 minutes."""
+    import json
+    import time
+
+    from agent.demo.examples import cli
+
+    start = time.monotonic()
+    assert cli(["demo", "--out", str(tmp_path), "--device", "cpu"]) == 0
+    assert time.monotonic() - start < 180
+    checked = json.loads((tmp_path / "rejudge.json").read_text())
+    assert len(checked) == 10 and all(c["match"] for c in checked)
+    assert {c["problem_id"] for c in checked} == {"L3/1", "L3/4", "L3/13", "L3/17", "L3/43"}
+    page = (tmp_path / "demo.md").read_text()
+    assert "10/10 verdicts match" in page
+    for name in ("report.md", "curves_fast.png", "curves_geomean.png", "fast_p.png", "speedups.png"):
+        assert (tmp_path / "report" / name).stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_readme_eval_example_finishes_and_exit_codes_follow_the_verdict(tmp_path):
+    """The README's `kloop eval ... --device cpu --size small` (it used to time out at full
+    size): 0 for correct, 1 for any other verdict."""
+    import time
+
+    from agent_fakes import run_kloop
+
+    candidates = Path(__file__).resolve().parents[1] / "evaluator" / "candidates"
+    start = time.monotonic()
+    ok = run_kloop("eval", candidates / "mlp_triton.py", "--problem", "L3/1", "--device", "cpu",
+                   "--size", "small")
+    assert ok.exit_code == 0, ok.output
+    assert ok.stdout.startswith("correct")
+    assert time.monotonic() - start < 120
+    crash = run_kloop("eval", candidates / "raises.py", "--problem", "L3/1", "--device", "cpu",
+                      "--size", "small", "--json")
+    assert crash.exit_code == 1 and '"status":"runtime_error"' in crash.stdout

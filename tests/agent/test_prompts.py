@@ -33,7 +33,7 @@ def turn_with(result=None, fault=None) -> TurnRecord:
 def render_feedback(rec: TurnRecord, agent: AgentConfig | None = None) -> str:
     agent = agent or AgentConfig()
     state = EpisodeState(EpisodeSpec(problem=PROBLEM, key="k", episode=0, sample=0, max_turns=4))
-    return PromptSet().render(feedback_template(rec), **feedback_vars(state, rec, agent))
+    return PromptSet().render(feedback_template(rec.eval), **feedback_vars(state, rec.eval, rec.fault, agent))
 
 
 @pytest.mark.parametrize("status", sorted(MARKERS))

@@ -62,7 +62,8 @@ def test_resume_after_a_crash_mid_episode_with_a_truncated_line(tmp_path, caplog
     with (store.root / "turns.jsonl").open("a") as f:
         f.write('{"schema_version": 1, "kind": "turn", "run_id": "run", "episode_k')
 
-    model = ScriptedModel(replies_for(6)[4:])
+    # The same script as before: the model continues after the 4 replies already on disk.
+    model = ScriptedModel(replies_for(6))
     runner = Runner(cfg, RunStore.open(store.root), model, FakeEvaluator())
     assert "truncated last line" in caplog.text
     runner.run(problems)
@@ -82,7 +83,7 @@ def test_resume_skips_finished_episodes_and_continues_infra_errors(tmp_path):
     Runner(cfg, store, ScriptedModel(replies_for(3)), FakeEvaluator()).run(problems)
     first = {e.episode: e.stop_reason for e in store.episodes()}
     assert first == {0: "max_turns", 1: "infra_error"}  # the script ran out in episode 1
-    model = ScriptedModel(replies_for(4)[3:])
+    model = ScriptedModel(replies_for(4))
     Runner(cfg, RunStore.open(store.root), model, FakeEvaluator()).run(problems)
     check_complete(store, episodes=2, turns=2)
     assert model.remaining == 0
@@ -146,7 +147,21 @@ def test_resume_after_kill_9(tmp_path):
     done = len(store.turns())
     assert 5 <= done < 8
     cfg = store.config_record().config
-    model = ScriptedModel([reply(kernel(runtime_ms=1 + i / 10), f"reply {i}") for i in range(8)][done:])
+    model = ScriptedModel([reply(kernel(runtime_ms=1 + i / 10), f"reply {i}") for i in range(8)])
     Runner(cfg, store, model, FakeEvaluator()).run(load_problems(cfg))
     check_complete(store, episodes=2, turns=4)
     assert model.remaining == 0
+
+
+def test_records_of_a_newer_schema_are_refused_not_misread(tmp_path):
+    cfg = make_config(strategy={"turns": 1})
+    store = RunStore.create(tmp_path / "run", cfg)
+    Runner(cfg, store, ScriptedModel(replies_for(1)), FakeEvaluator()).run(load_problems(cfg))
+    path = store.root / "turns.jsonl"
+    path.write_text(path.read_text().replace('"schema_version":1', '"schema_version":99', 1))
+    with pytest.raises(RunDirError, match="schema_version 99 is newer"):
+        store.turns()
+    config = store.root / "config.json"
+    config.write_text(config.read_text().replace('"schema_version": 1', '"schema_version": 2', 1))
+    with pytest.raises(RunDirError, match="config.json: schema_version 2 is newer"):
+        store.config_record()

@@ -10,11 +10,9 @@ import json
 
 import pytest
 import yaml
-from agent_fakes import FakeEvaluator, kernel, reply
-from typer.testing import CliRunner
+from agent_fakes import FakeEvaluator, kernel, reply, run_kloop
 
 from agent import components
-from agent.cli import app
 from agent.store import RunStore
 
 
@@ -35,7 +33,7 @@ def script(tmp_path, replies) -> str:
 
 
 def invoke(*args):
-    result = CliRunner().invoke(app, [str(a) for a in args])
+    result = run_kloop(*args)
     return result
 
 
@@ -62,13 +60,15 @@ def test_kloop_run_with_flags_and_a_config_file(tmp_path, fake_evaluator):
 
 
 def test_kloop_run_resume_continues_an_interrupted_run(tmp_path, fake_evaluator):
-    model = script(tmp_path, [reply(kernel("BUG"))])  # runs out after one turn: infra_error
+    first = [reply(kernel("BUG"))]
+    model = script(tmp_path, first)  # runs out after one turn: infra_error
     out = tmp_path / "runs" / "r2"
     res = invoke("run", "--problem", "L3/1", "--model", model, "--turns", 2, "--out", out)
     assert res.exit_code == 0, res.output
     assert RunStore.open(out).episodes()[0].stop_reason == "infra_error"
-    # The script file is edited (in real life: the provider came back) and the run resumed.
-    (tmp_path / "replies.yaml").write_text(yaml.safe_dump([reply(kernel(runtime_ms=0.4))]))
+    # The script gets its second reply (in real life: the provider came back) and the run resumes
+    # after the reply it already used.
+    (tmp_path / "replies.yaml").write_text(yaml.safe_dump(first + [reply(kernel(runtime_ms=0.4))]))
     res = invoke("run", "--resume", out)
     assert res.exit_code == 0, res.output
     store = RunStore.open(out)
@@ -100,3 +100,14 @@ def test_bad_input_gets_a_clear_error(tmp_path, fake_evaluator):
                  "--runs-dir", tmp_path)
     assert res.exit_code == 2 and "strategy.kind" in res.output
     assert list(tmp_path.iterdir()) == []  # nothing was created for a refused run
+
+
+def test_run_size_small_records_the_shrunk_constants(tmp_path, fake_evaluator):
+    model = script(tmp_path, [reply(kernel(runtime_ms=0.5))])
+    out = tmp_path / "runs" / "small"
+    res = invoke("run", "-p", "L3/1", "--model", model, "--turns", 1, "--size", "small",
+                 "-c", "problem_overrides={L3/1: {batch_size: 1}}", "--out", out)
+    assert res.exit_code == 0, res.output
+    sizes = RunStore.open(out).config_record().config.problem_overrides
+    assert sizes == {"L3/1": {"batch_size": 1, "input_size": 512, "layer_sizes": [512, 512],
+                              "output_size": 256}}  # --size small under the explicit batch size

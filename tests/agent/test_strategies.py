@@ -81,3 +81,35 @@ def test_problems_run_in_parallel_threads_with_one_store(tmp_path):
     turns = runner.store.turns()
     for pid in ("L3/1", "L3/2", "L3/3"):
         assert sorted(t.turn for t in turns if t.problem_id == pid) == [1, 2]
+
+
+def test_concurrency_bounds_evaluations_across_problems_and_samples(tmp_path):
+    """concurrency=2 over 3 problems x 3 samples: never more than 2 evaluations at once
+    (a pool over problems and another per wave used to allow 2 x 2)."""
+    import threading
+    import time
+
+    from agent_fakes import FakeEvaluator
+
+    class Counting(FakeEvaluator):
+        def __init__(self):
+            super().__init__()
+            self.now = self.peak = 0
+            self.guard = threading.Lock()
+
+        def evaluate(self, problem, source):
+            with self.guard:
+                self.now += 1
+                self.peak = max(self.peak, self.now)
+            time.sleep(0.05)
+            with self.guard:
+                self.now -= 1
+            return super().evaluate(problem, source)
+
+    ev = Counting()
+    replies = [reply(kernel(runtime_ms=1.0)) for _ in range(9)]
+    runner, _ = make_runner(tmp_path, replies, evaluator=ev, problems=["L3/1", "L3/2", "L3/3"],
+                            strategy={"kind": "best_of_n", "samples": 3}, concurrency=2)
+    run(runner)
+    assert len(ev.calls) == 9
+    assert ev.peak == 2

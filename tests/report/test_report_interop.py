@@ -112,3 +112,30 @@ def test_show_prints_each_turn_with_verdict_and_feedback(tmp_path):
     assert index.exit_code == 0 and "L3/2" in index.output and "max_turns" in index.output
     missing = cli("show", str(run), "--problem", "L3/9")
     assert missing.exit_code == 2 and "no turns of L3/9" in missing.output
+
+
+def test_export_then_import_keeps_problem_size_overrides(tmp_path):
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "runs" / "examples" / "l3-1-mlp-triton"
+    sizes = RunStore.open(example).config_record().config.problem_overrides
+    assert sizes  # the example runs L3/1 at a reduced size
+    exported = tmp_path / "exported"
+    assert cli("export", str(example), str(exported), "--all").exit_code == 0
+    run = tmp_path / "imported"
+    result = cli("import", "kernelbench", str(exported), "--out", str(run))
+    assert result.exit_code == 0, result.output
+    assert RunStore.open(run).config_record().config.problem_overrides == sizes
+
+
+def test_report_of_a_tracked_run_is_written_outside_it(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from agent.report_cli import _default_out
+
+    example = Path(__file__).resolve().parents[2] / "runs" / "examples" / "l3-1-mlp-triton"
+    assert _default_out([example]) == Path("runs/reports/l3-1-mlp-triton")
+    untracked = tmp_path / "r1"
+    untracked.mkdir()
+    assert _default_out([untracked]) == untracked / "report"
+    assert _default_out([untracked, example]) == Path("runs/reports/r1-vs-l3-1-mlp-triton")

@@ -92,7 +92,8 @@ def test_cut_off_cell_is_resumed_without_repeating_turns(tmp_path):
     run_sweep(path, components=first, only=[SEQ])
     cell = tmp_path / "exp" / "cells" / SEQ
     assert len(RunStore.open(cell).turns()) == 5  # the 6th query found no reply: infra_error
-    rest = lambda cfg, ps: (ScriptedModel(REPLIES[cfg.strategy.kind][5:]), MarkerEvaluator())  # noqa: E731
+    # The whole script again: resume continues after the 5 replies the cell already holds.
+    rest = lambda cfg, ps: (ScriptedModel(REPLIES[cfg.strategy.kind]), MarkerEvaluator())  # noqa: E731
     outcomes = run_sweep(path, components=rest, only=[SEQ])
     assert [o.action for o in outcomes] == ["resumed"]
     turns = RunStore.open(cell).turns()

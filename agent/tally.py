@@ -1,0 +1,40 @@
+"""The one definition of "best kernel" and "what was spent", used by the loop, the strategies,
+replay and the reports alike (they used to keep a copy each, and the copies drifted)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from agent.budget import Spend
+from agent.records import EpisodeRecord, TurnRecord
+
+# How far a kernel got, best first: beam search keeps the furthest when none is correct yet.
+STATUS_RANK = {"correct": 0, "incorrect": 1, "not_run": 2, "rejected": 3, "timeout": 4,
+               "runtime_error": 5, "compile_error": 6, "format_error": 7}
+
+
+def rank_key(rec: TurnRecord) -> tuple:
+    """Sort key of kernels: correct and fastest first, then by how far it got, then earliest."""
+    ev = rec.eval
+    runtime = ev.runtime_ms if ev is not None and ev.correct and ev.runtime_ms is not None else float("inf")
+    return (STATUS_RANK.get(rec.status, 8), runtime, rec.episode, rec.turn)
+
+
+def best_turn(turns: Iterable[TurnRecord]) -> TurnRecord | None:
+    """The correct kernel with the lowest median runtime (the earliest among equals), or None."""
+    correct = [t for t in turns if t.eval is not None and t.eval.correct and t.code is not None]
+    return min(correct, key=rank_key) if correct else None
+
+
+def best_per_problem(turns: Iterable[TurnRecord]) -> dict[str, TurnRecord]:
+    """`best_turn` of each problem that has a correct kernel."""
+    by_problem: dict[str, list[TurnRecord]] = {}
+    for t in turns:
+        by_problem.setdefault(t.problem_id, []).append(t)
+    return {pid: b for pid, ts in by_problem.items() if (b := best_turn(ts)) is not None}
+
+
+def total_spend(turns: Iterable[TurnRecord], episodes: Iterable[EpisodeRecord] = ()) -> Spend:
+    """Everything the turns spent, plus calls paid for but never recorded as a turn."""
+    spent = sum((t.spend for t in turns), Spend())
+    return sum((e.unrecorded_spend for e in episodes), spent)

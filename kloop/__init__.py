@@ -1,0 +1,1 @@
+"""`python -m kloop` runs the `kloop` command line; the code lives in agent/, evaluator/, problems/."""

@@ -1,0 +1,5 @@
+"""`python -m kloop ...` is `kloop ...`."""
+
+from agent.cli import main
+
+main()
