@@ -43,8 +43,9 @@ def test_python_syntax_error_is_a_compile_error_with_its_line(results):
 
 def test_missing_modelnew_is_a_compile_error(results):
     r = results["no_modelnew.py"]
-    assert r.status == "compile_error"
-    assert r.error.type == "MissingModelNew"
+    # Found by the static pre-check, before any process starts.
+    assert (r.status, r.stage_reached) == ("compile_error", "static")
+    assert r.error.type == "no_model_new"
 
 
 def test_output_just_outside_tolerance_is_incorrect_with_its_error(results):
