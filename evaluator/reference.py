@@ -47,7 +47,7 @@ from evaluator.construct import (
 )
 from evaluator.harness.clock import CallResult, ChannelBroken
 from evaluator.harness.expected import ExpectedStore
-from evaluator.harness.served import CallPlan, decode, run_plan, timing_stats
+from evaluator.harness.served import CallPlan, decode, overhead_ms, run_plan, timing_stats
 from evaluator.protocol import (
     Control,
     DoneMsg,
@@ -229,6 +229,9 @@ class ReferenceOutput:
     """The reference's outputs of the timed calls (one per seed of `Serving.seeds`)."""
     layout: ServeLayout | None = None
     handshake_ms: float | None = None
+    """What the harness's clock adds to a call of this problem (`served.overhead_ms`), taken off
+    every call of the candidate and the baselines."""
+    null_call_ms: float | None = None
     eager: TimingStats | None = None
     compiled: TimingStats | None = None
     flags: list[str] = field(default_factory=list)
@@ -330,10 +333,13 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput) 
     if failed or len(served.wall_ms) < len(plan.seeds):
         return  # the worker reported why (an error for eager, a flag for compile)
     if eager:
-        out.handshake_ms = served.handshake_ms()
-        out.eager = timing_stats(served, out.handshake_ms, on_cuda=serving.on_cuda)
+        out.null_call_ms = served.handshake_ms()
+        out.handshake_ms = overhead_ms(served)
+        out.eager = timing_stats(served, out.handshake_ms, on_cuda=serving.on_cuda,
+                                 null_call_ms=out.null_call_ms)
     else:
-        out.compiled = timing_stats(served, out.handshake_ms, on_cuda=serving.on_cuda)
+        out.compiled = timing_stats(served, out.handshake_ms, on_cuda=serving.on_cuda,
+                                    null_call_ms=out.null_call_ms)
         _store(path, record, out, serving)
 
 

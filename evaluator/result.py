@@ -150,8 +150,12 @@ class TimingStats(_Record):
     raw_median_ms: float | None = None
     """`harness` clock: the median before the handshake was taken off."""
     handshake_ms: float | None = None
+    """`harness` clock: what the clock adds to a call, taken off every call: on a GPU the trusted
+    reference worker's median wall time minus the median of its own CUDA events over the same
+    calls (`evaluator.harness.served.overhead_ms`); on CPU the null calls' median."""
+    null_call_ms: float | None = None
     """`harness` clock: the median of null calls (same request, inputs and output copy, no
-    model) in the trusted reference worker, taken off every call."""
+    model) in the trusted reference worker."""
     worker_event_median_ms: float | None = None
     """The worker's own CUDA-event median of the forward: what the process says, kept as a
     cross-check only (a candidate's process can forge it)."""

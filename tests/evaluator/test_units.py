@@ -11,7 +11,7 @@ import torch
 
 from evaluator.config import POLICIES, EvalConfig, UnknownPolicyError, get_policy
 from evaluator.correctness import compare_outputs, compare_tensor
-from evaluator.harness.served import Served, timing_stats
+from evaluator.harness.served import Served, overhead_ms, timing_stats
 from evaluator.result import EvalResult
 from evaluator.sandbox import child_env
 from evaluator.state import derive_seed
@@ -81,6 +81,14 @@ def test_timing_stats_are_net_of_the_handshake_and_keep_the_raw_numbers():
     assert s.worker_event_median_ms == 2.25 and s.comparable
     # A handshake larger than a call never makes a time negative.
     assert timing_stats(Served(wall_ms=[0.1]), 0.5, on_cuda=False).median_ms == 0.0
+
+
+def test_the_overhead_is_the_reference_calls_wall_time_beyond_their_own_events():
+    served = Served(wall_ms=[2.0, 2.2, 2.4], event_ms=[1.5, 1.6, 1.7], null_ms=[0.2, 0.3])
+    assert overhead_ms(served) == pytest.approx(0.6)
+    # Without events (CPU) the null calls stand in.
+    assert overhead_ms(Served(wall_ms=[2.0], event_ms=[None], null_ms=[0.2, 0.4])) == \
+        pytest.approx(0.3)
 
 
 def test_child_env_is_an_allow_list(monkeypatch, tmp_path):
