@@ -196,7 +196,8 @@ def on_message(run: EvalRun, job: CandidateJob, seq: Sequence, child: Any, msg: 
     if isinstance(msg, NeedMsg):
         _serve(seq, child, msg.index)
     elif isinstance(msg, StageMsg):
-        run.reach(STAGE_OF_CHILD.get(msg.stage, run.stage))  # type: ignore[arg-type]
+        if run.status is None:  # a decided verdict keeps the stage it was decided in
+            run.reach(STAGE_OF_CHILD.get(msg.stage, run.stage))  # type: ignore[arg-type]
         run.mark(msg.stage)
     elif isinstance(msg, FlagMsg):
         run.flags.append(msg.flag)

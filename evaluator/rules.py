@@ -128,11 +128,6 @@ _TABLE = (
              "An fp32 problem computed in lower precision (fp16, bf16, TF32) can pass a 1e-4 "
              "tolerance on well-scaled outputs while its error against a float64 run is far "
              "above the fp32 reference's own (catalog C8; factor in Policy.precision_factor)."),
-    _runtime("clock_disagreement",
-             "The candidate process's own CUDA-event time of its forward disagrees with the "
-             "harness's clock by more than the handshake: its own numbers are not its work "
-             "(work left on other streams, forged events). The harness's clock is the number "
-             "of record either way, so it only flags for review.", strict="flag"),
     _runtime("l2_persistence",
              "A persisting-L2 carve-out keeps the candidate's data in the L2 across the flush "
              "between timed calls (catalog T5); kloop resets it before timing."),

@@ -76,11 +76,17 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
         return
     finally:
         child.calls.stop()
-    if failed or len(served.wall_ms) < len(seeds):
+    if failed:
+        # Decided: what the process would do next (profile, hang) changes nothing.
+        child.kill("decided")
         return
+    if len(served.wall_ms) < len(seeds):
+        return
+    # The worker's own event median rides along as data only: on the H200 the clock's overhead
+    # differs between processes by more than any threshold that would catch forged events
+    # (GPU_VALIDATION.md, 2026-12-01), and the number of record is the clock's either way.
     run.timing = timing_stats(served, ref.handshake_ms, on_cuda=not run.on_cpu,
                               null_call_ms=ref.null_call_ms)
-    _cross_check(run)
 
 
 def note_call_problem(run: EvalRun, message: str) -> None:
@@ -89,19 +95,3 @@ def note_call_problem(run: EvalRun, message: str) -> None:
         if t.kind == "timed" and t.message == _UNSERVED:
             run.trials[i] = t.model_copy(update={"message": f"{_UNSERVED}: {message[:500]}"})
             return
-
-
-def _cross_check(run: EvalRun) -> None:
-    """The worker's own event times against the harness's clock (flag only: the clock is the
-    number of record either way). Honest work has its events inside the clock's interval and
-    covering most of it: events longer than the raw wall time are forged; events under half of
-    the net time mean work its events do not see (unjoined streams, host-side work)."""
-    t = run.timing
-    if t is None or t.worker_event_median_ms is None or t.raw_median_ms is None:
-        return
-    ev = t.worker_event_median_ms
-    if ev > 1.05 * t.raw_median_ms + 0.05 or ev < 0.5 * t.median_ms - 0.05:
-        run.violations.append(violate(
-            run, "clock_disagreement", f"the process's own events say {ev:.4f} ms, the "
-            f"harness's clock {t.raw_median_ms:.4f} ms raw, {t.median_ms:.4f} ms net of its "
-            f"{t.handshake_ms or 0:.4f} ms overhead"))
