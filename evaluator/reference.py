@@ -337,6 +337,7 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput) 
         out.handshake_ms = overhead_ms(served)
         out.eager = timing_stats(served, out.handshake_ms, on_cuda=serving.on_cuda,
                                  null_call_ms=out.null_call_ms)
+        _store(path, record, out, serving)  # `kloop baseline` lists what was measured
     else:
         out.compiled = timing_stats(served, out.handshake_ms, on_cuda=serving.on_cuda,
                                     null_call_ms=out.null_call_ms)
@@ -370,10 +371,12 @@ def _store(path: Path | None, record: BaselineRecord | None, out: ReferenceOutpu
     if path is None or out.env is None:
         return
     fields = _key_fields(serving, out.env)
-    record = BaselineRecord(key=baseline_key(fields), key_fields=fields, env=out.env,
-                            eager=out.eager, compiled=out.compiled,
-                            updated_at=datetime.now(timezone.utc).isoformat())
-    _atomic_write(path, record.model_dump_json(indent=1))
+    # A compile baseline measured earlier is kept until one is measured again.
+    compiled = out.compiled or (record.compiled if record is not None else None)
+    new = BaselineRecord(key=baseline_key(fields), key_fields=fields, env=out.env,
+                         eager=out.eager, compiled=compiled,
+                         updated_at=datetime.now(timezone.utc).isoformat())
+    _atomic_write(path, new.model_dump_json(indent=1))
 
 
 def _failure_text(outcome: ChildOutcome, error: ErrorInfo | None) -> str:

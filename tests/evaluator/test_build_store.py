@@ -275,7 +275,7 @@ def test_staging_never_follows_a_link_put_in_place_of_its_directory(tmp_path, st
 @pytest.mark.skipif(os.geteuid() != 0, reason="the vault needs a root harness")
 def test_store_and_baselines_sit_in_the_vault(tmp_path):
     from evaluator.config import EvalConfig
-    from evaluator.stages import reference_job
+    from evaluator.stages import reference_serving
     from evaluator.state import EvalRun
     from problems.registry import get_problem
 
@@ -283,7 +283,7 @@ def test_store_and_baselines_sit_in_the_vault(tmp_path):
     run = EvalRun.create(get_problem("L3/1"), "x = 1\n", EvalConfig(device="cpu", cache_dir=cache))
     try:
         vault = isolation.private_dir(cache)
-        assert Path(reference_job(run).baseline_cache).parent == vault
+        assert reference_serving(run).cache_dir.parent == vault
         assert buildstore.store_root(cache).parent == vault
         st = os.lstat(vault)
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (isolation.VAULT_UID, 0o700)
