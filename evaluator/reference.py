@@ -229,9 +229,12 @@ class ReferenceOutput:
     """The reference's outputs of the timed calls (one per seed of `Serving.seeds`)."""
     layout: ServeLayout | None = None
     handshake_ms: float | None = None
-    """What the harness's clock adds to a call of this problem (`served.overhead_ms`), taken off
-    every call of the candidate and the baselines."""
+    """The fastest null call of the reference worker: taken off every call of the candidate and
+    the baselines (a lower bound of serving a call, so no number is ever made smaller than the
+    work)."""
     null_call_ms: float | None = None
+    calibrated_overhead_ms: float | None = None
+    """`served.overhead_ms` of the eager calls: for the calibrated estimate only."""
     eager: TimingStats | None = None
     compiled: TimingStats | None = None
     flags: list[str] = field(default_factory=list)
@@ -333,14 +336,17 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput) 
     if failed or len(served.wall_ms) < len(plan.seeds):
         return  # the worker reported why (an error for eager, a flag for compile)
     if eager:
-        out.null_call_ms = served.handshake_ms()
-        out.handshake_ms = overhead_ms(served)
+        out.null_call_ms = served.null_median_ms()
+        out.handshake_ms = served.handshake_ms()
+        out.calibrated_overhead_ms = overhead_ms(served)
         out.eager = timing_stats(served, out.handshake_ms, on_cuda=serving.on_cuda,
-                                 null_call_ms=out.null_call_ms)
+                                 null_call_ms=out.null_call_ms,
+                                 calibrated_overhead_ms=out.calibrated_overhead_ms)
         _store(path, record, out, serving)  # `kloop baseline` lists what was measured
     else:
         out.compiled = timing_stats(served, out.handshake_ms, on_cuda=serving.on_cuda,
-                                    null_call_ms=out.null_call_ms)
+                                    null_call_ms=out.null_call_ms,
+                                    calibrated_overhead_ms=out.calibrated_overhead_ms)
         _store(path, record, out, serving)
 
 

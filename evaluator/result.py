@@ -150,12 +150,16 @@ class TimingStats(_Record):
     raw_median_ms: float | None = None
     """`harness` clock: the median before the handshake was taken off."""
     handshake_ms: float | None = None
-    """`harness` clock: what the clock adds to a call, taken off every call: on a GPU the trusted
-    reference worker's median wall time minus the median of its own CUDA events over the same
-    calls (`evaluator.harness.served.overhead_ms`); on CPU the null calls' median."""
+    """`harness` clock: taken off every call: the fastest null call (same request, input draw
+    and output copy, no model) in the trusted reference worker, a lower bound of what serving a
+    call costs. The numbers of record are therefore never smaller than the work, and may be
+    larger by the rest of the clock's overhead (GPU_VALIDATION.md has its size on the H200)."""
     null_call_ms: float | None = None
-    """`harness` clock: the median of null calls (same request, inputs and output copy, no
-    model) in the trusted reference worker."""
+    """`harness` clock: the median of those null calls."""
+    calibrated_median_ms: float | None = None
+    """A best estimate, not the number of record: the raw median less the overhead the reference
+    worker's own calls show (its wall time minus its trusted CUDA events). It assumes the
+    candidate serves calls as slowly as the reference worker, which native code could undercut."""
     worker_event_median_ms: float | None = None
     """The worker's own CUDA-event median of the forward: what the process says, kept as a
     cross-check only (a candidate's process can forge it)."""

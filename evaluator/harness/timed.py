@@ -86,7 +86,8 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
     # differs between processes by more than any threshold that would catch forged events
     # (GPU_VALIDATION.md, 2026-12-01), and the number of record is the clock's either way.
     run.timing = timing_stats(served, ref.handshake_ms, on_cuda=not run.on_cpu,
-                              null_call_ms=ref.null_call_ms)
+                              null_call_ms=ref.null_call_ms,
+                              calibrated_overhead_ms=ref.calibrated_overhead_ms)
 
 
 def note_call_problem(run: EvalRun, message: str) -> None:

@@ -95,9 +95,9 @@ def test_same_model_timed_in_two_processes_agrees(cache_dir):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "open (issue 10): on the H200 VM the harness clock's overhead differs between the reference "
-    "and the candidate process by up to ~1 ms, so net times of 1-4 ms models land 0.73-1.43x "
-    "their CUDA-event times (GPU_VALIDATION.md, 2026-12-01). Remove this marker once it passes."))
+    "open (issue 10): only the fastest null call is taken off, so 0.2-1.5 ms of the clock's "
+    "overhead stays in every number on the H200 VM (GPU_VALIDATION.md, 2026-12-01). Remove "
+    "this marker once it passes."))
 def test_the_harness_clock_agrees_with_cuda_events_for_a_millisecond_model(cache_dir):
     """An honest model of a few milliseconds: the harness's clock net of its handshake and the
     worker's own CUDA events time the same forward within 5 % (bench/clock.py has the table)."""

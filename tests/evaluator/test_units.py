@@ -83,12 +83,16 @@ def test_timing_stats_are_net_of_the_handshake_and_keep_the_raw_numbers():
     assert timing_stats(Served(wall_ms=[0.1]), 0.5, on_cuda=False).median_ms == 0.0
 
 
-def test_the_overhead_is_the_reference_calls_wall_time_beyond_their_own_events():
-    served = Served(wall_ms=[2.0, 2.2, 2.4], event_ms=[1.5, 1.6, 1.7], null_ms=[0.2, 0.3])
+def test_the_handshake_is_the_fastest_null_call_and_the_calibration_only_an_estimate():
+    served = Served(wall_ms=[2.0, 2.2, 2.4], event_ms=[1.5, 1.6, 1.7], null_ms=[0.2, 0.3, 0.5])
     assert overhead_ms(served) == pytest.approx(0.6)
-    # Without events (CPU) the null calls stand in.
-    assert overhead_ms(Served(wall_ms=[2.0], event_ms=[None], null_ms=[0.2, 0.4])) == \
-        pytest.approx(0.3)
+    # What is taken off is the fastest null call; the calibrated estimate rides along.
+    assert served.handshake_ms() == pytest.approx(0.2)
+    s = timing_stats(served, served.handshake_ms(), on_cuda=True,
+                     null_call_ms=served.null_median_ms(), calibrated_overhead_ms=0.6)
+    assert s.median_ms == pytest.approx(2.0) and s.calibrated_median_ms == pytest.approx(1.6)
+    assert s.null_call_ms == pytest.approx(0.3)
+    assert overhead_ms(Served(wall_ms=[2.0], event_ms=[None], null_ms=[0.2])) is None
 
 
 def test_child_env_is_an_allow_list(monkeypatch, tmp_path):
