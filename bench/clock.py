@@ -25,8 +25,8 @@ sys.path[:0] = [str(REPO)]
 import torch  # noqa: E402
 
 from evaluator.config import EvalConfig  # noqa: E402
-from evaluator.construct import as_output_list  # noqa: E402
 from evaluator.pipeline import evaluate  # noqa: E402
+from evaluator.worker.construct import as_output_list  # noqa: E402
 from problems.registry import get_problem  # noqa: E402
 
 MLP = {"input_size": 4096, "layer_sizes": [4096, 4096], "output_size": 2048}

@@ -47,7 +47,7 @@ import importlib.util, os, sys, time
 mode, path, root = sys.argv[1:4]
 if mode == "kloop":
     from pathlib import Path
-    from evaluator import buildcache
+    from evaluator.build import buildcache
     buildcache.install_load_inline_cache(Path(root), arch=None)
 else:
     os.environ["TORCH_EXTENSIONS_DIR"] = root

@@ -2,7 +2,7 @@
 
 Public API: `evaluate`, `evaluate_many`, `EvalConfig`, `Policy`, `POLICIES`, `get_policy` and
 the records in `evaluator.result`. Imports are lazy so that child processes, which import
-`evaluator.child`, do not load the harness.
+`evaluator.worker.child`, do not load the harness.
 """
 
 from __future__ import annotations

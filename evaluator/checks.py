@@ -5,7 +5,7 @@ part); this module holds the runtime checks and the adapter to the static ones.
 - `STATIC_CHECKS`: on the source in the harness before anything executes (`evaluator.static`).
 - `TRIAL_CHECKS`: on what the candidate child reported for one trial, after its outputs were
   judged. `check(run, trial_msg) -> list[Violation]`.
-- `PROBE_CHECKS`: on what a probe in the candidate process saw (`evaluator.probes`, reported as
+- `PROBE_CHECKS`: on what a probe in the candidate process saw (`evaluator.worker.probes`, reported as
   `ProbeMsg`). `check(run, probe_msg) -> list[Violation]`.
 - `determinism`: on the two outputs of the repeated trial, in the harness.
 - `RESULT_CHECKS`: on the finished run (speedups, problem facts). They only flag.

@@ -31,20 +31,6 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from evaluator.child import Channel, call_server, read_control
-from evaluator.construct import (
-    apply_numerics,
-    as_output_list,
-    clone_all,
-    construct,
-    draw_inputs,
-    draw_served_inputs,
-    env_info,
-    init_inputs,
-    load_problem,
-    noisy_model,
-    sync,
-)
 from evaluator.harness.clock import CallResult, ChannelBroken
 from evaluator.harness.expected import ExpectedStore
 from evaluator.harness.served import CallPlan, decode, overhead_ms, run_plan, timing_stats
@@ -61,6 +47,20 @@ from evaluator.protocol import (
 )
 from evaluator.result import EnvInfo, ErrorInfo, TimingStats
 from evaluator.sandbox import Child, ChildOutcome
+from evaluator.worker.child import Channel, call_server, read_control
+from evaluator.worker.construct import (
+    apply_numerics,
+    as_output_list,
+    clone_all,
+    construct,
+    draw_inputs,
+    draw_served_inputs,
+    env_info,
+    init_inputs,
+    load_problem,
+    noisy_model,
+    sync,
+)
 from evaluator.worker.serve import OK, ServeLayout, output_specs
 
 log = logging.getLogger(__name__)

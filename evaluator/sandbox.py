@@ -1,6 +1,6 @@
 """Child processes: spawn, scrubbed environment, per-stage timeouts, memory watchdog, bounded output.
 
-Every piece of candidate code runs in a fresh `python -m evaluator.child` process started in its
+Every piece of candidate code runs in a fresh `python -m evaluator.worker.child` process started in its
 own session (so the whole process group can be killed), with an environment built from an
 allow-list. The child reports typed JSON lines on a dedicated pipe; stdout and stderr are only
 kept as bounded tails for error reports. Anything the child fails to report (segfault,
@@ -138,7 +138,7 @@ class Child:
         self._set_stage("startup")
         isolation.harden_harness()
         identity = self._identity()
-        argv = [sys.executable, "-m", "evaluator.child", self.mode, str(self.job_path),
+        argv = [sys.executable, "-m", "evaluator.worker.child", self.mode, str(self.job_path),
                 str(write_fd)]
         fds: tuple[int, ...] = (write_fd,)
         if self.calls is not None:

@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-from evaluator import buildstore
+from evaluator.build import buildstore
 from evaluator.checks import STATIC_CHECKS
 from evaluator.isolation import private_dir
 from evaluator.judge import (
@@ -72,7 +72,7 @@ def _static(run: EvalRun) -> None:
 
 
 def _syntax_error(run: EvalRun, exc: SyntaxError) -> None:
-    from evaluator.diagnostics import diagnostic_from_exception, make_compile_log
+    from evaluator.build.diagnostics import diagnostic_from_exception, make_compile_log
 
     # The backend cannot be parsed out of a file that does not parse; a guess is enough here.
     guess = "cuda" if "load_inline" in run.source else "triton" if "triton" in run.source else "torch"
@@ -132,7 +132,7 @@ def _compile(run: EvalRun) -> None:
 
 
 def build_dir(run: EvalRun) -> Path:
-    """The builds of this candidate file, verified and read-only (see `evaluator.buildstore`)."""
+    """The builds of this candidate file, verified and read-only (see `evaluator.build.buildstore`)."""
     return run.root / "ext"
 
 
@@ -240,7 +240,7 @@ def _ncu_pass(run: EvalRun, job: CandidateJob) -> None:
     workdir = run.root / "cand"
     job_path = workdir / "job_forward.json"
     job_path.write_text(job.model_dump_json())
-    cmd = [sys.executable, "-m", "evaluator.child", "forward", str(job_path), "-1"]
+    cmd = [sys.executable, "-m", "evaluator.worker.child", "forward", str(job_path), "-1"]
     env = child_env(workdir / "home", run.device, _candidate_env(run))
     metrics = ncu_metrics(cmd, re.escape(bare_name(top.name)), env, run.config.timeouts.profile)
     if metrics is None:

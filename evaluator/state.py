@@ -267,7 +267,7 @@ class EvalRun:
     @property
     def writable_cache(self) -> Path:
         """Where children may write (`KLOOP_CACHE_DIR`); nothing trusted is read from here.
-        Extension builds and nvcc checks go through `evaluator.buildstore` instead."""
+        Extension builds and nvcc checks go through `evaluator.build.buildstore` instead."""
         if self.sandbox is not None and self.sandbox.cache_dir is not None:
             return self.sandbox.cache_dir
         return self.config.cache_dir

@@ -7,7 +7,7 @@
 # missing header and the result says `compile_check_incomplete`. PyPI carries these headers only
 # inside the libraries' runtime wheels (about 1 GB together), so this script downloads the wheels
 # for the CUDA release of the installed nvcc, keeps their include/ directories (about 3 MB) in
-# $VENV/cuda-headers/include, where evaluator/nvcc.py looks, and deletes the wheels.
+# $VENV/cuda-headers/include, where evaluator/build/nvcc.py looks, and deletes the wheels.
 #
 # Skipped with a GPU (a CUDA torch brings these libraries, headers included) and without nvcc
 # (nothing would use them). Idempotent: VERSIONS records what is installed.

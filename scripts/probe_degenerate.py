@@ -25,14 +25,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from evaluator.construct import (  # noqa: E402
+from evaluator.protocol import ProblemSpec  # noqa: E402
+from evaluator.worker.construct import (  # noqa: E402
     as_output_list,
     construct,
     draw_inputs,
     init_inputs,
     noisy_model,
 )
-from evaluator.protocol import ProblemSpec  # noqa: E402
 from problems.registry import load_problem_set  # noqa: E402
 
 SCALES = (3.0, 1e2, 1e4)

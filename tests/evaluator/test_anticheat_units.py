@@ -14,12 +14,13 @@ from types import SimpleNamespace
 import torch
 import torch.nn as nn
 
-from evaluator import buildcache, isolation
+from evaluator import isolation
+from evaluator.build import buildcache
 from evaluator.checks import determinism
 from evaluator.config import get_policy
-from evaluator.construct import noisy_model
-from evaluator.probes import Baseline, ghost_extensions, record_extension_outputs
 from evaluator.protocol import ProblemSpec
+from evaluator.worker.construct import noisy_model
+from evaluator.worker.probes import Baseline, ghost_extensions, record_extension_outputs
 
 _SPEC = ProblemSpec(path="unused", sha256="0", overrides={}, device="cpu", precision="fp32",
                     allow_tf32=False)
@@ -187,7 +188,7 @@ def test_ghost_stubs_return_nan_laid_out_as_the_real_call_and_are_undone(monkeyp
 
 
 def test_ghost_check_is_inconclusive_when_other_inputs_give_the_same_output():
-    from evaluator.trials import _Ghost, _ghost_verdict
+    from evaluator.worker.trials import _Ghost, _ghost_verdict
 
     out = [torch.linspace(0, 1, 16)]
     ghost = _Ghost([out[0].clone()], "3 kernel calls stubbed")

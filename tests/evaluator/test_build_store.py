@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluator import buildcache, buildstore, isolation
+from evaluator import isolation
+from evaluator.build import buildcache, buildstore
 
 REPO = Path(__file__).resolve().parents[2]
 EXT = """#include <pybind11/pybind11.h>
@@ -43,7 +44,7 @@ VALUE = ext.twice(21)
 ATTACKER = f'''import hashlib, json, os, shutil
 from pathlib import Path
 from torch.utils.cpp_extension import load_inline
-from evaluator import buildcache
+from evaluator.build import buildcache
 
 HONEST = {HONEST!r}
 PAYLOAD = {PAYLOAD!r}
@@ -77,9 +78,10 @@ VALUE = ext.twice(21)
 
 CHILD = """
 import json, sys
-from evaluator import buildcache, isolation
-from evaluator.candidate import _install_build_cache
-from evaluator.child import import_candidate
+from evaluator import isolation
+from evaluator.build import buildcache
+from evaluator.worker.candidate import _install_build_cache
+from evaluator.worker.child import import_candidate
 isolation.confine_child()
 _install_build_cache(sys.argv[1], sys.argv[2], check_only=False)
 mod = import_candidate(sys.argv[2])
@@ -360,7 +362,7 @@ def nvcc_poisoner(honest: str) -> str:
     return E2E.replace('"""L3/1 with', '"""Poisons nvcc checks; L3/1 with', 1) + f'''
 import os, shutil
 from pathlib import Path
-from evaluator import nvcc
+from evaluator.build import nvcc
 
 FORGED = nvcc.RawCheck(returncodes=[1], output="cuda.cu(12): error: forged by another file",
                        seconds=1.0)
@@ -383,7 +385,7 @@ for target in (Path(os.environ[nvcc.CHECK_VERIFIED_ENV]),
 def test_a_forged_nvcc_check_never_speaks_for_another_file(tmp_path, monkeypatch):
     from eval_helpers import candidate, cpu_config
 
-    from evaluator import nvcc
+    from evaluator.build import nvcc
     from evaluator.pipeline import evaluate
 
     honest = candidate("mlp_cuda_relu.py")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluator import buildcache
+from evaluator.build import buildcache
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures_e2"
@@ -27,7 +27,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("twice", &twice); }
 CPU_SCRIPT = f"""
 import json, sys
 from pathlib import Path
-from evaluator import buildcache
+from evaluator.build import buildcache
 buildcache.install_load_inline_cache(Path(sys.argv[1]), arch=None)
 from torch.utils.cpp_extension import load_inline
 m = load_inline(name="kloop_cpu_twice", cpp_sources={CPU_EXT!r}, no_implicit_headers=True)
@@ -39,7 +39,7 @@ GPU_SCRIPT = """
 import json, runpy, sys
 from pathlib import Path
 import torch
-from evaluator import buildcache
+from evaluator.build import buildcache
 buildcache.install_load_inline_cache(Path(sys.argv[1]), arch=None)
 ns = runpy.run_path(sys.argv[2])
 a = torch.randn(1000, device="cuda"); b = torch.randn(1000, device="cuda")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluator import buildcache
-from evaluator.nvcc import CHECK_CACHE_ENV, nvcc_check
+from evaluator.build import buildcache
+from evaluator.build.nvcc import CHECK_CACHE_ENV, nvcc_check
 
 FIXTURES = Path(__file__).parent / "fixtures_e2"
 

@@ -20,7 +20,7 @@ from evaluator.ncu import (
     parse_ncu_csv,
     top_custom_kernel_regex,
 )
-from evaluator.profile import profile_forward, render_profile, summarise
+from evaluator.worker.profile import profile_forward, render_profile, summarise
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,12 +1,12 @@
-"""The code that runs inside the candidate process (started by `evaluator.child`).
+"""The code that runs inside the candidate process (started by `evaluator.worker.child`).
 
 Everything here runs in the process that also runs the candidate's code, so it is evidence at
 best: whatever it reports can be forged, and the harness relies on none of it for a number.
 
 Load (import `candidate.py`, build `ModelNew` as the reference was built) -> probe trials on the
-inputs the reference worker wrote (outputs saved for the harness to judge; `evaluator.trials`
+inputs the reference worker wrote (outputs saved for the harness to judge; `evaluator.worker.trials`
 runs them with their probes: launches, ghost kernels, determinism, reparam) -> process-level
-probes (`evaluator.probes`) -> wait for the harness -> serve the harness's timed, checked calls
+probes (`evaluator.worker.probes`) -> wait for the harness -> serve the harness's timed, checked calls
 (`evaluator.worker.serve`) -> probes again -> profile. Any exception is reported as a typed
 error and ends the process; the harness turns silence (a crash) into an error itself.
 """
@@ -21,24 +21,6 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel
 
-from evaluator.child import (
-    Channel,
-    apply_overrides,
-    call_server,
-    error_info,
-    import_candidate,
-    read_control,
-)
-from evaluator.construct import (
-    apply_numerics,
-    construct,
-    draw_inputs,
-    draw_served_inputs,
-    init_inputs,
-    load_problem,
-    sync,
-)
-from evaluator.probes import Baseline
 from evaluator.protocol import (
     AwaitMsg,
     CallProblemMsg,
@@ -53,7 +35,25 @@ from evaluator.protocol import (
     ProfileMsg,
 )
 from evaluator.result import CompileLog, ErrorInfo
-from evaluator.trials import Loaded, run_trial
+from evaluator.worker.child import (
+    Channel,
+    apply_overrides,
+    call_server,
+    error_info,
+    import_candidate,
+    read_control,
+)
+from evaluator.worker.construct import (
+    apply_numerics,
+    construct,
+    draw_inputs,
+    draw_served_inputs,
+    init_inputs,
+    load_problem,
+    sync,
+)
+from evaluator.worker.probes import Baseline
+from evaluator.worker.trials import Loaded, run_trial
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def run_candidate(job: CandidateJob, ch: Channel,
                   call_fds: tuple[int, int, int] | None = None) -> None:
     apply_numerics(job.problem.allow_tf32)
     if job.cpu_emulation:
-        from evaluator import emulation
+        from evaluator.worker import emulation
 
         emulation.install()
         ch.send(FlagMsg(flag="cpu_emulation"))
@@ -160,7 +160,7 @@ def _load(job: CandidateJob, ch: Channel) -> Loaded | None:
     spec, path = job.problem, job.candidate_path
     _install_build_cache(job.build_dir, path, check_only=False)
     if job.cpu_emulation:
-        from evaluator.triton_aot import install_triton_launch_recorder
+        from evaluator.build.triton_aot import install_triton_launch_recorder
 
         # Records launches for the sm_90 check and names them in the CPU profile.
         install_triton_launch_recorder()
@@ -192,7 +192,7 @@ def _fail(ch: Channel, stage: str, exc: BaseException, job: CandidateJob,
           import_time: bool = False) -> None:
     """Build errors (at import: also a failed import; later: Triton or extension builds that
     happen lazily) are compile errors, everything else a runtime error."""
-    from evaluator.child import is_build_error
+    from evaluator.worker.child import is_build_error
 
     if is_build_error(exc) and (import_time or not isinstance(exc, ImportError)):
         report_build_error(ch, stage, exc, job.candidate_path, job.backend)
@@ -218,7 +218,7 @@ def _profile(model: torch.nn.Module, job: CandidateJob, ch: Channel) -> None:
     ch.stage("profile")
     try:
         from evaluator.backend import custom_kernel_names
-        from evaluator.profile import profile_forward
+        from evaluator.worker.profile import profile_forward
 
         problem = load_problem(job.problem)
         inputs = draw_inputs(problem, 0, job.problem)
@@ -238,7 +238,7 @@ def _profile(model: torch.nn.Module, job: CandidateJob, ch: Channel) -> None:
 def run_compile(job: CompileJob, ch: Channel) -> None:
     """Import the candidate only to build its extensions into the cache (GPU machine, GPU
     hidden) or, without a GPU, to compile-check their sources with nvcc."""
-    from evaluator import buildcache
+    from evaluator.build import buildcache
 
     ch.stage("compile")
     _install_build_cache(job.build_dir, job.candidate_path, check_only=job.device == "cpu")
@@ -261,8 +261,8 @@ def _install_build_cache(build_dir: str | None, candidate_path: str, check_only:
     """Route `load_inline` through kloop's content-addressed build cache (or, without a GPU,
     through an nvcc compile check that raises `CudaNotAvailable`). `build_dir` holds the builds
     the harness verified for this file (read-only); new builds go to `build/` beside the
-    candidate, for the harness to install (`evaluator.buildstore`)."""
-    from evaluator import buildcache
+    candidate, for the harness to install (`evaluator.build.buildstore`)."""
+    from evaluator.build import buildcache
 
     if build_dir is None:
         return
@@ -281,7 +281,7 @@ def _install_build_cache(build_dir: str | None, candidate_path: str, check_only:
 
 def builds_log() -> CompileLog | None:
     """One CompileLog for every `load_inline` call the candidate made (None if it made none)."""
-    from evaluator.buildcache import BUILD_RECORDS
+    from evaluator.build.buildcache import BUILD_RECORDS
 
     if not BUILD_RECORDS:
         return None
@@ -303,7 +303,7 @@ def builds_log() -> CompileLog | None:
 def report_build_error(ch: Channel, stage: str, exc: BaseException, path: str,
                        backend: str) -> None:
     """A build error as a compile log with a location in candidate.py, and as the error."""
-    from evaluator.diagnostics import diagnostic_from_exception, make_compile_log
+    from evaluator.build.diagnostics import diagnostic_from_exception, make_compile_log
 
     info = error_info(exc, path)
     log_ = builds_log()
@@ -315,7 +315,7 @@ def report_build_error(ch: Channel, stage: str, exc: BaseException, path: str,
 
 
 def _import_error(ch: Channel, exc: BaseException, path: str, backend: str) -> None:
-    from evaluator.child import is_build_error
+    from evaluator.worker.child import is_build_error
 
     if is_build_error(exc):
         report_build_error(ch, "compile", exc, path, backend)
@@ -325,7 +325,7 @@ def _import_error(ch: Channel, exc: BaseException, path: str, backend: str) -> N
 
 def triton_aot(job: CandidateJob, ch: Channel) -> CompileLog | None:
     """Compile the Triton kernels the candidate launched (under the interpreter) for sm_90."""
-    from evaluator.triton_aot import recorded_launches, triton_aot_check
+    from evaluator.build.triton_aot import recorded_launches, triton_aot_check
 
     if not recorded_launches():
         return None

@@ -42,12 +42,13 @@ WATCHED = (
     "torch.allclose", "torch.isclose", "torch.equal", "torch.testing.assert_close",
     "torch.save", "torch.load", "torch.Tensor.cpu", "torch.Tensor.detach",
     "torch.Tensor.clone", "torch.Tensor.copy_", "torch.Tensor.to", "torch.Tensor.__eq__",
-    "numpy.median", "numpy.percentile", "os.write", "evaluator.child.Channel.send",
+    "numpy.median", "numpy.percentile", "os.write", "evaluator.worker.child.Channel.send",
 )
 # kloop's own code in this process: every module-level function must stay the same object with
 # the same code.
-OWN_MODULES = ("evaluator.worker.serve", "evaluator.candidate", "evaluator.trials", "evaluator.probes",
-               "evaluator.child", "evaluator.construct", "evaluator.correctness")
+OWN_MODULES = ("evaluator.worker.serve", "evaluator.worker.candidate", "evaluator.worker.trials",
+               "evaluator.worker.probes", "evaluator.worker.child", "evaluator.worker.construct",
+               "evaluator.correctness")
 
 
 def _flag_getters() -> dict[str, Callable[[], Any]]:
@@ -296,7 +297,7 @@ def _swap_extensions(holders: list[dict[str, Any]],
     """Replace the functions of the extensions the candidate built (load_inline) by
     `make(name, function)` wherever the modules or `holders` (module and instance dicts) refer
     to them."""
-    from evaluator.buildcache import LOADED_MODULES
+    from evaluator.build.buildcache import LOADED_MODULES
 
     funcs = {id(f): n for m in LOADED_MODULES for n, f in vars(m).items()
              if not n.startswith("_") and callable(f) and not isinstance(f, type)}
@@ -347,7 +348,7 @@ def custom_launches(call: Callable[[], Any], names: set[str]) -> tuple[Any, int 
     count is None when there are no names to look for."""
     from torch.profiler import ProfilerActivity, profile
 
-    from evaluator.profile import _rows, classify
+    from evaluator.worker.profile import _rows, classify
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         result = call()

@@ -1,4 +1,4 @@
-"""Entry point of every child process: `python -m evaluator.child MODE JOB.json RESULT_FD`.
+"""Entry point of every child process: `python -m evaluator.worker.child MODE JOB.json RESULT_FD`.
 
 MODE is `reference` (the trusted reference worker, see `evaluator.reference`), `candidate` (the
 one process that imports and runs candidate code), `compile` (imports the candidate only to
@@ -135,11 +135,11 @@ def main(argv: list[str]) -> int:
     if mode == "candidate":
         job = CandidateJob.model_validate_json(raw)
         limit_memory(job.memory_limit_bytes)
-        from evaluator.candidate import run_candidate
+        from evaluator.worker.candidate import run_candidate
 
         run_candidate(job, channel, fds)  # type: ignore[arg-type]
     elif mode == "forward":
-        from evaluator.candidate import run_forward
+        from evaluator.worker.candidate import run_forward
 
         run_forward(CandidateJob.model_validate_json(raw), channel)
     elif mode == "reference":
@@ -147,7 +147,7 @@ def main(argv: list[str]) -> int:
 
         run_reference(ReferenceJob.model_validate_json(raw), channel, fds)  # type: ignore[arg-type]
     elif mode == "compile":
-        from evaluator.candidate import run_compile
+        from evaluator.worker.candidate import run_compile
 
         run_compile(CompileJob.model_validate_json(raw), channel)
     else:

@@ -2,7 +2,7 @@
 
 Candidate code runs in the compile child (importing a candidate executes it), so nothing that
 child writes may reach another evaluation unchecked. The child builds into a private directory of
-its evaluation (`evaluator.buildcache`); once it has exited, the harness `install`s what it built:
+its evaluation (`evaluator.build.buildcache`); once it has exited, the harness `install`s what it built:
 it copies each entry's `.so` (regular files only, opened without following links) into the store
 under the sha256 of the candidate file *it* hashed, writes the entry's metadata itself and a
 manifest with the sha256 of every file, and renames the entry into place (the first writer wins).
@@ -11,7 +11,7 @@ against its manifest, into a read-only directory of the evaluation, which the ch
 from. So a build can only ever be loaded by a byte-identical candidate file, whatever key or
 payload another candidate computes.
 
-The compile child's nvcc check results (`evaluator.nvcc`, CPU machines) are kept the same way:
+The compile child's nvcc check results (`evaluator.build.nvcc`, CPU machines) are kept the same way:
 its private check cache is installed under the candidate file's hash (plain files that parse as a
 check, nothing else) and staged read-only for the next evaluation of that file. A forged check
 result can therefore only ever speak for the file whose child wrote it.
@@ -39,7 +39,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from evaluator.buildcache import META_FILE
+from evaluator.build.buildcache import META_FILE
 from evaluator.isolation import VAULT_UID, SandboxPlan, private_dir
 
 log = logging.getLogger(__name__)
@@ -289,7 +289,7 @@ def _hand_over(dest: Path, plan: SandboxPlan | None) -> None:
 def install_checks(check_dir: Path, store: Path, candidate_sha256: str) -> list[str]:
     """Install the nvcc check results a compile child left in `check_dir` (plain files named by
     their key that parse as a check) under `candidate_sha256`; the first result of a key stays."""
-    from evaluator.nvcc import RawCheck
+    from evaluator.build.nvcc import RawCheck
 
     try:
         top = _open_dir(check_dir)

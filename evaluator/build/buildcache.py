@@ -1,4 +1,4 @@
-"""The candidate process's side of the `load_inline` build cache (see `evaluator.buildstore`).
+"""The candidate process's side of the `load_inline` build cache (see `evaluator.build.buildstore`).
 
 The candidate calls `torch.utils.cpp_extension.load_inline` at import time. We replace it with a
 wrapper that keys the build on everything that changes the binary (sources, flags, torch and CUDA
@@ -38,8 +38,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from evaluator.diagnostics import build_source_map, make_compile_log, parse_nvcc_log
-from evaluator.nvcc import (
+from evaluator.build.diagnostics import build_source_map, make_compile_log, parse_nvcc_log
+from evaluator.build.nvcc import (
     CPP_IMPLICIT_HEADERS,
     CUDA_IMPLICIT_HEADERS,
     as_list,

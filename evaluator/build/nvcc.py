@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from evaluator.diagnostics import (
+from evaluator.build.diagnostics import (
     build_source_map,
     locate_string,
     make_compile_log,
@@ -44,7 +44,7 @@ CPP_IMPLICIT_HEADERS = ["#include <torch/extension.h>"]
 CHECK_CACHE_ENV = "KLOOP_NVCC_CHECK_CACHE"
 CHECK_VERIFIED_ENV = "KLOOP_NVCC_CHECK_VERIFIED"
 """A read-only dir of results the harness installed for this candidate file, looked up first
-(see `evaluator.buildstore`); new results go to the check cache."""
+(see `evaluator.build.buildstore`); new results go to the check cache."""
 EXTRA_INCLUDE_ENV = "KLOOP_CUDA_EXTRA_INCLUDE"
 """os.pathsep-separated include dirs, e.g. headers extracted from the nvidia-cublas wheels."""
 SDK_HEADERS_DIR = Path(sys.prefix) / "cuda-headers"

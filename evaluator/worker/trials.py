@@ -19,7 +19,9 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from evaluator.construct import (
+from evaluator.correctness import compare_outputs
+from evaluator.protocol import CandidateJob, CandTrial, ProbeMsg, TrialMsg
+from evaluator.worker.construct import (
     as_output_list,
     clone_all,
     init_inputs,
@@ -28,15 +30,13 @@ from evaluator.construct import (
     sync,
     to_device,
 )
-from evaluator.correctness import compare_outputs
-from evaluator.probes import (
+from evaluator.worker.probes import (
     custom_launches,
     ghost_extensions,
     os_threads,
     record_extension_outputs,
     triton_launches,
 )
-from evaluator.protocol import CandidateJob, CandTrial, ProbeMsg, TrialMsg
 
 
 @dataclass
