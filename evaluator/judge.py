@@ -12,7 +12,6 @@ fresh secret seed, each output checked against the reference's for that seed.
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,6 @@ from evaluator.protocol import (
     EnvMsg,
     ErrorMsg,
     FlagMsg,
-    NeedMsg,
     ProbeMsg,
     ProfileMsg,
     ReferenceJob,
@@ -123,18 +121,6 @@ def candidate_job(run: EvalRun, ref: ReferenceJob, build_dir: Path) -> Candidate
     )
 
 
-def hold_inputs(run: EvalRun, job: CandidateJob) -> dict[int, bytes]:
-    """Take the inputs of harness-held trials off the disk into memory (before the candidate
-    child starts): the candidate sees them only when the trial runs."""
-    held = {}
-    for t in job.trials:
-        if t.inputs_from_harness:
-            path = Path(t.inputs_path)
-            held[t.index] = path.read_bytes()
-            path.unlink()
-    return held
-
-
 def _ghost_index(run: EvalRun, ref: ReferenceJob) -> int | None:
     """The trial preceded by the ghost call: one whose inputs no earlier call saw, on the model
     the earlier calls used (a fresh model would build its lazy state with stubbed kernels).
@@ -152,7 +138,6 @@ class Sequence:
     so a message out of order (a second timing, a trial twice, anything after `done`) is a
     forgery, never a glitch."""
 
-    held: dict[int, bytes] = field(default_factory=dict)
     control: str | None = None
     seen: set[str] = field(default_factory=set)
     done: bool = False
@@ -173,15 +158,7 @@ def _out_of_sequence(seq: Sequence, msg: Any, job: CandidateJob) -> str | None:
         if key in seq.seen:
             return f"a second {key} message"
         seq.seen.add(key)
-    elif isinstance(msg, TrialMsg | NeedMsg):
-        if isinstance(msg, NeedMsg) and msg.index not in seq.held:
-            return f"a request for inputs of trial {msg.index} it cannot have"
     return None
-
-
-def _serve(seq: Sequence, child: Any, index: int) -> None:
-    data = seq.held.pop(index)
-    child.send(Control(next="inputs", data=base64.b64encode(data).decode()))
 
 
 def on_message(run: EvalRun, job: CandidateJob, seq: Sequence, child: Any, msg: Any) -> bool:
@@ -190,12 +167,10 @@ def on_message(run: EvalRun, job: CandidateJob, seq: Sequence, child: Any, msg: 
     if problem is not None:
         run.violations.append(violate(run, "protocol_violation", f"the candidate process sent "
                                       f"{problem}"))
-        if isinstance(msg, NeedMsg | AwaitMsg):
+        if isinstance(msg, AwaitMsg):
             child.send(Control(next="stop"))
         return False
-    if isinstance(msg, NeedMsg):
-        _serve(seq, child, msg.index)
-    elif isinstance(msg, StageMsg):
+    if isinstance(msg, StageMsg):
         if run.status is None:  # a decided verdict keeps the stage it was decided in
             run.reach(STAGE_OF_CHILD.get(msg.stage, run.stage))  # type: ignore[arg-type]
         run.mark(msg.stage)
@@ -236,10 +211,6 @@ def _judge_trial(run: EvalRun, job: CandidateJob, msg: TrialMsg) -> None:
     if spec is None or any(t.trial == msg.index for t in run.trials):
         run.violations.append(violate(run, "protocol_violation", f"the candidate process sent "
                                       f"trial {msg.index}, which is unknown or already judged"))
-        return
-    if msg.skipped is not None:  # no trial may be skipped
-        run.violations.append(violate(run, "protocol_violation", f"trial {msg.index} claimed "
-                                      "to be skipped"))
         return
     assert run.reference is not None
     expected = run.reference.expected[msg.index]

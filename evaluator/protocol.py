@@ -102,9 +102,6 @@ class CandTrial(_Rec):
     """Count the candidate's own kernel launches during the call (no_custom_kernel check)."""
     ghost: bool = False
     """First call once with the candidate's kernels replaced by no-ops (ghost-kernel check)."""
-    inputs_from_harness: bool = False
-    """The inputs are never on disk where the candidate could see them beforehand: ask the
-    harness for them (`NeedMsg`) when the trial starts."""
 
 
 class CandidateJob(_Rec):
@@ -160,12 +157,9 @@ class TrialMsg(_Rec):
     """Threads of the process started during the call and still alive when it returned."""
     deferred: bool = False
     """The output changed between the call's return and a full device synchronisation."""
-    skipped: str | None = None
-    """Why the trial could not run on this candidate (a `reparam` trial whose parameter layout
-    differs from the reference's); no output then."""
 
 
-ProbeName = Literal["identity", "backend_flags", "threads", "launches", "ghost", "side_stream",
+ProbeName = Literal["identity", "backend_flags", "threads", "launches", "ghost",
                     "l2_persistence"]
 
 
@@ -199,11 +193,6 @@ class ProbeMsg(_Rec):
     detail: str = ""
 
 
-class NeedMsg(_Rec):
-    """The candidate child asks for a trial's inputs, which the harness holds in memory."""
-
-    kind: Literal["need"] = "need"
-    index: int
 
 
 class AwaitMsg(_Rec):
@@ -242,7 +231,7 @@ class DoneMsg(_Rec):
 
 
 ChildMessage = Annotated[
-    StageMsg | ErrorMsg | TrialMsg | ProbeMsg | AwaitMsg | NeedMsg | TimingMsg | ProfileMsg
+    StageMsg | ErrorMsg | TrialMsg | ProbeMsg | AwaitMsg | TimingMsg | ProfileMsg
     | CompileMsg | EnvMsg | FlagMsg | DoneMsg | ServeMsg | CallProblemMsg,
     Field(discriminator="kind"),
 ]
@@ -250,9 +239,8 @@ MESSAGE = TypeAdapter(ChildMessage)
 
 
 class Control(_Rec):
-    """Harness -> child: after `await`, time it or stop here; after `need`, the inputs
-    (`torch.save` bytes, base64) or stop; after `serve`, `serve` with the output layout (JSON)
-    in `data`, or `skip`."""
+    """Harness -> child: after `await`, `serve` (with the output layout, JSON, in `data`) or
+    `stop`; after a reference's `serve` message, `serve` or `skip`."""
 
-    next: Literal["time", "stop", "inputs", "serve", "skip"]
+    next: Literal["stop", "serve", "skip"]
     data: str | None = None

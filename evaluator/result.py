@@ -115,7 +115,8 @@ class OutputDiff(_Record):
 class CorrectnessTrial(_Record):
     trial: int
     kind: str = "random"
-    """`random` (fresh get_inputs seed), `post_timing` (after timing), or an anti-cheat probe."""
+    """`random` (fresh get_inputs seed), `reparam` (a second build under another seed), or
+    `timed` (a timed call whose output was wrong; trial 1000 + its index)."""
     passed: bool
     outputs: list[OutputDiff] = Field(default_factory=list)
     message: str | None = None

@@ -78,7 +78,7 @@ _TABLE = (
     _static("identity_keyed_cache",
             "A persistent table keyed by tensor identity or raw data pointer that stores "
             "something other than scalars can memoise outputs (catalog C4). Flag only: every "
-            "checked call (refill, fresh inputs written into used tensors) returns a stale "
+            "checked call (every timed call, on fresh secret inputs) returns a stale "
             "output as a wrong one. `data_ptr() % 16` (alignment) is not identity, and tables "
             "whose stored values are provably scalars (launch configs) are not caches; an int "
             "table holding the slot of a kept output (C4d) passes every static rule and fails "

@@ -23,7 +23,6 @@ from evaluator.judge import (
     candidate_job,
     final_verdict,
     first_diagnostic,
-    hold_inputs,
     on_message,
     ref_trials,
     served_seeds,
@@ -209,7 +208,7 @@ def candidate_stage(run: EvalRun) -> None:
     """Run the candidate child and judge what it produces, trial by trial (evaluator.judge)."""
     run.stage = "load"
     job = candidate_job(run, reference_job(run), build_dir(run))
-    seq = Sequence(held=hold_inputs(run, job))
+    seq = Sequence()
     done = False
     with run.gpu_lock(), run.timed("candidate"):
         with run.spawn("candidate", job, run.root / "cand",

@@ -79,6 +79,7 @@ class CallChannel:
         ch = cls()
         ch.req_r, ch.req_w = os.pipe()
         ch.rep_r, ch.rep_w = os.pipe()
+        os.set_blocking(ch.rep_r, False)  # read_exact spins, then waits in select
         ch.mem = os.memfd_create("kloop-outputs", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         return ch
 

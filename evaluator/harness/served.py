@@ -12,7 +12,6 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -152,7 +151,3 @@ def timing_stats(served: Served, handshake_ms: float | None, *, on_cuda: bool,
         else max(float(np.median(raw)) - calibrated_overhead_ms, 0.0),
         worker_event_median_ms=float(np.median(events)) if events else None,
     )
-
-
-def describe(layout: ServeLayout) -> list[dict[str, Any]]:
-    return [{"shape": s.shape, "dtype": s.dtype} for s in layout.slots]

@@ -13,7 +13,6 @@ error and ends the process; the harness turns silence (a crash) into an error it
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
 from pathlib import Path
@@ -31,7 +30,6 @@ from evaluator.protocol import (
     DoneMsg,
     ErrorMsg,
     FlagMsg,
-    NeedMsg,
     ProfileMsg,
 )
 from evaluator.result import CompileLog, ErrorInfo
@@ -126,15 +124,8 @@ def _send_all(ch: Channel, msgs: list[BaseModel]) -> None:
 
 
 def _trial(loaded: Loaded, trial: CandTrial, job: CandidateJob, ch: Channel) -> bool:
-    def fetch(index: int) -> bytes:
-        ch.send(NeedMsg(index=index))
-        control = read_control()
-        if control.next != "inputs" or control.data is None:
-            raise RuntimeError("the harness did not hand over the trial's inputs")
-        return base64.b64decode(control.data)
-
     try:
-        msgs = run_trial(loaded, trial, job, fetch)
+        msgs = run_trial(loaded, trial, job)
     except BaseException as e:
         _fail(ch, "correctness", e, job)
         return False

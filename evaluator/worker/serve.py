@@ -95,10 +95,9 @@ def output_specs(outs: list[Any]) -> list[tuple[list[int], str]] | str:
 
 
 def read_exact(fd: int, n: int, spin_s: float = 0.0, deadline: float | None = None) -> bytes:
-    """`n` bytes from a pipe, spinning on non-blocking reads for `spin_s` before sleeping in
+    """`n` bytes from a non-blocking pipe, spinning on reads for `spin_s` before sleeping in
     select (until `deadline`, a time.monotonic value; TimeoutError past it)."""
     data = b""
-    os.set_blocking(fd, False)
     spin_until = time.monotonic() + spin_s
     while len(data) < n:
         try:
@@ -124,6 +123,7 @@ class Server:
     def __init__(self, req_fd: int, rep_fd: int, mem_fd: int, layout: ServeLayout, device: str):
         for fd in (req_fd, rep_fd, mem_fd):
             os.set_inheritable(fd, False)  # compilers and helpers the worker starts get none
+        os.set_blocking(req_fd, False)  # read_exact spins, then waits in select
         self.req_fd, self.rep_fd, self.device = req_fd, rep_fd, device
         self.mem = mmap.mmap(mem_fd, layout.total)
         on_cuda = device == "cuda"

@@ -10,8 +10,6 @@ on a second ModelNew built like the reference's second model (the reparam trial)
 
 from __future__ import annotations
 
-import io
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -72,17 +70,11 @@ class _Ghost:
     detail: str
 
 
-def run_trial(loaded: Loaded, trial: CandTrial, job: CandidateJob,
-              fetch: Callable[[int], bytes] | None = None) -> list[BaseModel]:
-    """Run one trial; returns the messages for the harness, the TrialMsg first. `fetch`: gets
-    the `torch.save` bytes of inputs the harness holds. Raises whatever the candidate raised."""
+def run_trial(loaded: Loaded, trial: CandTrial, job: CandidateJob) -> list[BaseModel]:
+    """Run one trial; returns the messages for the harness, the TrialMsg first. Raises whatever
+    the candidate raised."""
     device = job.problem.device
-    if trial.inputs_from_harness:
-        assert fetch is not None
-        source: Any = io.BytesIO(fetch(trial.index))
-    else:
-        source = trial.inputs_path
-    inputs = to_device(torch.load(source, weights_only=True), device)
+    inputs = to_device(torch.load(trial.inputs_path, weights_only=True), device)
     model = loaded.model if trial.perturb_seed is None else _perturbed(loaded, job, trial)
     ghost = _ghost_call(loaded, model, inputs, trial, job) if trial.ghost else None
     args = clone_all(inputs)

@@ -21,7 +21,7 @@ MLP_MEDIUM = {"batch_size": 64, "input_size": 4096, "layer_sizes": [4096, 4096],
 MLP_BIG = {"batch_size": 1024, "input_size": 4096, "layer_sizes": [4096, 4096],
            "output_size": 4096}
 SUSPICIOUS = {"no_custom_kernel", "deferred_work", "background_threads", "timer_tampering",
-              "backend_flags_changed", "nondeterministic", "side_stream_suspected",
+              "backend_flags_changed", "nondeterministic",
               "implausible_speedup", "launch_count_unavailable", "input_mutation"}
 
 

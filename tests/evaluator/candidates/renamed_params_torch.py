@@ -1,5 +1,6 @@
 """Honest plain-PyTorch candidate for L3/1 whose parameters have other names than the
-reference's (`fc0.weight`...): the reparam trial cannot perturb it alike and is skipped."""
+reference's (`fc0.weight`...): every build, the reparam trial's too, must still give it the
+reference's values (they are drawn in the same order)."""
 
 import torch.nn as nn
 import torch.nn.functional as F
