@@ -88,7 +88,8 @@ def main() -> int:
     args = ap.parse_args()
     wanted = set(args.only.split(",")) if args.only else None
     print(f"{'model':<12} {'events med':>10} {'trusted':>9} {'ratio':>6} {'handshake':>9} "
-          f"{'calibrated':>10} {'worker ev':>9} | {'KB mean':>9} {'kb-policy':>9} {'ratio':>6}",
+          f"{'calibrated':>10} {'worker ev':>9} {'speedup':>7} | {'KB mean':>9} {'kb-policy':>9} "
+          f"{'ratio':>6}",
           flush=True)
     for label, pid, overrides in MODELS:
         if wanted is not None and label not in wanted:
@@ -105,7 +106,7 @@ def main() -> int:
         kb_mean = kb.eager.mean_ms if kb.eager else float("nan")
         print(f"{label:<12} {ev_med:>10.4f} {t.median_ms:>9.4f} {t.median_ms / ev_med:>6.3f} "
               f"{t.handshake_ms or 0:>9.4f} {t.calibrated_median_ms or 0:>10.4f} "
-              f"{t.worker_event_median_ms or 0:>9.4f} | "
+              f"{t.worker_event_median_ms or 0:>9.4f} {strict.speedup_vs_eager or 0:>7.3f} | "
               f"{ev_mean:>9.4f} {kb_mean:>9.4f} {kb_mean / ev_mean:>6.3f}", flush=True)
     return 0
 

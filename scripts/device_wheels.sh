@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Download, into .whl/, the cp312 wheels that the GPU machine lacks (it has torch, triton, numpy,
 # jinja2, pytest, typer, rich, pyyaml, matplotlib, einops, but no pydantic, tenacity or the SDKs).
-# Run once here; then every device call carries .whl and runs scripts/gpu_env.sh first.
+# Run once here; then every device call carries .whl and runs scripts/gpu_run.sh (or its install line) first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude

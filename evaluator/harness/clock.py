@@ -2,11 +2,21 @@
 
 A call, as the harness sees it: `prep` (the worker flushes the L2 and synchronises; off the
 clock), then start the clock, send `call seed` (the seed is fresh and secret: the worker can only
-make the call's inputs after the clock started), wait for the reply, copy the output out of the
-shared memory, stop the clock. Nothing the worker process does can move either end of that
-interval: the clock is `time.perf_counter` in this process, and the output that is judged is the
-copy taken before the clock stopped. The reply itself proves nothing; a reply that arrives before
-its request was sent (written ahead into the pipe) is a protocol violation.
+make the call's inputs after the clock started), wait for the reply, take a snapshot of the
+output in the shared memory, stop the clock. Nothing the worker process does can move either end
+of that interval: the clock is `time.perf_counter` in this process. The reply itself proves
+nothing; a reply that arrives before its request was sent (written ahead into the pipe) is a
+protocol violation.
+
+The snapshot inside the clock is the whole output when it is small, and otherwise 512 random
+64-byte lines of it, chosen in this process before the request (so the worker cannot know them);
+the whole output is copied right after the clock stops and must hold the same bytes at those
+lines. A worker that answers before its output is complete (and finishes writing it off the
+clock) leaves some lines unwritten at the snapshot: with a fraction f of the output late, a call
+escapes with probability (1-f)^512, and every timed call is checked (f = 1 % escapes one call in
+170, a hundred calls never). A late write is a protocol violation. This keeps the clock's own
+cost independent of the output's size (copying 8 MB out inside the clock cost ~1 ms with a
+variance larger than the 3 % the clock is held to).
 
 The handshake (two pipe wake-ups, drawing the inputs, copying the output, synchronising) is
 measured with `null` calls in the trusted reference worker and reported with every timing; the
@@ -17,12 +27,17 @@ from __future__ import annotations
 
 import fcntl
 import math
+import mmap
 import os
+import secrets
 import select
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from evaluator.worker.serve import (
+    OK,
     OP_CALL,
     OP_NULL,
     OP_PREP,
@@ -38,6 +53,10 @@ _perf_counter = time.perf_counter
 _SEALS = getattr(fcntl, "F_SEAL_SHRINK", 0x0002) | getattr(fcntl, "F_SEAL_GROW", 0x0004) | \
     getattr(fcntl, "F_SEAL_SEAL", 0x0001)
 _F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
+LINE = 64
+SAMPLE_LINES = 512
+FULL_SNAPSHOT_BYTES = 256 << 10
+"""Outputs up to this size are copied whole inside the clock (a few microseconds)."""
 
 
 class ChannelBroken(Exception):
@@ -72,7 +91,13 @@ class CallChannel:
     spin: bool = False
     """Spin briefly on the reply instead of sleeping (GPU runs: a sleeping wait's wake-up would
     add a variable fraction of a millisecond to every call)."""
+    full_snapshot_bytes: int = FULL_SNAPSHOT_BYTES
     _closed: bool = field(default=False, repr=False)
+    _map: mmap.mmap | None = field(default=None, repr=False)
+    _lines: np.ndarray | None = field(default=None, repr=False)
+    _starts: np.ndarray | None = field(default=None, repr=False)
+    _ends: np.ndarray | None = field(default=None, repr=False)
+    _rng: np.random.Generator | None = field(default=None, repr=False)
 
     @classmethod
     def open(cls) -> CallChannel:
@@ -102,11 +127,32 @@ class CallChannel:
         os.ftruncate(self.mem, layout.total)
         fcntl.fcntl(self.mem, _F_ADD_SEALS, _SEALS)
         self.layout = layout
+        self._map = mmap.mmap(self.mem, layout.total, prot=mmap.PROT_READ)
+        self._lines = np.frombuffer(self._map, dtype=np.uint8).reshape(-1, LINE)
+        counts = [-(-s.nbytes // LINE) for s in layout.slots]
+        self._ends = np.cumsum(counts, dtype=np.int64)
+        self._starts = np.asarray([s.offset // LINE for s in layout.slots], dtype=np.int64)
+        self._rng = np.random.default_rng(secrets.randbits(128))
+
+    def _pick(self) -> np.ndarray | None:
+        """The lines this call's snapshot takes (None: the whole output), drawn in this process
+        from a generator seeded with 128 secret bits."""
+        assert self._ends is not None and self._starts is not None and self._rng is not None
+        n = int(self._ends[-1]) if len(self._ends) else 0
+        if n * LINE <= self.full_snapshot_bytes:
+            return None
+        k = self._rng.integers(0, n, SAMPLE_LINES)
+        slot = np.searchsorted(self._ends, k, side="right")
+        before = np.concatenate(([0], self._ends[:-1]))[slot]  # lines in earlier slots
+        return self._starts[slot] + (k - before)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self._lines = None  # drop the view before the map it points into
+        if self._map is not None:
+            self._map.close()
         for fd in (self.req_r, self.req_w, self.rep_r, self.rep_w, self.mem):
             if fd >= 0:
                 try:
@@ -144,13 +190,24 @@ class CallChannel:
         self._wait(deadline)
 
     def call(self, seed: int, deadline: float, null: bool = False) -> CallResult:
-        """One timed call (after `prep`): the clock runs from the request to the output copy."""
+        """One timed call (after `prep`): the clock runs from the request to the snapshot."""
         op = OP_NULL if null else OP_CALL
+        pick = self._pick()
+        assert self._lines is not None
         t0 = _perf_counter()
         self._send(op, seed)
         status, ms = self._wait(deadline)
-        data = self._output()
+        if pick is None:
+            data = self._output()
+        else:
+            snap = self._lines[pick]  # fancy indexing copies
         t1 = _perf_counter()
+        if pick is not None:
+            data = self._output()
+            if status == OK and data is not None and not np.array_equal(
+                    np.frombuffer(data, dtype=np.uint8).reshape(-1, LINE)[pick], snap):
+                raise ChannelBroken("protocol", "the worker wrote its output after it answered "
+                                    "(the output changed after the clock stopped)")
         event = None if math.isnan(ms) or ms < 0 else float(ms)
         return CallResult(status=status, wall_ms=(t1 - t0) * 1000.0, event_ms=event, data=data)
 

@@ -25,6 +25,7 @@ event after the copies instead of sleeping in a blocking wait, whose wake-up cos
 from __future__ import annotations
 
 import ctypes
+import gc
 import math
 import mmap
 import os
@@ -146,24 +147,35 @@ class Server:
         """Answer requests until `stop`. `draw(seed)` makes a call's inputs; `on_problem` is
         told (before the reply) why a call's output could not be served or what it raised; a
         raise ends serving."""
-        with torch.no_grad():
-            while True:
-                op, seed = REQUEST.unpack(read_exact(self.req_fd, REQUEST.size, self.spin_s))
-                if op == OP_STOP:
-                    return
-                if op == OP_PREP:
-                    if self.flush is not None:
-                        self.flush.zero_()
-                    self._sync()
-                    self.reply(OK)
-                    continue
-                try:
-                    status, ms = self._call(op, seed, model, draw, on_problem)
-                except BaseException as e:  # the model's fault: reported, serving ends
-                    on_problem("raised", e)
-                    self.reply(RAISED)
-                    return
-                self.reply(status, ms)
+        # The automatic collector stays off while serving (a pause inside a call is on the
+        # harness's clock); `prep`, off the clock, collects the young generations instead.
+        gc.collect()
+        gc.disable()
+        try:
+            with torch.no_grad():
+                self._loop(model, draw, on_problem)
+        finally:
+            gc.enable()
+
+    def _loop(self, model, draw, on_problem) -> None:
+        while True:
+            op, seed = REQUEST.unpack(read_exact(self.req_fd, REQUEST.size, self.spin_s))
+            if op == OP_STOP:
+                return
+            if op == OP_PREP:
+                gc.collect(1)  # off the clock: the young cycles of the last call
+                if self.flush is not None:
+                    self.flush.zero_()
+                self._sync()
+                self.reply(OK)
+                continue
+            try:
+                status, ms = self._call(op, seed, model, draw, on_problem)
+            except BaseException as e:  # the model's fault: reported, serving ends
+                on_problem("raised", e)
+                self.reply(RAISED)
+                return
+            self.reply(status, ms)
 
     def _call(self, op: int, seed: int, model, draw, on_problem) -> tuple[int, float]:
         inputs = draw(seed)

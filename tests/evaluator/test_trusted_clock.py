@@ -7,6 +7,7 @@ written after it answered, requests stolen by a thread, the shared memory resize
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -30,9 +31,11 @@ WORKER = textwrap.dedent('''
     mode = sys.argv[3]
     server = Server(req, rep, mem, ServeLayout.model_validate_json(sys.argv[2]), "cpu")
 
+    numel = server.views[0].numel()
+
     def draw(seed):
         torch.manual_seed(seed)
-        return [torch.randn(64)]
+        return [torch.randn(numel)]
 
     def honest(x):
         return x * 2
@@ -51,12 +54,23 @@ WORKER = textwrap.dedent('''
     elif mode == "writes_after_reply":
         view = server.views[0]
         def model(x):
-            out = torch.zeros(64)
+            out = torch.zeros(numel)
             def later(v=x * 2):
                 time.sleep(0.02)
                 view.copy_(v)  # straight into the shared memory, after the reply
             threading.Thread(target=later).start()
             return out
+    elif mode == "finishes_after_reply":
+        # Answers at once and writes the output into the shared memory in chunks afterwards,
+        # as a worker that skipped waiting for its copies would.
+        view = server.views[0]
+        def model(x):
+            def later(v=x * 2):
+                for c in range(0, numel, numel // 32):
+                    view[c:c + numel // 32].copy_(v[c:c + numel // 32])
+                    time.sleep(0.0005)
+            threading.Thread(target=later).start()
+            return view.clone()  # whatever the memory holds now
     elif mode == "steals_requests":
         # A thread that answers every request at once (here the only reader, so it always
         # wins the race against the real server).
@@ -83,17 +97,19 @@ WORKER = textwrap.dedent('''
 ''')
 
 
-def _expected(seed: int) -> torch.Tensor:
+def _expected(seed: int, n: int = N) -> torch.Tensor:
     torch.manual_seed(seed)
-    return torch.randn(N) * 2
+    return torch.randn(n) * 2
 
 
-def _serve(mode: str, seeds: list[int], budget_s: float = 30.0):
-    ch = CallChannel.open()
-    ch.set_layout(LAYOUT)
+def _serve(mode: str, seeds: list[int], budget_s: float = 30.0, layout: ServeLayout = LAYOUT,
+           channel: type[CallChannel] = CallChannel):
+    ch = channel.open()
+    ch.set_layout(layout)
+    n = layout.slots[0].nbytes // 4
     proc = subprocess.Popen(
         [sys.executable, "-c", WORKER, ",".join(map(str, ch.child_fds())),
-         LAYOUT.model_dump_json(), mode],
+         layout.model_dump_json(), mode],
         pass_fds=ch.child_fds(), stdout=subprocess.PIPE, text=True)
     ch.spawned()
     # Start calling once the worker has done its mischief (else a race decides the test).
@@ -103,7 +119,7 @@ def _serve(mode: str, seeds: list[int], budget_s: float = 30.0):
 
     def on_output(i, r):
         ok = r.status == OK and r.data is not None and torch.allclose(
-            decode(LAYOUT, r.data)[0], _expected(seeds[i]))
+            decode(layout, r.data)[0], _expected(seeds[i], n))
         judged.append(ok)
         return True
 
@@ -149,3 +165,40 @@ def test_a_thread_that_answers_for_the_server_gets_stale_outputs():
 def test_the_shared_memory_cannot_be_resized_by_the_worker():
     _, judged, out = _serve("resizes_memory", [3])
     assert out.startswith("refused") and judged == [True]
+
+
+BIG = ServeLayout.of([([1 << 20], "torch.float32")])  # 4 MiB: sampled inside the clock
+
+
+def test_a_large_output_is_judged_whole_and_snapshotted_by_samples():
+    served, judged, _ = _serve("honest", [31, 32, 33, 34, 35], layout=BIG)
+    assert judged == [True] * 5 and len(served.wall_ms) == 5
+
+
+class _LateWrite(CallChannel):
+    """The harness as it is, but one line of the output changes between the snapshot inside
+    the clock and the copy after it: exactly what a worker that answered early and finished
+    its output off the clock does, without the race that decides when."""
+
+    calls = 0
+
+    def _output(self):
+        type(self).calls += 1
+        if type(self).calls > 1:  # the warm-up call stays clean
+            os.pwrite(self.mem, os.urandom(self.layout.total), 0)  # whichever lines were sampled
+        return super()._output()
+
+
+def test_output_that_changes_after_the_clock_stopped_breaks_the_protocol():
+    with pytest.raises(ChannelBroken) as e:
+        _serve("honest", [41, 42], layout=BIG, channel=_LateWrite)
+    assert e.value.kind == "protocol" and "after it answered" in str(e.value)
+
+
+def test_a_worker_that_finishes_its_output_after_answering_never_passes():
+    try:
+        _, judged, _ = _serve("finishes_after_reply", [51, 52, 53, 54, 55, 56], layout=BIG)
+    except ChannelBroken as e:  # caught writing after the snapshot
+        assert e.kind == "protocol"
+    else:  # or the snapshot held its incomplete output
+        assert not any(judged)
