@@ -81,6 +81,11 @@ def kernelbench_events(problem_id: str, overrides: dict, trials: int = 100) -> t
     return statistics.median(times), statistics.fmean(times)
 
 
+def _f(stats, name: str) -> str:
+    v = getattr(stats, name, None) if stats is not None else None
+    return f"{v:>8.4f}" if v is not None else f"{'-':>8}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="comma-separated labels")
@@ -89,7 +94,7 @@ def main() -> int:
     wanted = set(args.only.split(",")) if args.only else None
     print(f"{'model':<12} {'events med':>10} {'trusted':>9} {'ratio':>6} {'handshake':>9} "
           f"{'calibrated':>10} {'worker ev':>9} {'speedup':>7} | {'KB mean':>9} {'kb-policy':>9} "
-          f"{'ratio':>6}",
+          f"{'ratio':>6} | {'cand raw':>8} {'cand ev':>8} {'ref raw':>8} {'ref ev':>8}",
           flush=True)
     for label, pid, overrides in MODELS:
         if wanted is not None and label not in wanted:
@@ -107,7 +112,10 @@ def main() -> int:
         print(f"{label:<12} {ev_med:>10.4f} {t.median_ms:>9.4f} {t.median_ms / ev_med:>6.3f} "
               f"{t.handshake_ms or 0:>9.4f} {t.calibrated_median_ms or 0:>10.4f} "
               f"{t.worker_event_median_ms or 0:>9.4f} {strict.speedup_vs_eager or 0:>7.3f} | "
-              f"{ev_mean:>9.4f} {kb_mean:>9.4f} {kb_mean / ev_mean:>6.3f}", flush=True)
+              f"{ev_mean:>9.4f} {kb_mean:>9.4f} {kb_mean / ev_mean:>6.3f} | "
+              f"{t.raw_median_ms or 0:>8.4f} {t.worker_event_median_ms or 0:>8.4f} "
+              f"{_f(strict.eager, 'raw_median_ms')} {_f(strict.eager, 'worker_event_median_ms')}",
+              flush=True)
     return 0
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,7 @@ def worker(fds: str, layout_json: str, stamps_path: str, device: str) -> None:
 
     import torch
 
+    from evaluator.worker.construct import seed_all
     from evaluator.worker.serve import Server, ServeLayout
 
     class Stamped(Server):
@@ -77,7 +79,7 @@ def worker(fds: str, layout_json: str, stamps_path: str, device: str) -> None:
     def draw(seed: int):
         server.cur = [time.perf_counter()]
         with torch.device(device):
-            torch.manual_seed(seed)
+            seed_all(seed)
             x = torch.randn(numel)
         server.cur.append(time.perf_counter())
         return [x, SLEEP_MS[seed & 0xFF]]
@@ -194,11 +196,18 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=60)
     ap.add_argument("--json", default=None)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself")
+    ap.add_argument("--pin", action="store_true",
+                    help="pin this process and the worker to one core each (cores 2 and 4)")
     ap.add_argument("--worker", nargs=4)
     args = ap.parse_args()
     if args.worker:
+        if os.environ.get("HANDSHAKE_PIN"):
+            os.sched_setaffinity(0, {4})
         worker(*args.worker)
         return
+    if args.pin:
+        os.sched_setaffinity(0, {2})
+        os.environ["HANDSHAKE_PIN"] = "1"
     rows = []
     for label, numel in SIZES.items():
         rows += run_size(label, numel, args.calls, args.device)

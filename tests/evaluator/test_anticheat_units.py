@@ -201,3 +201,15 @@ def test_ghost_check_is_inconclusive_when_other_inputs_give_the_same_output():
     assert not stale.conclusive and "degenerate" in stale.detail
     changed = _ghost_verdict(_Ghost([out[0] * 0], "stubbed"), out, [out[0].clone()], 1e-4)
     assert changed.conclusive and changed.value == 0.0
+
+
+def test_the_served_draw_seeds_the_same_streams_as_manual_seed():
+    from evaluator.worker.construct import seed_all
+
+    torch.manual_seed(77)
+    want = (torch.randn(5), torch.randint(0, 9, (5,)), torch.rand(3))
+    torch.manual_seed(1)  # move the streams elsewhere first
+    torch.randn(100)
+    seed_all(77)
+    got = (torch.randn(5), torch.randint(0, 9, (5,)), torch.rand(3))
+    assert all(torch.equal(a, b) for a, b in zip(want, got))

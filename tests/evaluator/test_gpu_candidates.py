@@ -133,3 +133,16 @@ def test_ncu_metrics_for_the_top_custom_kernel(cache_dir):
     assert r.profile is not None and r.profile.ncu is not None, r.flags
     assert "relu_kernel" in r.profile.ncu.kernel
     assert r.profile.ncu.duration_us and r.profile.ncu.registers_per_thread
+
+
+def test_the_served_draw_seeds_cuda_streams_as_manual_seed_does():
+    import torch
+
+    from evaluator.worker.construct import seed_all
+
+    torch.manual_seed(91)
+    want = torch.randn(1000, device="cuda"), torch.randint(0, 7, (50,), device="cuda")
+    torch.randn(10_000, device="cuda")
+    seed_all(91)
+    got = torch.randn(1000, device="cuda"), torch.randint(0, 7, (50,), device="cuda")
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
