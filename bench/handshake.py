@@ -197,17 +197,18 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself")
     ap.add_argument("--pin", action="store_true",
-                    help="pin this process and the worker to one core each (cores 2 and 4)")
+                    help="pin this process and the worker to one core each")
     ap.add_argument("--worker", nargs=4)
     args = ap.parse_args()
     if args.worker:
         if os.environ.get("HANDSHAKE_PIN"):
-            os.sched_setaffinity(0, {4})
+            os.sched_setaffinity(0, {int(os.environ["HANDSHAKE_PIN"])})
         worker(*args.worker)
         return
     if args.pin:
-        os.sched_setaffinity(0, {2})
-        os.environ["HANDSHAKE_PIN"] = "1"
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[len(cores) // 4]})
+        os.environ["HANDSHAKE_PIN"] = str(cores[len(cores) // 2])
     rows = []
     for label, numel in SIZES.items():
         rows += run_size(label, numel, args.calls, args.device)
