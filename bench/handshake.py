@@ -41,7 +41,7 @@ def worker(fds: str, layout_json: str, stamps_path: str, device: str) -> None:
     import torch
 
     from evaluator.worker.construct import seed_all
-    from evaluator.worker.serve import Server, ServeLayout
+    from evaluator.worker.serve import ServeLayout, Server
 
     class Stamped(Server):
         """The real server, with a timestamp at each phase of a call."""
@@ -156,7 +156,7 @@ def run_size(label: str, numel: int, calls: int, device: str) -> list[dict]:
     assert len(worker_stamps) == len(log), (len(worker_stamps), len(log))
     rows = []
     for mode in ("sample", "full"):
-        picked = [(e, s) for e, s in zip(log, worker_stamps) if e[0] == mode]
+        picked = [(e, s) for e, s in zip(log, worker_stamps, strict=True) if e[0] == mode]
         nulls = [e[5] for e, _ in picked if e[1] == "null"]
         hs = min(nulls)
         groups = [("null", None)] + [("call", k) for k in range(len(SLEEP_MS))]

@@ -212,4 +212,4 @@ def test_the_served_draw_seeds_the_same_streams_as_manual_seed():
     torch.randn(100)
     seed_all(77)
     got = (torch.randn(5), torch.randint(0, 9, (5,)), torch.rand(3))
-    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))

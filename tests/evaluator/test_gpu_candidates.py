@@ -145,4 +145,26 @@ def test_the_served_draw_seeds_cuda_streams_as_manual_seed_does():
     torch.randn(10_000, device="cuda")
     seed_all(91)
     got = torch.randn(1000, device="cuda"), torch.randint(0, 7, (50,), device="cuda")
-    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+
+
+def test_a_profiled_process_launches_as_fast_afterwards_with_the_childrens_environment(tmp_path):
+    """The candidate process runs torch.profiler in its probe trials and is timed after: with
+    the children's environment (TEARDOWN_CUPTI=1) a launch-bound forward is as fast after a
+    profiler session as before (bench/cupti.py prints the unset and 0 cases beside it)."""
+    import importlib.util
+    import os
+    from pathlib import Path
+
+    from evaluator.sandbox import child_env
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_cupti", Path(__file__).resolve().parents[2] / "bench" / "cupti.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    os.environ["TEARDOWN_CUPTI"] = child_env(tmp_path, "cuda:0")["TEARDOWN_CUPTI"]
+    try:
+        r = bench.measure(os.environ["TEARDOWN_CUPTI"])
+    finally:
+        os.environ.pop("TEARDOWN_CUPTI", None)
+    assert r["after"] / r["before"] < 1.25, r
