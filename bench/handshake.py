@@ -1,6 +1,6 @@
 """Where a served call's time goes (GPU machine): the trusted clock's handshake, phase by phase.
 
-    python bench/handshake.py [--calls 60]
+    python bench/handshake.py [--calls 60] [--gap-ms 5] [--busy-cycles 0] [--sizes 16K]
 
 A worker process serves calls through the real `Server` and `CallChannel` (as a candidate
 does); its model is `torch.cuda._sleep` for a known time followed by one elementwise op, so the
@@ -30,12 +30,14 @@ sys.path[:0] = [str(REPO)]
 
 import numpy as np  # noqa: E402
 
-SLEEP_MS = [0.0, 0.1, 1.0, 5.0]
+SLEEP_MS = [0.0, 0.1, 1.0, 5.0, -1.0]
+"""Forward lengths; -1: a 2048^2 float32 matmul instead of a sleep (its time, unlike a sleep's
+cycle count, depends on the SM clock)."""
 SIZES = {"16K": 4 << 10, "8M": 2 << 20, "64M": 16 << 20}  # float32 elements
 PHASES = ["wake", "draw", "launch", "copy", "reply", "snapshot"]
 
 
-def worker(fds: str, layout_json: str, stamps_path: str, device: str) -> None:
+def worker(fds: str, layout_json: str, stamps_path: str, device: str, busy: str) -> None:
     import math
 
     import torch
@@ -65,6 +67,8 @@ def worker(fds: str, layout_json: str, stamps_path: str, device: str) -> None:
 
     server = Stamped(*(int(x) for x in fds.split(",")), ServeLayout.model_validate_json(layout_json),
                      device)
+    if busy != "default":
+        server.busy_cycles = int(busy)
     numel = server.views[0].numel()
     cycles_per_ms = 0.0
     if device == "cuda":
@@ -84,8 +88,12 @@ def worker(fds: str, layout_json: str, stamps_path: str, device: str) -> None:
         server.cur.append(time.perf_counter())
         return [x, SLEEP_MS[seed & 0xFF]]
 
+    w = torch.randn(2048, 2048, device=device)
+
     def model(x, ms):
-        if ms and device == "cuda":
+        if ms < 0:
+            torch.mm(w, w)
+        elif ms and device == "cuda":
             torch.cuda._sleep(int(ms * cycles_per_ms))
         elif ms:  # a smoke run on CPU
             time.sleep(ms / 1000.0)
@@ -96,7 +104,8 @@ def worker(fds: str, layout_json: str, stamps_path: str, device: str) -> None:
     Path(stamps_path).write_text(json.dumps(Stamped.stamps))
 
 
-def run_size(label: str, numel: int, calls: int, device: str) -> list[dict]:
+def run_size(label: str, numel: int, calls: int, device: str, busy: str,
+             gap_ms: float) -> list[dict]:
     import secrets
 
     from evaluator.harness.clock import CallChannel
@@ -121,7 +130,7 @@ def run_size(label: str, numel: int, calls: int, device: str) -> list[dict]:
     ch.spin = device == "cuda"
     stamps = Path(tempfile.mkdtemp()) / "stamps.json"
     proc = subprocess.Popen([sys.executable, __file__, "--worker", ",".join(map(str, ch.child_fds())),
-                             layout.model_dump_json(), str(stamps), device],
+                             layout.model_dump_json(), str(stamps), device, busy],
                             pass_fds=ch.child_fds(), stdout=subprocess.PIPE, text=True)
     ch.spawned()
     assert proc.stdout is not None
@@ -131,6 +140,8 @@ def run_size(label: str, numel: int, calls: int, device: str) -> list[dict]:
 
     def one(mode: str, kind: str, k: int) -> None:
         ch.full_snapshot_bytes = 1 << 62 if mode == "full" else 256 << 10
+        if gap_ms:  # the harness judging the last output, as the evaluator does
+            time.sleep(gap_ms / 1000.0)
         ch.prep(deadline)
         r = ch.call((secrets.randbits(48) << 8) | k, deadline, null=kind == "null")
         log.append((mode, kind, k, ch.sent, ch.got, r.wall_ms, r.event_ms))
@@ -198,7 +209,12 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself")
     ap.add_argument("--pin", action="store_true",
                     help="pin this process and the worker to one core each")
-    ap.add_argument("--worker", nargs=4)
+    ap.add_argument("--busy-cycles", default="default",
+                    help="the worker's busy phase in prep (SM cycles; 0: none)")
+    ap.add_argument("--gap-ms", type=float, default=0.0,
+                    help="the harness idles this long before each call (judging, in the evaluator)")
+    ap.add_argument("--sizes", default=",".join(SIZES), help="output sizes to run")
+    ap.add_argument("--worker", nargs=5)
     args = ap.parse_args()
     if args.worker:
         if os.environ.get("HANDSHAKE_PIN"):
@@ -211,12 +227,14 @@ def main() -> None:
         os.environ["HANDSHAKE_PIN"] = str(cores[len(cores) // 2])
     rows = []
     for label, numel in SIZES.items():
-        rows += run_size(label, numel, args.calls, args.device)
+        if label not in args.sizes.split(","):
+            continue
+        rows += run_size(label, numel, args.calls, args.device, args.busy_cycles, args.gap_ms)
     head = ("size mode   kind  sleep   wall med   p10-p90        null min  events   net/ev   cv   "
             + " ".join(f"{p:>8}" for p in PHASES) + "  (us)")
     print(head)
     for r in rows:
-        sleep = "-" if r["sleep_ms"] is None else f"{r['sleep_ms']:g}"
+        sleep = "-" if r["sleep_ms"] is None else "mm" if r["sleep_ms"] < 0 else f"{r['sleep_ms']:g}"
         ev = "-" if r["event_med"] is None else f"{r['event_med']:.4f}"
         ratio = "-" if r["net_over_events"] is None else f"{r['net_over_events']:.3f}"
         print(f"{r['size']:>4} {r['mode']:6} {r['kind']:5} {sleep:>5} {r['wall_med']:9.4f} "

@@ -48,6 +48,14 @@ _ALIGN = 4096
 _MIN_FLUSH_BYTES = 256 << 20
 SPIN_S = 0.05
 """How long a wait spins before it sleeps (GPU only)."""
+PREP_BUSY_CYCLES = 2_000_000
+"""`prep` keeps the GPU busy for this many SM cycles (1 ms at the H200's boost clock, longer
+while it ramps) before it flushes the L2, so that every timed call starts on a warm clock. An
+idle H200 reads 345 MHz (nvidia-smi on the device, GPU_VALIDATION.md 2026-12-01), and between
+two timed calls the harness is busy judging the last output: the candidate's calls (compared
+there) ran 2-7 % slower, a launch-bound one 4x, than the same code's calls in the reference
+worker (only stored), with launches as fast in both processes. A cold clock is the suspected
+cause (not yet confirmed on the GPU; bench/handshake.py --busy-cycles 0 compares)."""
 
 DTYPES: dict[str, torch.dtype] = {
     str(d): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64,
@@ -135,6 +143,7 @@ class Server:
                       for s in layout.slots]
         self.zeros = [torch.zeros(v.shape, dtype=v.dtype, device=device) for v in self.views]
         self.flush = _flush_buffer() if on_cuda else None
+        self.busy_cycles = PREP_BUSY_CYCLES
         self.events = (torch.cuda.Event(enable_timing=True),
                        torch.cuda.Event(enable_timing=True)) if on_cuda else None
         self.copied = torch.cuda.Event() if on_cuda else None
@@ -165,6 +174,7 @@ class Server:
             if op == OP_PREP:
                 gc.collect(1)  # off the clock: the young cycles of the last call
                 if self.flush is not None:
+                    torch.cuda._sleep(self.busy_cycles)
                     self.flush.zero_()
                 self._sync()
                 self.reply(OK)
