@@ -59,10 +59,10 @@ def child_env(home: Path, device: str, extra: dict[str, str] | None = None) -> d
     env.update(HOME=str(home), TMPDIR=str(tmp), PYTHONPATH=str(KLOOP_ROOT),
                PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
     env["CUDA_VISIBLE_DEVICES"] = _visible_device(device)
-    # The candidate's probe trials count its kernels under torch.profiler; without a CUPTI
-    # teardown afterwards every later launch in that process stays slower (3x the event time
-    # of a launch-bound forward on the H200), which the reference worker, never profiled,
-    # does not pay: the timed calls would compare unlike processes.
+    # The probe trials of a candidate with kernels of its own count them under torch.profiler;
+    # without a CUPTI teardown afterwards every later launch in that process stays slower (a
+    # launch-bound forward 1.49x after one profiler session, 1.02x with this; bench/cupti.py on
+    # the H200), which the reference worker, never profiled, does not pay.
     env["TEARDOWN_CUPTI"] = "1"
     env.update(extra or {})
     return env
