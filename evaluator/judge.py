@@ -41,6 +41,7 @@ from evaluator.protocol import (
     FlagMsg,
     ProbeMsg,
     ProfileMsg,
+    ReadyMsg,
     ReferenceJob,
     RefTrial,
     ServeMsg,
@@ -147,6 +148,8 @@ def _out_of_sequence(seq: Sequence, msg: Any, job: CandidateJob) -> str | None:
     once = {AwaitMsg: "await", ProfileMsg: "profile", DoneMsg: "done"}
     if seq.done:
         return f"a {msg.kind} message after done"
+    if isinstance(msg, ReadyMsg):
+        return "a second ready message (the harness took the first before any candidate code ran)"
     if isinstance(msg, TimingMsg):
         return "a timing record (only the harness's clock times anything)"
     elif isinstance(msg, ServeMsg):

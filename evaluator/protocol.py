@@ -199,6 +199,13 @@ class AwaitMsg(_Rec):
     kind: Literal["await"] = "await"
 
 
+class ReadyMsg(_Rec):
+    """The child's first message: started and imported, not yet on the device. It touches the
+    device only after the harness answers `go` (holding the device lock by then)."""
+
+    kind: Literal["ready"] = "ready"
+
+
 class TimingMsg(_Rec):
     kind: Literal["timing"] = "timing"
     name: Literal["candidate", "eager", "compile"]
@@ -232,15 +239,15 @@ class DoneMsg(_Rec):
 
 ChildMessage = Annotated[
     StageMsg | ErrorMsg | TrialMsg | ProbeMsg | AwaitMsg | TimingMsg | ProfileMsg
-    | CompileMsg | EnvMsg | FlagMsg | DoneMsg | ServeMsg | CallProblemMsg,
+    | CompileMsg | EnvMsg | FlagMsg | DoneMsg | ServeMsg | CallProblemMsg | ReadyMsg,
     Field(discriminator="kind"),
 ]
 MESSAGE = TypeAdapter(ChildMessage)
 
 
 class Control(_Rec):
-    """Harness -> child: after `await`, `serve` (with the output layout, JSON, in `data`) or
-    `stop`; after a reference's `serve` message, `serve` or `skip`."""
+    """Harness -> child: after `ready`, `go` or `stop`; after `await`, `serve` (with the output
+    layout, JSON, in `data`) or `stop`; after a reference's `serve` message, `serve` or `skip`."""
 
-    next: Literal["stop", "serve", "skip"]
+    next: Literal["go", "stop", "serve", "skip"]
     data: str | None = None

@@ -47,7 +47,7 @@ from evaluator.protocol import (
 )
 from evaluator.result import EnvInfo, ErrorInfo, TimingStats
 from evaluator.sandbox import Child, ChildOutcome
-from evaluator.worker.child import Channel, call_server, read_control
+from evaluator.worker.child import Channel, call_server, read_control, wait_for_device
 from evaluator.worker.construct import (
     apply_numerics,
     as_output_list,
@@ -97,6 +97,8 @@ class BaselineRecord(BaseModel):
 def run_reference(job: ReferenceJob, ch: Channel,
                   call_fds: tuple[int, int, int] | None = None) -> None:
     spec = job.problem
+    if not wait_for_device(ch):
+        return
     apply_numerics(spec.allow_tf32)
     ch.stage("reference")
     try:

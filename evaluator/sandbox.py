@@ -9,7 +9,9 @@ kept as bounded tails for error reports. Anything the child fails to report (seg
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
 import queue
 import re
@@ -26,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from evaluator import isolation
 from evaluator.harness.clock import CallChannel
 from evaluator.isolation import SandboxPlan
-from evaluator.protocol import MESSAGE, ChildMessage, ChildMode, Control, StageMsg
+from evaluator.protocol import MESSAGE, ChildMessage, ChildMode, Control, ReadyMsg, StageMsg
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +137,9 @@ class Child:
         self._killed_for: str | None = None
         self._bad_lines = 0
         self._threads: list[threading.Thread] = []
+        self._pending: list[ChildMessage | None] = []
+        self.ready_at: float | None = None
+        """When the child said it was ready (time.monotonic), if it did."""
 
     def __enter__(self) -> Child:
         read_fd, write_fd = os.pipe()
@@ -199,8 +204,38 @@ class Child:
 
     def messages(self) -> Iterator[ChildMessage]:
         """Messages in order, until the child closes the pipe (exits or is killed)."""
+        while self._pending:
+            msg = self._pending.pop(0)
+            if msg is None:
+                return
+            yield msg
         while (msg := self._queue.get()) is not None:
             yield msg
+
+    def wait_ready(self) -> bool:
+        """Wait for the child's first message, `ready` (started, imported, not on the device
+        yet). False when it ended or said anything else first (`messages` still yields it)."""
+        msg = self._queue.get()
+        if isinstance(msg, ReadyMsg):
+            self.ready_at = time.monotonic()
+            return True
+        self._pending.append(msg)
+        return False
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The child's time limits stand still while the harness waits (for the device lock):
+        a child kept waiting is not late."""
+        t0 = time.monotonic()
+        with self._lock:
+            deadline, self._deadline = self._deadline, math.inf
+        try:
+            yield
+        finally:
+            waited = time.monotonic() - t0
+            with self._lock:
+                self._hard_deadline += waited
+                self._deadline = min(deadline + waited, self._hard_deadline)
 
     def send(self, control: Control) -> None:
         try:

@@ -156,11 +156,11 @@ def reference_stage(run: EvalRun, job: ReferenceJob | None = None,
     run.stage = "correctness"
     job = job or reference_job(run)
     serving = serving or reference_serving(run)
-    with run.gpu_lock(), run.timed("reference"):
-        env = {"TORCHINDUCTOR_CACHE_DIR": str(private_dir(run.config.cache_dir) / "inductor")}
-        with run.spawn("reference", job, run.root / "ref", ["reference", "baselines"],
-                       env, serves=True) as child:
-            out = collect_reference(child, job, serving)
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(private_dir(run.config.cache_dir) / "inductor")}
+    with run.timed("reference"), run.on_device("reference", job, run.root / "ref",
+                                               ["reference", "baselines"], env,
+                                               serves=True) as child:
+        out = collect_reference(child, job, serving)
     # It holds every trial's seeds; gone before any candidate code runs.
     (run.root / "ref" / "job_reference.json").unlink(missing_ok=True)
     run.reference = out
@@ -210,13 +210,13 @@ def candidate_stage(run: EvalRun) -> None:
     job = candidate_job(run, reference_job(run), build_dir(run))
     seq = Sequence()
     done = False
-    with run.gpu_lock(), run.timed("candidate"):
-        with run.spawn("candidate", job, run.root / "cand",
-                       ["load", "correctness", "timing", "profile", "compile"],
-                       _candidate_env(run), serves=True) as child:
-            for msg in child.messages():
-                done = on_message(run, job, seq, child, msg) or done
-            outcome = child.outcome()
+    with run.timed("candidate"), run.on_device(
+            "candidate", job, run.root / "cand",
+            ["load", "correctness", "timing", "profile", "compile"], _candidate_env(run),
+            serves=True) as child:
+        for msg in child.messages():
+            done = on_message(run, job, seq, child, msg) or done
+        outcome = child.outcome()
     run.mark(None)
     if run.status is None and not done:
         run.fail_from_outcome(outcome, STAGE_OF_CHILD.get(outcome.stage, "load"))

@@ -27,7 +27,7 @@ from pathlib import Path
 from evaluator import __version__, isolation
 from evaluator.config import EvalConfig, Policy
 from evaluator.isolation import SandboxPlan
-from evaluator.protocol import ProblemSpec, TimingSpec
+from evaluator.protocol import Control, ProblemSpec, TimingSpec
 from evaluator.reference import ReferenceOutput
 from evaluator.result import (
     Backend,
@@ -198,12 +198,40 @@ class EvalRun:
 
     @contextlib.contextmanager
     def timed(self, name: str) -> Iterator[None]:
+        """Adds the block's wall time to `stage_seconds[name]`, less its wait for the device
+        (which `stage_seconds["device_wait"]` counts)."""
         t0 = time.monotonic()
+        w0 = self.stage_seconds.get("device_wait", 0.0)
         try:
             yield
         finally:
+            waited = self.stage_seconds.get("device_wait", 0.0) - w0
             self.stage_seconds[name] = round(
-                self.stage_seconds.get(name, 0.0) + time.monotonic() - t0, 3)
+                self.stage_seconds.get(name, 0.0) + time.monotonic() - t0 - waited, 3)
+
+    @contextlib.contextmanager
+    def on_device(self, mode, job, workdir: Path, stages: list[str],
+                  extra_env: dict[str, str] | None = None, serves: bool = False) -> Iterator[Child]:
+        """A child that uses the device. Its start and imports run outside the device lock; the
+        lock is taken when the child says it is ready (its time limits stand still meanwhile),
+        and given back only once the child is gone: the device work of two children never
+        overlaps, and no process start holds the device."""
+        lock = self.gpu_lock()
+        held = False
+        try:
+            with self.spawn(mode, job, workdir, stages, extra_env, serves=serves) as child:
+                if child.wait_ready():
+                    t0 = time.monotonic()
+                    with child.paused():
+                        lock.__enter__()
+                        held = True
+                    self.stage_seconds["device_wait"] = round(
+                        self.stage_seconds.get("device_wait", 0.0) + time.monotonic() - t0, 3)
+                    child.send(Control(next="go"))
+                yield child
+        finally:
+            if held:
+                lock.__exit__(None, None, None)
 
     def mark(self, name: str | None) -> None:
         """Close the running child stage's wall time (if any) and start timing `name`."""

@@ -40,6 +40,7 @@ from evaluator.worker.child import (
     error_info,
     import_candidate,
     read_control,
+    wait_for_device,
 )
 from evaluator.worker.construct import (
     apply_numerics,
@@ -58,6 +59,8 @@ log = logging.getLogger(__name__)
 
 def run_candidate(job: CandidateJob, ch: Channel,
                   call_fds: tuple[int, int, int] | None = None) -> None:
+    if not wait_for_device(ch):  # nothing of the candidate's is imported before this
+        return
     apply_numerics(job.problem.allow_tf32)
     if job.cpu_emulation:
         from evaluator.worker import emulation

@@ -26,6 +26,7 @@ from evaluator.protocol import (
     CompileJob,
     Control,
     ErrorMsg,
+    ReadyMsg,
     ReferenceJob,
     StageMsg,
 )
@@ -107,6 +108,13 @@ def apply_overrides(module: ModuleType, overrides: dict[str, Any]) -> None:
 def limit_memory(limit_bytes: int | None) -> None:
     if limit_bytes is not None:
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+
+def wait_for_device(channel: Channel) -> bool:
+    """Before the process's first use of the device: say it is ready and wait for `go` (the
+    harness takes the device lock first, so a process start and its imports never hold it)."""
+    channel.send(ReadyMsg())
+    return read_control().next == "go"
 
 
 def read_control() -> Control:

@@ -213,3 +213,12 @@ def test_the_served_draw_seeds_the_same_streams_as_manual_seed():
     seed_all(77)
     got = (torch.randn(5), torch.randint(0, 9, (5,)), torch.rand(3))
     assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+
+
+def test_a_ready_message_from_candidate_code_is_out_of_sequence():
+    """The harness takes the child's `ready` before any candidate code is imported; one that
+    comes later was written by candidate code (it would ask for the device lock again)."""
+    from evaluator.judge import Sequence, _out_of_sequence
+    from evaluator.protocol import ReadyMsg
+
+    assert "ready" in (_out_of_sequence(Sequence(), ReadyMsg(), None) or "")

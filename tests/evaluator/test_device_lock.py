@@ -53,3 +53,78 @@ def test_host_lock_is_the_default():
     assert EvalConfig().device_lock == "host"
     with pytest.raises(ValueError):
         EvalConfig(device_lock="global")
+
+
+# ---- what the device lock covers in an evaluation ---------------------------------------------
+
+def _observed(monkeypatch, lock_dir: Path):
+    """Run evaluations with a real flock device lock (as on a GPU, here on CPU) and record, for
+    every child that uses the device, when it said it was ready, when the lock was taken and
+    given back, and whether the child was gone by then."""
+    import contextlib
+    import threading
+    import time
+
+    from evaluator.state import EvalRun, device_lock
+
+    record: list[dict] = []
+    spawn = EvalRun.spawn
+    guard = threading.Lock()
+
+    def observed_spawn(self, mode, *args, **kwargs):
+        child = spawn(self, mode, *args, **kwargs)
+        self._observed_child = child
+        return child
+
+    def observed_lock(self):
+        @contextlib.contextmanager
+        def held():
+            with device_lock("cuda:9", lock_dir):
+                child = self._observed_child
+                entry = {"mode": child.mode, "ready_at": child.ready_at, "locked": time.monotonic()}
+                try:
+                    yield
+                finally:
+                    entry["released"] = time.monotonic()
+                    entry["child_gone"] = child.proc.poll() is not None
+                    with guard:
+                        record.append(entry)
+        return held()
+
+    monkeypatch.setattr(EvalRun, "spawn", observed_spawn)
+    monkeypatch.setattr(EvalRun, "gpu_lock", observed_lock)
+    return record
+
+
+def test_the_device_lock_is_taken_after_the_child_started_and_given_back_after_it_ended(
+        monkeypatch, tmp_path):
+    from eval_helpers import candidate, cpu_config
+
+    from evaluator.pipeline import evaluate
+
+    record = _observed(monkeypatch, tmp_path / "locks")
+    r = evaluate("L3/1", candidate("mlp_torch.py"), cpu_config(tmp_path / "cache"))
+    assert r.status == "correct", r.error
+    assert [e["mode"] for e in record] == ["reference", "candidate"]
+    for e in record:
+        # Started and imported before the lock: the process start never held the device.
+        assert e["ready_at"] is not None and e["ready_at"] <= e["locked"], e
+        assert e["child_gone"], e  # nothing of the child's can touch the device after it
+    assert "device_wait" in r.stage_seconds
+
+
+def test_two_evaluations_start_their_processes_while_the_other_holds_the_device(
+        monkeypatch, tmp_path):
+    from eval_helpers import candidate, cpu_config
+
+    from evaluator.pipeline import evaluate_many
+
+    record = _observed(monkeypatch, tmp_path / "locks")
+    results = evaluate_many([("L3/1", candidate("mlp_torch.py"))] * 2,
+                            cpu_config(tmp_path / "cache"), max_workers=2)
+    assert [r.status for r in results] == ["correct", "correct"]
+    spans = sorted((e["locked"], e["released"]) for e in record)
+    assert len(spans) == 4 and not _overlaps(spans), spans  # device work never overlaps
+    # ...but some child got ready while another held the lock: starts ran beside device work.
+    assert any(a["locked"] < b["ready_at"] < a["released"]
+               for a in record for b in record if a is not b), record
