@@ -164,6 +164,10 @@ class EvalConfig(BaseModel):
     """Who else's GPU stages wait for ours: `host` (every kloop process on this machine sharing
     `cache_dir`, through a file lock, so timings of concurrent runs never overlap) or `process`
     (only evaluations in this process; concurrent processes then time under each other's load)."""
+    template_process: bool = True
+    """Start reference, candidate and compile children as forks of a template process that has
+    imported torch and kloop's worker modules but never touched the device (Linux; elsewhere,
+    or if the template fails, children start as fresh interpreters)."""
     ncu: bool = False
     """Also collect Nsight Compute metrics for the top custom kernel (GPU with ncu only)."""
     triton_aot: bool = True

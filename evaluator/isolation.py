@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
 PR_CAPBSET_DROP = 24
 PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _CAP_VERSION_3 = 0x20080522
@@ -85,6 +86,17 @@ def harden_harness() -> None:
     if _prctl(PR_SET_CHILD_SUBREAPER, 1) != 0:
         log.warning("could not make the harness a child subreaper (errno %d)", ctypes.get_errno())
     _hardened = True
+
+
+def is_subreaper() -> bool:
+    """Whether orphans of our descendants come back to this process (PR_SET_CHILD_SUBREAPER)."""
+    libc = _libc()
+    if libc is None:
+        return False
+    flag = ctypes.c_int(0)
+    if libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) != 0:
+        return False
+    return bool(flag.value)
 
 
 def harness_dumpable() -> bool | None:

@@ -120,8 +120,11 @@ class Child:
 
     def __init__(self, mode: ChildMode, job: BaseModel, workdir: Path, env: dict[str, str],
                  timeouts: dict[str, float], rss_limit_bytes: int | None, tail_bytes: int,
-                 sandbox: SandboxPlan | None = None, serves: bool = False):
+                 sandbox: SandboxPlan | None = None, serves: bool = False,
+                 template: bool = False):
         self.mode, self.workdir, self.env = mode, workdir, env
+        self.template = template
+        """Fork the child from the template process (`evaluator.forkserver`) when it can."""
         self.calls: CallChannel | None = CallChannel.open() if serves else None
         """The trusted clock's call channel (`evaluator.harness.clock`) when the child serves."""
         self.sandbox = sandbox
@@ -156,7 +159,8 @@ class Child:
             fds += self.calls.child_fds()
         try:
             with isolation.SPAWN_LOCK:
-                self.proc = subprocess.Popen(
+                forked = self._forked(fds, identity) if self.template else None
+                self.proc = forked or subprocess.Popen(
                     argv, cwd=self.workdir, env=self.env, stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=fds,
                     start_new_session=True, **identity,
@@ -171,6 +175,31 @@ class Child:
         self._spawn(self._read_tail, self.proc.stderr, self.tails[1])
         self._spawn(self._watch)
         return self
+
+    def _forked(self, fds: tuple[int, ...], identity: dict):
+        """The child as a fork of the template process, its fds at 0-2 and then 3, 4, ...
+        in the order of `fds` (the argv names them so); None to start it the plain way."""
+        from evaluator import forkserver
+
+        pipes = [os.pipe() for _ in range(3)]
+        theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
+        numbers = list(range(3, 3 + len(fds)))
+        argv = ["evaluator.worker.child", self.mode, str(self.job_path), str(numbers[0])]
+        if len(numbers) > 1:
+            argv.append(",".join(map(str, numbers[1:])))
+        try:
+            pid = forkserver.server().spawn(
+                argv, self.env, self.workdir, theirs + list(fds), [0, 1, 2] + numbers,
+                identity.get("user"), identity.get("group"))
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        if pid is None:
+            for fd in (pipes[0][1], pipes[1][0], pipes[2][0]):
+                os.close(fd)
+            return None
+        return forkserver.ForkedProcess(pid, os.fdopen(pipes[0][1], "wb"),
+                                        os.fdopen(pipes[1][0], "rb"), os.fdopen(pipes[2][0], "rb"))
 
     def __exit__(self, *exc) -> None:
         self._kill_group()

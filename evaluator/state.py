@@ -281,7 +281,7 @@ class EvalRun:
         # Candidate code runs in the candidate and compile children (importing it builds).
         plan = self.sandbox if mode in ("candidate", "compile") else None
         child = Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes, plan,
-                      serves=serves)
+                      serves=serves, template=c.template_process)
         if plan is not None:
             isolation.give_to(plan, workdir)
             if plan.same_uid:

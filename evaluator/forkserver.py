@@ -1,0 +1,161 @@
+"""Starting children from the template process (`evaluator.worker.zygote`), harness side.
+
+One template per harness process, started on first use and kept for its lifetime. `spawn`
+hands it a child's fds, argv, environment, working directory and uid/gid, and gets back the
+pid of a child that is already past its imports; the child is re-parented to the harness (a
+child subreaper, `isolation.harden_harness`), so `ForkedProcess` waits for it with `waitpid`
+like `subprocess.Popen` does. Where the template cannot be used (not Linux, no subreaper, the
+template died or refused), `spawn` returns None and the caller starts the child the plain way:
+nothing depends on the template but speed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+from evaluator import isolation
+from evaluator.worker.zygote import ForkRequest
+
+log = logging.getLogger(__name__)
+
+_START_TIMEOUT_S = 120.0
+_REPLY_TIMEOUT_S = 30.0
+
+
+class ForkedProcess:
+    """The parts of `subprocess.Popen` that `sandbox.Child` uses, for a re-parented child."""
+
+    def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes], stderr: IO[bytes]):
+        self.pid = pid
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.returncode: int | None = None
+        self._lock = threading.Lock()
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:  # reaped elsewhere: it is gone, how is unknown
+                    self.returncode = -9
+                else:
+                    if pid:
+                        self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        delay = 0.001
+        while (rc := self.poll()) is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+        return rc
+
+
+class ForkServer:
+    def __init__(self) -> None:
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        self._broken = False
+
+    def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, fds: list[int],
+              targets: list[int], uid: int | None, gid: int | None) -> int | None:
+        """Fork a child (the caller holds `isolation.SPAWN_LOCK` and registers the pid); None
+        when the template cannot do it."""
+        with self._lock:
+            sock = self._started()
+            if sock is None:
+                return None
+            req = ForkRequest(argv=argv, env=env, cwd=str(cwd), fd_targets=targets, uid=uid,
+                              gid=gid)
+            try:
+                socket.send_fds(sock, [req.model_dump_json().encode()], fds)
+                sock.settimeout(_REPLY_TIMEOUT_S)
+                answer = sock.recv(4096).decode()
+            except OSError as e:
+                self._fail(f"the template process stopped answering ({e})")
+                return None
+            if not answer.isdigit():
+                log.warning("the template process could not start a child: %s", answer)
+                return None
+            return int(answer)
+
+    def _started(self) -> socket.socket | None:
+        if self._broken:
+            return None
+        if self._sock is not None and self._proc is not None and self._proc.poll() is None:
+            return self._sock
+        if self._sock is not None:
+            self._fail("the template process died")
+            return None
+        if not usable():
+            self._broken = True
+            return None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "HOME")}
+        env.update(PYTHONPATH=str(Path(__file__).resolve().parent.parent), PYTHONUNBUFFERED="1",
+                   PYTHONDONTWRITEBYTECODE="1", CUDA_VISIBLE_DEVICES="")
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "evaluator.worker.zygote", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            theirs.close()
+        ours.settimeout(_START_TIMEOUT_S)
+        try:
+            ready = ours.recv(16)
+        except OSError:
+            ready = b""
+        if ready != b"ready":
+            self._sock = ours
+            self._fail("the template process did not start")
+            return None
+        self._sock = ours
+        return ours
+
+    def _fail(self, why: str) -> None:
+        log.warning("%s; children start the plain way from now on", why)
+        self._broken = True
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+        if self._sock is not None:
+            self._sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            if self._proc is not None:
+                try:
+                    self._proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                self._proc = None
+
+
+def usable() -> bool:
+    """Linux, and the harness is a child subreaper (so forked children come back to it)."""
+    if not sys.platform.startswith("linux") or not hasattr(socket, "send_fds"):
+        return False
+    isolation.harden_harness()
+    return isolation.is_subreaper()
+
+
+_SERVER = ForkServer()
+
+
+def server() -> ForkServer:
+    return _SERVER

@@ -1,0 +1,184 @@
+"""The template process children are forked from (trusted: it runs no candidate code).
+
+Python, torch and kloop's worker modules are imported here once, and the device is never
+touched (a process that has initialised CUDA cannot be forked safely). Each reference,
+candidate or compile child is then a fork of this process: the 3-7 s of a fresh interpreter's
+imports (5-7 s for `import torch` alone on the H200 VM) become a fork of a few milliseconds,
+and the child initialises the device itself after the harness takes the device lock.
+
+    python -m evaluator.worker.zygote SOCKET_FD
+
+Requests come on a Unix SEQPACKET socket whose other end only the harness holds
+(`evaluator.forkserver`): one packet per child, a `ForkRequest` as JSON with the child's fds
+(stdin, stdout, stderr, then the fds it is passed) attached as SCM_RIGHTS. The answer is one
+packet: the child's pid, or `error: ...`. The child is forked twice (the middle process exits
+at once), so it is re-parented to the harness, a child subreaper, which waits for it as for any
+child of its own. In the child, before `evaluator.worker.child.main` runs: its own session, its
+fds at the numbers the request names and no other fd open, the request's working directory and
+environment, and the request's uid/gid.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import socket
+import sys
+import tempfile
+import traceback
+
+from pydantic import BaseModel, ConfigDict
+
+_MAX_FDS = 16
+_HIGH_FD = 256
+_START_DIR = os.getcwd()
+_MAX_PACKET = 1 << 20
+_PR_SET_DUMPABLE = 4
+
+
+class ForkRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    argv: list[str]
+    """`evaluator.worker.child.main`'s argv (argv[0] is a name only)."""
+    env: dict[str, str]
+    cwd: str
+    fd_targets: list[int]
+    """Where each attached fd goes in the child: 0, 1, 2, then the passed fds' numbers."""
+    uid: int | None = None
+    gid: int | None = None
+
+
+def preload() -> None:
+    """What every child needs, imported once here (never anything that touches the device)."""
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+
+    import evaluator.reference  # noqa: F401
+    import evaluator.worker.candidate  # noqa: F401
+    import evaluator.worker.child  # noqa: F401
+    import evaluator.worker.serve  # noqa: F401
+
+
+def serve(sock: socket.socket) -> None:
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_PACKET, _MAX_FDS)
+        except OSError:
+            return
+        if not data:
+            return
+        try:
+            req = ForkRequest.model_validate_json(data)
+            if len(fds) != len(req.fd_targets):
+                raise ValueError(f"{len(fds)} fds for {len(req.fd_targets)} targets")
+            pid = _fork(req, fds, sock)
+            answer = str(pid).encode()
+        except Exception as e:  # the harness falls back to a plain start
+            answer = f"error: {type(e).__name__}: {e}".encode()
+        finally:
+            for fd in fds:
+                os.close(fd)
+        sock.send(answer)
+
+
+def _fork(req: ForkRequest, fds: list[int], sock: socket.socket) -> int:
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # the middle process: fork the child and leave at once
+        try:
+            os.close(r)
+            pid = os.fork()
+            if pid == 0:
+                os.close(w)
+                _become_child(req, fds, sock)  # never returns
+            os.write(w, str(pid).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(middle, 0)
+    with os.fdopen(r, "rb") as f:
+        text = f.read().decode()
+    if not text:
+        raise RuntimeError("the fork failed")
+    return int(text)
+
+
+def _become_child(req: ForkRequest, fds: list[int], sock: socket.socket) -> None:
+    try:
+        sock.close()
+        os.setsid()
+        # Out of the way first, so no target number overwrites a source still to be placed.
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, _HIGH_FD) for fd in fds]
+        for fd in fds:
+            os.close(fd)
+        for src, dst in zip(high, req.fd_targets, strict=True):
+            os.dup2(src, dst, inheritable=dst <= 2)
+        keep = set(req.fd_targets)
+        for fd in _open_fds():
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        os.chdir(req.cwd)
+        if sys.path and sys.path[0] == _START_DIR:  # as `python -m` in req.cwd would have it
+            sys.path[0] = req.cwd
+        os.environ.clear()
+        os.environ.update(req.env)
+        tempfile.tempdir = None  # TMPDIR is the child's own
+        sys.dont_write_bytecode = True
+        _libc_dumpable(1)  # the template is not dumpable; its children are, as if exec'd
+        if req.gid is not None:
+            os.setgroups([])
+            os.setgid(req.gid)
+        if req.uid is not None:
+            os.setuid(req.uid)
+        threads = req.env.get("OMP_NUM_THREADS")
+        if threads and threads.isdigit():  # OpenMP read the variable when torch was imported
+            import torch
+
+            torch.set_num_threads(int(threads))
+        sys.argv = list(req.argv)
+        from evaluator.worker.child import main
+
+        rc = main(sys.argv)
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        rc = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(rc)
+
+
+def _open_fds() -> list[int]:
+    try:
+        return [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        return list(range(3, 1024))
+
+
+def _libc_dumpable(value: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_DUMPABLE, value, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: list[str]) -> int:
+    sock = socket.socket(fileno=int(argv[1]))
+    _libc_dumpable(0)  # other processes of our uid cannot read or write this one's memory
+    preload()
+    sock.send(b"ready")
+    serve(sock)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,86 @@
+"""Children forked from the template process (`evaluator.forkserver`, `evaluator.worker.zygote`)
+are the children a fresh interpreter would have been: their own session, fds, environment and
+working directory, nothing of the template's, re-parented to the harness; and when the template
+is gone, children start the plain way."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from eval_helpers import MLP_SMALL, candidate, cpu_config
+
+from evaluator import forkserver
+from evaluator.pipeline import evaluate
+
+pytestmark = pytest.mark.skipif(not forkserver.usable(), reason="needs Linux and a subreaper")
+
+PROBE = '''
+import json, os, sys
+def _facts(path):
+    fds = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fds[name] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            pass
+    facts = dict(pid=os.getpid(), ppid=os.getppid(), sid=os.getsid(0), cwd=os.getcwd(),
+                 path0=sys.path[0], env=sorted(os.environ), home=os.environ.get("HOME"),
+                 fds=fds, template=getattr(getattr(sys.modules["__main__"], "__spec__", None),
+                                           "name", None) == "evaluator.worker.zygote")
+    with open(path, "w") as f:
+        json.dump(facts, f)
+'''
+
+
+def _probe_source(out: Path) -> str:
+    src = candidate("mlp_torch.py")
+    src = src.replace("class ModelNew(", PROBE + "\nclass ModelNew(", 1)
+    return src.replace("    def forward(self, x):",
+                       f"    def forward(self, x):\n        _facts({str(out)!r})", 1)
+
+
+def test_a_forked_child_has_only_its_own_session_fds_environment_and_directory(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("KLOOP_TEST_SECRET_TOKEN", "must-not-reach-a-child")
+    out = tmp_path / "facts.json"
+    r = evaluate("L3/1", _probe_source(out), cpu_config(tmp_path / "cache", policy="kernelbench"))
+    assert r.status == "correct", r.error
+    facts = json.loads(out.read_text())
+    assert facts["template"], "the child was not forked from the template"
+    assert facts["ppid"] == os.getpid()  # re-parented to the harness, which waits for it
+    assert facts["sid"] == facts["pid"]  # a session (and process group) of its own
+    assert facts["path0"] == facts["cwd"] and facts["home"].startswith(facts["cwd"])
+    assert "KLOOP_TEST_SECRET_TOKEN" not in facts["env"]
+    links = set(facts["fds"].values())
+    assert not any(link.startswith("socket:") for link in links), links  # not the template's
+    assert not any(str(tmp_path / "cache") in link for link in links if "cand" not in link), links
+
+
+def test_without_the_template_children_start_the_plain_way(tmp_path, monkeypatch):
+    fresh = forkserver.ForkServer()
+    monkeypatch.setattr(forkserver, "_SERVER", fresh)
+    cfg = cpu_config(tmp_path / "cache", problem_overrides=MLP_SMALL)
+    assert evaluate("L3/1", candidate("mlp_torch.py"), cfg).status == "correct"
+    assert fresh._proc is not None and fresh._proc.poll() is None
+    os.kill(fresh._proc.pid, signal.SIGKILL)  # the template dies
+    fresh._proc.wait()
+    out = tmp_path / "facts.json"
+    r = evaluate("L3/1", _probe_source(out), cpu_config(tmp_path / "cache", policy="kernelbench"))
+    assert r.status == "correct", r.error
+    facts = json.loads(out.read_text())
+    assert not facts["template"] and fresh._broken
+
+
+@pytest.mark.gpu
+def test_a_forked_child_initialises_the_gpu_and_is_timed(tmp_path):
+    """On a GPU: the template never touched the device, so its forks can; the probe says the
+    child was a fork and the evaluation is correct and timed by the harness."""
+    out = tmp_path / "facts.json"
+    r = evaluate("L3/1", _probe_source(out), cpu_config(
+        tmp_path / "cache", policy="kernelbench", device="cuda", problem_overrides=MLP_SMALL))
+    assert r.status == "correct" and r.timing is not None, r.error
+    assert json.loads(out.read_text())["template"]
