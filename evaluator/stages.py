@@ -160,9 +160,12 @@ def reference_stage(run: EvalRun, job: ReferenceJob | None = None,
     with run.timed("reference"), run.on_device("reference", job, run.root / "ref",
                                                ["reference", "baselines"], env,
                                                serves=True) as child:
-        out = collect_reference(child, job, serving)
-    # It holds every trial's seeds; gone before any candidate code runs.
-    (run.root / "ref" / "job_reference.json").unlink(missing_ok=True)
+        try:
+            out = collect_reference(child, job, serving)
+        finally:
+            # It holds every trial's seeds; gone before the device lock (and with it the next
+            # candidate's turn to run code) is given back.
+            (run.root / "ref" / "job_reference.json").unlink(missing_ok=True)
     run.reference = out
     run.stage_seconds.update(out.stage_seconds)
     kinds = job.baselines

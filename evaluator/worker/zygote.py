@@ -175,9 +175,20 @@ def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(argv[1]))
     _libc_dumpable(0)  # other processes of our uid cannot read or write this one's memory
     preload()
+    if _driver_loaded():  # forks of a process that loaded the CUDA driver are not safe
+        sock.send(b"refused: the CUDA driver was loaded while importing")
+        return 1
     sock.send(b"ready")
     serve(sock)
     return 0
+
+
+def _driver_loaded() -> bool:
+    try:
+        with open("/proc/self/maps") as f:
+            return any("libcuda.so" in line for line in f)
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":
