@@ -1,12 +1,7 @@
-"""The reference worker and the baseline cache.
+"""The reference worker's harness side and the baseline cache (the worker itself is
+`evaluator.worker.reference_worker`).
 
-Worker side (`run_reference`, inside a child): build the reference `Model` as the policy says,
-draw each probe trial's inputs from its salted seed, compute the expected outputs (and, for the
-precision check, float64 ones) under `no_grad`, write inputs (for the candidate) and expected
-outputs (harness-private) to disk; then serve the harness's calls (`evaluator.worker.serve`) on
-the eager model and on torch.compile of it.
-
-Harness side (`collect_reference`): drive it; the eager model's served calls give the handshake
+`collect_reference` drives it: the eager model's served calls give the handshake
 (null calls), the eager baseline and the reference's output for every timed call's seed; the
 compile baseline is cached per problem hash + device + versions + policy + timing settings, in
 the harness-private cache. Expected outputs are loaded into memory and their files deleted
@@ -15,7 +10,6 @@ before any candidate process starts.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import logging
@@ -47,21 +41,7 @@ from evaluator.protocol import (
 )
 from evaluator.result import EnvInfo, ErrorInfo, TimingStats
 from evaluator.sandbox import Child, ChildOutcome
-from evaluator.worker.child import Channel, call_server, read_control, wait_for_device
-from evaluator.worker.construct import (
-    apply_numerics,
-    as_output_list,
-    clone_all,
-    construct,
-    draw_inputs,
-    draw_served_inputs,
-    env_info,
-    init_inputs,
-    load_problem,
-    noisy_model,
-    sync,
-)
-from evaluator.worker.serve import OK, ServeLayout, output_specs
+from evaluator.worker.serve import OK, ServeLayout
 
 log = logging.getLogger(__name__)
 BASELINE_SCHEMA_VERSION = 2
@@ -89,118 +69,6 @@ class BaselineRecord(BaseModel):
     compiled: TimingStats | None = None
     env: EnvInfo
     updated_at: str
-
-
-# ---- worker side ----------------------------------------------------------------------------
-
-
-def run_reference(job: ReferenceJob, ch: Channel,
-                  call_fds: tuple[int, int, int] | None = None) -> None:
-    spec = job.problem
-    if not wait_for_device(ch):
-        return
-    apply_numerics(spec.allow_tf32)
-    ch.stage("reference")
-    try:
-        ch.send(EnvMsg(env=env_info(spec.device)))
-        problem = load_problem(spec)
-        init = init_inputs(problem, spec)
-        model = construct(problem.Model, init, spec, fills_out=job.fills_path)
-        for t in job.trials:
-            _trial(problem, model, init, spec, t, ch)
-        specs: list | str = []
-        if job.timing is not None:
-            with torch.no_grad():
-                probe = model(*draw_served_inputs(problem, 0, spec))
-            specs = output_specs(as_output_list(probe))
-            if isinstance(specs, str):
-                raise TypeError(f"the reference's outputs cannot be served: {specs}")
-    except BaseException as e:
-        ch.error("reference", e, spec.path, "runtime_error")
-        return
-    if job.timing is not None:
-        ch.stage("baselines")
-        roles = ["eager"] + (["compile"] if "compile" in job.baselines else [])
-        if not _serve_roles(roles, model, problem, spec, specs, call_fds, ch):
-            return
-    ch.send(DoneMsg())
-
-
-def _trial(problem, model, init, spec, t, ch: Channel) -> None:
-    inputs = draw_inputs(problem, t.input_seed, spec)
-    torch.save(_to_cpu(inputs), t.inputs_path)
-    trial_model = model if t.perturb_seed is None else noisy_model(
-        problem.Model, init, spec, t.perturb_seed, fills_out=t.fills_path)
-    torch.manual_seed(t.forward_seed)
-    with torch.no_grad():
-        out = trial_model(*clone_all(inputs))
-    sync(spec.device)
-    torch.save([_to_cpu_one(o) for o in as_output_list(out)], t.expected_path)
-    if t.fp64_path is not None:
-        _fp64(trial_model, inputs, t.forward_seed, t.fp64_path, spec.device, ch)
-
-
-def _fp64(model, inputs, forward_seed: int, path: str, device: str, ch: Channel) -> None:
-    """The same call in float64 (the precision check's yardstick); a model that cannot run in
-    float64 leaves the check out, flagged."""
-    try:
-        m64 = copy.deepcopy(model).double()
-        x64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-               for x in clone_all(inputs)]
-        torch.manual_seed(forward_seed)
-        with torch.no_grad():
-            out = m64(*x64)
-        sync(device)
-        torch.save([_to_cpu_one(o) for o in as_output_list(out)], path)
-        del m64
-    except Exception as e:
-        ch.send(FlagMsg(flag=f"precision_check_unavailable: {type(e).__name__}: {str(e)[:160]}"))
-
-
-def _serve_roles(roles: list[str], model, problem, spec, specs, call_fds, ch: Channel) -> bool:
-    """Serve the harness's calls, first on the eager model (their outputs are what every timed
-    call of the candidate is checked against), then on torch.compile of it. False when the
-    eager model failed (the reference failed)."""
-    server = None
-    for role in roles:
-        ch.send(ServeMsg(role=role, outputs=specs))
-        control = read_control()
-        if control.next != "serve":
-            continue
-        failed: list[str] = []
-
-        def on_problem(message: str, exc: BaseException | None, role=role, failed=failed) -> None:
-            failed.append(message)
-            if role == "eager":
-                if exc is not None:
-                    ch.error("baselines", exc, spec.path, "runtime_error")
-                else:
-                    ch.send(ErrorMsg(stage="baselines", status="runtime_error", error=ErrorInfo(
-                        type="ReferenceOutput", message=message)))
-            else:
-                detail = f"{type(exc).__name__}: {str(exc)[:200]}" if exc else message
-                ch.send(FlagMsg(flag=f"baseline_{role}_failed: {detail}"))
-
-        try:
-            server = server or call_server(call_fds, control.data, spec.device)
-            fn = model
-            if role == "compile":
-                torch._dynamo.reset()
-                fn = torch.compile(model)
-            server.serve(fn, lambda seed: draw_served_inputs(problem, seed, spec), on_problem)
-        except BaseException as e:
-            on_problem(str(e), e)
-        if failed and role == "eager":
-            return False
-    return True
-
-
-def _to_cpu_one(x: Any) -> Any:
-    return x.detach().cpu() if isinstance(x, torch.Tensor) else x
-
-
-def _to_cpu(xs: list[Any]) -> list[Any]:
-    return [_to_cpu_one(x) for x in xs]
 
 
 def baseline_key(fields: dict[str, Any]) -> str:

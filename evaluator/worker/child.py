@@ -1,6 +1,6 @@
 """Entry point of every child process: `python -m evaluator.worker.child MODE JOB.json RESULT_FD`.
 
-MODE is `reference` (the trusted reference worker, see `evaluator.reference`), `candidate` (the
+MODE is `reference` (the trusted reference worker, see `evaluator.worker.reference_worker`), `candidate` (the
 one process that imports and runs candidate code), `compile` (imports the candidate only to
 build or check its kernels) or `forward` (a few forwards and nothing else, for `ncu`). Results go to RESULT_FD as JSON lines (`evaluator.protocol`).
 
@@ -151,7 +151,7 @@ def main(argv: list[str]) -> int:
 
         run_forward(CandidateJob.model_validate_json(raw), channel)
     elif mode == "reference":
-        from evaluator.reference import run_reference
+        from evaluator.worker.reference_worker import run_reference
 
         run_reference(ReferenceJob.model_validate_json(raw), channel, fds)  # type: ignore[arg-type]
     elif mode == "compile":

@@ -55,9 +55,9 @@ def preload() -> None:
     import numpy  # noqa: F401
     import torch  # noqa: F401
 
-    import evaluator.reference  # noqa: F401
     import evaluator.worker.candidate  # noqa: F401
     import evaluator.worker.child  # noqa: F401
+    import evaluator.worker.reference_worker  # noqa: F401
     import evaluator.worker.serve  # noqa: F401
 
 
