@@ -72,7 +72,10 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
                 type="Timeout", message=f"the timed calls ran past their limit of "
                 f"{run.config.timeouts.timing:g} s"))
         elif e.kind == "protocol":
-            run.violations.append(violate(run, "protocol_violation", str(e)))
+            v = violate(run, "protocol_violation", str(e))
+            run.violations.append(v)
+            if v.severity == "reject":  # decided here: the kill that follows is ours
+                run.stop("rejected", "timing")
         return
     finally:
         child.calls.stop()
