@@ -107,3 +107,36 @@ def test_replay_provider_by_name_answers_a_recorded_prompt(tmp_path):
     first = source.turns()[0]
     assert model.query(first.messages).text == first.reply.text
     assert model.remaining == 4
+
+
+class OverlapEvaluator(FakeEvaluator):
+    """Counts how many evaluations run at once; the first one is the slowest."""
+
+    def __init__(self):
+        super().__init__()
+        self.now = self.most = 0
+
+    def evaluate(self, problem, source):
+        import time
+
+        with self._lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            first = len(self.calls) == 0
+        time.sleep(0.3 if first else 0.05)
+        try:
+            return super().evaluate(problem, source)
+        finally:
+            with self._lock:
+                self.now -= 1
+
+
+def test_rescore_judges_kernels_concurrently_and_records_them_in_order(tmp_path):
+    source = recorded_run(tmp_path)
+    ev = OverlapEvaluator()
+    replay_lib.rescore(source.root, tmp_path / "rescored", evaluator=ev)
+    assert ev.most > 1  # `concurrency` evaluations at once, not one after another
+    new = RunStore.open(tmp_path / "rescored")
+    assert [(t.episode, t.turn) for t in new.turns()] == [(t.episode, t.turn)
+                                                          for t in source.turns()]
+    assert [t.status for t in new.turns()] == [t.status for t in source.turns()]
