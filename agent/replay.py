@@ -104,8 +104,10 @@ def replay(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
 
 def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
             eval_overrides: dict | None = None,
-            on_turn: Callable[[TurnRecord], None] | None = None) -> ReplayReport:
-    """Evaluate every logged kernel again into a new run; replies and stop reasons are kept."""
+            on_turn: Callable[[TurnRecord], None] | None = None,
+            concurrency: int | None = None) -> ReplayReport:
+    """Evaluate every logged kernel again into a new run; replies and stop reasons are kept.
+    `concurrency` evaluations run at once (default: the source run's setting)."""
     source = RunStore.open(source_dir)
     cfg = derived_config(source, out, [{"eval": eval_overrides or {}}])
     problems = {p.id: p for p in load_problems(cfg)}
@@ -124,7 +126,7 @@ def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
 
     # `concurrency` evaluations at once (process starts and builds overlap; the evaluator's
     # device lock still times one at a time), recorded in the source's order as they finish.
-    with ThreadPoolExecutor(max_workers=cfg.concurrency) as pool:
+    with ThreadPoolExecutor(max_workers=concurrency or cfg.concurrency) as pool:
         results = [pool.submit(judged, old) for old in old_turns]
         for old, future in zip(old_turns, results, strict=True):
             _rescored(old, future.result(), problems, cfg, store, prompts, states, runner_turns,

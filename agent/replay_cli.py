@@ -25,6 +25,7 @@ def replay_command(
     device: Annotated[str | None, Opt(help="Evaluator device.")] = None,
     policy: Annotated[str | None, Opt(help="Evaluator policy.")] = None,
     out: Annotated[Path | None, Opt(help="The new run directory (default runs/<source>-<kind>-<time>).")] = None,
+    concurrency: Annotated[int | None, Opt(min=1, help="Kernels judged at once by --rescore (default: the run's own).")] = None,
     verbose: Annotated[bool, Opt("--verbose", "-v")] = False,
 ) -> None:
     """Re-drive a run with its recorded replies (no API calls), rescore it, or fork it."""
@@ -35,6 +36,8 @@ def replay_command(
     eval_overrides = {k: v for k, v in {"device": device, "policy": policy}.items() if v is not None}
     if (model or config) and fork_at is None:
         raise ConfigError("--model and -c apply to --fork-at only")
+    if concurrency is not None and not rescore:
+        raise ConfigError("--concurrency applies to --rescore only")
     # Replay and rescore go through every recorded turn once: that is the bar's total.
     total = None if fork_at is not None else len(RunStore.open(run_dir).turns())
     with Reporter(total) as rep:
@@ -45,8 +48,12 @@ def replay_command(
             runner = replay_lib.fork(run_dir, out, fork_at, layers, on_turn=rep.on_turn)
             summary = runner.write_summary("finished")
         else:
-            fn = replay_lib.rescore if rescore else replay_lib.replay
-            report = fn(run_dir, out, eval_overrides=eval_overrides, on_turn=rep.on_turn)
+            if rescore:
+                report = replay_lib.rescore(run_dir, out, eval_overrides=eval_overrides,
+                                            on_turn=rep.on_turn, concurrency=concurrency)
+            else:
+                report = replay_lib.replay(run_dir, out, eval_overrides=eval_overrides,
+                                           on_turn=rep.on_turn)
     if fork_at is not None:
         print_summary(summary, out)
         return

@@ -134,7 +134,7 @@ class OverlapEvaluator(FakeEvaluator):
 def test_rescore_judges_kernels_concurrently_and_records_them_in_order(tmp_path):
     source = recorded_run(tmp_path)
     ev = OverlapEvaluator()
-    replay_lib.rescore(source.root, tmp_path / "rescored", evaluator=ev)
+    replay_lib.rescore(source.root, tmp_path / "rescored", evaluator=ev, concurrency=3)
     assert ev.most > 1  # `concurrency` evaluations at once, not one after another
     new = RunStore.open(tmp_path / "rescored")
     assert [(t.episode, t.turn) for t in new.turns()] == [(t.episode, t.turn)
