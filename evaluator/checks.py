@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from evaluator.correctness import compare_outputs
+from evaluator.outcome import Flagged, runtime
 from evaluator.protocol import ProbeMsg, TrialMsg
 from evaluator.result import Backend, Violation
 from evaluator.rules import Rule, Severity, of_kind
@@ -54,9 +55,9 @@ RUNTIME_RULES: dict[str, Rule] = of_kind("runtime")
 
 
 def violate(run: EvalRun, rule: str, message: str, severity: Severity | None = None) -> Violation:
-    """A violation of a runtime rule with the run's policy severity; its name joins the flags."""
+    """A violation of a runtime rule with the run's policy severity (recorded with
+    `outcome.runtime`, its name joins the flags)."""
     r = RUNTIME_RULES[rule]
-    run.flags.append(rule)
     return Violation(rule=rule, severity=severity or r.severity(run.policy.name),
                      message=f"{message}: {r.rationale}")
 
@@ -139,7 +140,7 @@ def launches(run: EvalRun, msg: ProbeMsg) -> list[Violation]:
     if msg.probe != "launches":
         return []
     if not msg.conclusive:
-        run.flags.append("launch_count_unavailable")
+        run.record(Flagged(flag="launch_count_unavailable"))
         return []
     if msg.value or _fired(run, "no_custom_kernel"):
         return []
@@ -153,7 +154,7 @@ def ghost(run: EvalRun, msg: ProbeMsg) -> list[Violation]:
     if msg.probe != "ghost":
         return []
     if not msg.conclusive:
-        run.flags.append("ghost_check_inconclusive")
+        run.record(Flagged(flag="ghost_check_inconclusive"))
         return []
     if not msg.value or _fired(run, "no_custom_kernel"):
         return []
@@ -211,24 +212,24 @@ def is_degenerate(run: EvalRun) -> bool:
 def degenerate_problem(run: EvalRun) -> None:
     if not is_degenerate(run):
         return
-    run.flags.append("degenerate_problem")
+    run.record(Flagged(flag="degenerate_problem"))
     probe = run.problem.meta.degenerate_probe
     if probe is None or not run.policy.degenerate_trials:
-        run.flags.append("degenerate_no_probe")
+        run.record(Flagged(flag="degenerate_no_probe"))
 
 
 # Rationale: catalog B1 — plain PyTorch is honest but has no kernel of the candidate's; it is
 # judged on its outputs and flagged (only pretending to have kernels is rejected).
 def torch_only(run: EvalRun) -> None:
     if run.backend == "torch":
-        run.flags.append("no_custom_kernel")
+        run.record(Flagged(flag="no_custom_kernel"))
 
 
 def implausible_speedup(run: EvalRun) -> None:
     speedup = run.speedup(run.eager)
     if speedup is not None and speedup > run.policy.excessive_speedup:
-        run.violations.append(violate(run, "implausible_speedup", f"{speedup:.1f}x over eager "
-                                      f"(bound {run.policy.excessive_speedup:g}x)"))
+        run.record(*runtime(violate(run, "implausible_speedup", f"{speedup:.1f}x over eager "
+                                    f"(bound {run.policy.excessive_speedup:g}x)")))
 
 
 RESULT_CHECKS: list[ResultCheck] = [degenerate_problem, torch_only, implausible_speedup]

@@ -28,6 +28,7 @@ from evaluator.checks import (
 from evaluator.correctness import compare_outputs
 from evaluator.harness.precision import precision_check
 from evaluator.harness.timed import note_call_problem, timed_calls
+from evaluator.outcome import Built, Decided, Flagged, Judged, Profiled, Reached, runtime
 from evaluator.protocol import (
     AwaitMsg,
     CallProblemMsg,
@@ -99,7 +100,7 @@ def candidate_job(run: EvalRun, ref: ReferenceJob, build_dir: Path) -> Candidate
     kernels = run.backend not in (None, "torch")
     ghost = _ghost_index(run, ref) if kernels else None
     if kernels and ghost is None:
-        run.flags.append("ghost_check_skipped")
+        run.record(Flagged(flag="ghost_check_skipped"))
     trials = [
         CandTrial(
             index=t.index, kind=t.kind, forward_seed=t.forward_seed, inputs_path=t.inputs_path,
@@ -168,24 +169,23 @@ def on_message(run: EvalRun, job: CandidateJob, seq: Sequence, child: Any, msg: 
     """Judge one message of the candidate child; True once it reported it is done."""
     problem = _out_of_sequence(seq, msg, job)
     if problem is not None:
-        run.violations.append(violate(run, "protocol_violation", f"the candidate process sent "
-                                      f"{problem}"))
+        run.record(*runtime(violate(run, "protocol_violation", f"the candidate process sent "
+                                    f"{problem}")))
         if isinstance(msg, AwaitMsg):
             child.send(Control(next="stop"))
         return False
     if isinstance(msg, StageMsg):
-        if run.status is None:  # a decided verdict keeps the stage it was decided in
-            run.reach(STAGE_OF_CHILD.get(msg.stage, run.stage))  # type: ignore[arg-type]
+        run.record(Reached(stage=STAGE_OF_CHILD.get(msg.stage, run.stage)))  # type: ignore[arg-type]
         run.mark(msg.stage)
     elif isinstance(msg, FlagMsg):
-        run.flags.append(msg.flag)
+        run.record(Flagged(flag=msg.flag))
     elif isinstance(msg, ErrorMsg):
-        if run.status is None:  # a verdict already made (a wrong timed output) stands
-            run.stop(msg.status, STAGE_OF_CHILD.get(msg.stage, run.stage), msg.error)  # type: ignore[arg-type]
+        run.record(Decided(status=msg.status,  # type: ignore[arg-type]
+                           stage=STAGE_OF_CHILD.get(msg.stage, run.stage), error=msg.error))
     elif isinstance(msg, TrialMsg):
         _judge_trial(run, job, msg)
     elif isinstance(msg, ProbeMsg):
-        run.violations += probe_violations(run, msg)
+        run.record(*runtime(*probe_violations(run, msg)))
     elif isinstance(msg, AwaitMsg):
         go = _all_passed(run, job) and not rejected(run) and not compile_failed(run)
         seq.control = "time" if go and job.timing is not None else "stop"
@@ -196,9 +196,9 @@ def on_message(run: EvalRun, job: CandidateJob, seq: Sequence, child: Any, msg: 
     elif isinstance(msg, CallProblemMsg):
         note_call_problem(run, msg.message)
     elif isinstance(msg, ProfileMsg):
-        run.profile = msg.summary
+        run.record(Profiled(summary=msg.summary))
     elif isinstance(msg, CompileMsg):
-        run.compile = msg.log
+        run.record(Built(log=msg.log))
     elif isinstance(msg, DoneMsg):
         seq.done = True
         return True
@@ -212,8 +212,8 @@ def _trial_spec(job: CandidateJob, index: int) -> CandTrial | None:
 def _judge_trial(run: EvalRun, job: CandidateJob, msg: TrialMsg) -> None:
     spec = _trial_spec(job, msg.index)
     if spec is None or any(t.trial == msg.index for t in run.trials):
-        run.violations.append(violate(run, "protocol_violation", f"the candidate process sent "
-                                      f"trial {msg.index}, which is unknown or already judged"))
+        run.record(*runtime(violate(run, "protocol_violation", f"the candidate process sent "
+                                    f"trial {msg.index}, which is unknown or already judged")))
         return
     assert run.reference is not None
     expected = run.reference.expected[msg.index]
@@ -225,18 +225,18 @@ def _judge_trial(run: EvalRun, job: CandidateJob, msg: TrialMsg) -> None:
     else:
         diffs = compare_outputs(expected, got, msg.output_types, tol)
     if any(d.got_type for d in diffs):
-        run.flags.append("non_tensor_output")
+        run.record(Flagged(flag="non_tensor_output"))
     passed = all(d.ok for d in diffs)
-    run.trials.append(CorrectnessTrial(
+    run.record(Judged(trial=CorrectnessTrial(
         trial=msg.index, kind=spec.kind, passed=passed, outputs=diffs,
-        message=None if passed else next((d.message for d in diffs if not d.ok), None)))
-    run.violations += trial_violations(run, msg)
+        message=None if passed else next((d.message for d in diffs if not d.ok), None))))
+    run.record(*runtime(*trial_violations(run, msg)))
     if passed and msg.index in run.reference.expected64:
         precision_check(run, got, expected, run.reference.expected64[msg.index])
     if spec.repeat_output_path is not None and passed:
         again, problem = load_output(Path(spec.repeat_output_path), expected)
         if problem is None:
-            run.violations += determinism(run, got, again, tol)
+            run.record(*runtime(*determinism(run, got, again, tol)))
 
 
 def load_output(path: Path, expected: list[Any]) -> tuple[list[Any], str | None]:
@@ -289,15 +289,14 @@ def final_verdict(run: EvalRun, job: CandidateJob) -> None:
     elif rejected(run):
         run.stop("rejected", run.stage)
     elif missing or timed_failed or not all(judged[k].passed for k in expected):
-        if missing:
-            run.error = ErrorInfo(type="MissingTrials", message=f"trials {missing} never ran")
-        run.stop("incorrect", run.stage)
+        run.stop("incorrect", run.stage, ErrorInfo(
+            type="MissingTrials", message=f"trials {missing} never ran") if missing else None)
     elif job.timing is not None and run.timing is None:
         run.stop("runtime_error", "timing", run.error or ErrorInfo(
             type="NoTiming", message="the timed calls did not complete"))
     elif run.backend == "torch" and run.policy.require_custom_kernel:
-        run.violations.append(violate(run, "no_custom_kernel", "plain PyTorch: the candidate "
-                                      "defines no kernel of its own", severity="reject"))
+        run.record(*runtime(violate(run, "no_custom_kernel", "plain PyTorch: the candidate "
+                                    "defines no kernel of its own", severity="reject")))
         run.stop("rejected", "done")
     else:
         run.stop("correct", "done")

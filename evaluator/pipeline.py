@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from evaluator.checks import result_checks
 from evaluator.config import EvalConfig
+from evaluator.outcome import Flagged
 from evaluator.reference import ReferenceOutput
 from evaluator.result import EvalResult
 from evaluator.stages import (
@@ -54,7 +55,7 @@ def evaluate(problem: Problem | str, candidate_source: str,
                 break
     finally:
         run.cleanup()
-    run.flags += [f"problem_{f}" for f in problem.meta.flags()]
+    run.record(*(Flagged(flag=f"problem_{f}") for f in problem.meta.flags()))
     result_checks(run)
     return run.to_result()
 

@@ -27,6 +27,15 @@ from evaluator.judge import (
     ref_trials,
     served_seeds,
 )
+from evaluator.outcome import (
+    Built,
+    Entered,
+    Flagged,
+    Measured,
+    Observed,
+    Profiled,
+    static,
+)
 from evaluator.precheck import precheck_source
 from evaluator.protocol import (
     CandidateJob,
@@ -63,7 +72,7 @@ def _static(run: EvalRun) -> None:
     run.backend = detect_backend(run.source)
     run.has_custom_kernel = run.backend != "torch"
     for check in STATIC_CHECKS:
-        run.violations += check(run.source, run.backend, run.policy.name)
+        run.record(*static(*check(run.source, run.backend, run.policy.name)))
     if any(v.severity == "reject" for v in run.violations):
         run.stop("rejected", "static")
     (run.root / "cand" / "candidate.py").write_text(run.source)
@@ -76,8 +85,8 @@ def _syntax_error(run: EvalRun, exc: SyntaxError) -> None:
     # The backend cannot be parsed out of a file that does not parse; a guess is enough here.
     guess = "cuda" if "load_inline" in run.source else "triton" if "triton" in run.source else "torch"
     where = f'  File "candidate.py", line {exc.lineno}\n    {(exc.text or "").rstrip()}'
-    run.compile = make_compile_log(guess, False, f"{where}\nSyntaxError: {exc.msg}",
-                                   [diagnostic_from_exception(exc, "candidate.py")], None)
+    run.record(Built(log=make_compile_log(guess, False, f"{where}\nSyntaxError: {exc.msg}",
+                                          [diagnostic_from_exception(exc, "candidate.py")], None)))
     run.stop("compile_error", "static", ErrorInfo(
         type=type(exc).__name__, message=f"{exc.msg} (line {exc.lineno})", traceback=where))
 
@@ -86,7 +95,7 @@ def compile_stage(run: EvalRun) -> None:
     """CUDA candidates: build their extensions into the cache (GPU machine) or compile-check
     them with nvcc (no GPU), in a child that cannot touch the GPU. Triton kernels compile at
     their first launch (GPU) or are compiled for sm_90 after the interpreter ran them (CPU)."""
-    run.stage = "compile"
+    run.record(Entered(stage="compile"))
     if run.backend != "cuda":
         return
     with run.timed("compile"):
@@ -104,7 +113,7 @@ def _compile(run: EvalRun) -> None:
         error, done = None, False
         for msg in child.messages():
             if isinstance(msg, CompileMsg):
-                run.compile = msg.log
+                run.record(Built(log=msg.log))
             elif isinstance(msg, ErrorMsg):
                 error = msg
             elif isinstance(msg, DoneMsg):
@@ -118,7 +127,7 @@ def _compile(run: EvalRun) -> None:
     if error is not None and error.status == "compile_error":
         run.stop("compile_error", "compile", error.error)
     elif log_ is not None and log_.infra_error:
-        run.flags.append("compile_check_incomplete")
+        run.record(Flagged(flag="compile_check_incomplete"))
     elif log_ is not None and not log_.ok:
         run.stop("compile_error", "compile", ErrorInfo(
             type="CompileError", message=first_diagnostic(run)))
@@ -127,7 +136,7 @@ def _compile(run: EvalRun) -> None:
     # A runtime error while importing only to compile is judged where the candidate really runs.
     if run.status is None and run.on_cpu:
         run.stop("not_run", "compile")
-        run.flags.append("not_run:no_gpu")
+        run.record(Flagged(flag="not_run:no_gpu"))
 
 
 def build_dir(run: EvalRun) -> Path:
@@ -153,7 +162,7 @@ def reference_stage(run: EvalRun, job: ReferenceJob | None = None,
     """Reference worker: probe-trial inputs (to the candidate's dir) and expected outputs (kept
     in the harness's memory only); then its served calls, timed by the harness: the handshake,
     the eager baseline and the expected output of every timed call; the compile baseline."""
-    run.stage = "correctness"
+    run.record(Entered(stage="correctness"))
     job = job or reference_job(run)
     serving = serving or reference_serving(run)
     env = {"TORCHINDUCTOR_CACHE_DIR": str(private_dir(run.config.cache_dir) / "inductor")}
@@ -169,10 +178,10 @@ def reference_stage(run: EvalRun, job: ReferenceJob | None = None,
     run.reference = out
     run.stage_seconds.update(out.stage_seconds)
     kinds = job.baselines
-    run.env = out.env
-    run.eager = out.eager if "eager" in kinds else None
-    run.compiled = out.compiled if "compile" in kinds else None
-    run.flags += out.flags
+    run.record(Observed(env=out.env),
+               Measured(what="eager", stats=out.eager if "eager" in kinds else None),
+               Measured(what="compiled", stats=out.compiled if "compile" in kinds else None),
+               *(Flagged(flag=f) for f in out.flags))
 
 
 def reference_job(run: EvalRun) -> ReferenceJob:
@@ -209,7 +218,7 @@ def baseline_kinds(run: EvalRun) -> list[str]:
 
 def candidate_stage(run: EvalRun) -> None:
     """Run the candidate child and judge what it produces, trial by trial (evaluator.judge)."""
-    run.stage = "load"
+    run.record(Entered(stage="load"))
     job = candidate_job(run, reference_job(run), build_dir(run))
     seq = Sequence()
     done = False
@@ -246,9 +255,9 @@ def _ncu_pass(run: EvalRun, job: CandidateJob) -> None:
     env = child_env(workdir / "home", run.device, _candidate_env(run))
     metrics = ncu_metrics(cmd, re.escape(bare_name(top.name)), env, run.config.timeouts.profile)
     if metrics is None:
-        run.flags.append("ncu_unavailable")
+        run.record(Flagged(flag="ncu_unavailable"))
         return
-    run.profile = run.profile.model_copy(update={"ncu": metrics})
+    run.record(Profiled(summary=run.profile.model_copy(update={"ncu": metrics})))
 
 
 def _candidate_env(run: EvalRun) -> dict[str, str]:

@@ -18,7 +18,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -27,6 +26,7 @@ from pathlib import Path
 from evaluator import __version__, isolation
 from evaluator.config import EvalConfig, Policy
 from evaluator.isolation import SandboxPlan
+from evaluator.outcome import Decided, Finding, Flagged, fold
 from evaluator.protocol import Control, ProblemSpec, TimingSpec
 from evaluator.reference import ReferenceOutput
 from evaluator.result import (
@@ -48,7 +48,6 @@ from problems.registry import Problem
 
 log = logging.getLogger(__name__)
 
-_STAGE_ORDER: tuple[Stage, ...] = typing.get_args(Stage)
 _device_locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
 
@@ -143,6 +142,8 @@ class EvalRun:
     precision: PrecisionCheck | None = None
     sandbox: SandboxPlan | None = None
     """How candidate code runs (uid, capabilities); see `evaluator.isolation`."""
+    findings: list[Finding] = field(default_factory=list)
+    """Everything the stages found, in order (`evaluator.outcome`)."""
     _mark: tuple[str, float] | None = None
 
     @classmethod
@@ -177,16 +178,16 @@ class EvalRun:
     def child_device(self) -> str:
         return "cpu" if self.on_cpu else "cuda"
 
-    def stop(self, status: Status, stage: Stage, error: ErrorInfo | None = None) -> None:
-        self.status, self.stage = status, stage
-        if error is not None:
-            self.error = error
+    def record(self, *findings: Finding) -> None:
+        """Fold findings into the run (`evaluator.outcome.fold`: the only writer of the
+        verdict, its stage, trials, violations, flags and measurements)."""
+        for f in findings:
+            self.findings.append(f)
+            fold(self, f)
 
-    def reach(self, stage: Stage) -> None:
-        """Record that `stage` ran; `stage` never moves back (the sm_90 check of a Triton
-        candidate's kernels runs after its correctness trials, which it does not undo)."""
-        if _STAGE_ORDER.index(stage) > _STAGE_ORDER.index(self.stage):
-            self.stage = stage
+    def stop(self, status: Status, stage: Stage, error: ErrorInfo | None = None) -> None:
+        """A verdict (`Decided`: the first one stands)."""
+        self.record(Decided(status=status, stage=stage, error=error))
 
     def gpu_lock(self) -> contextlib.AbstractContextManager[None]:
         """The device lock of this evaluation's GPU stages (see `device_lock`); its file lives in
@@ -285,7 +286,7 @@ class EvalRun:
         if plan is not None:
             isolation.give_to(plan, workdir)
             if plan.same_uid:
-                self.flags.append("isolation_same_uid")
+                self.record(Flagged(flag="isolation_same_uid"))
         return child
 
     @property

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from evaluator.checks import violate
+from evaluator.outcome import Flagged, Precision, runtime
 from evaluator.result import PrecisionCheck
 
 if TYPE_CHECKING:
@@ -54,12 +55,12 @@ def precision_check(run: EvalRun, got: list[Any], expected: list[Any],
         return
     cand, ref = _worst(got, expected64), _worst(expected, expected64)
     if cand is None or ref is None:
-        run.flags.append("precision_check_unavailable")
+        run.record(Flagged(flag="precision_check_unavailable"))
         return
     ok = cand <= factor * max(ref, FLOOR)
-    run.precision = PrecisionCheck(candidate_rel_err=cand, reference_rel_err=ref, factor=factor,
-                                   floor=FLOOR, ok=ok)
+    run.record(Precision(check=PrecisionCheck(candidate_rel_err=cand, reference_rel_err=ref,
+                                              factor=factor, floor=FLOOR, ok=ok)))
     if not ok:
-        run.violations.append(violate(
+        run.record(*runtime(violate(
             run, "precision_below_fp32", f"relative RMS error against float64 {cand:.2e}, the "
-            f"fp32 reference's {ref:.2e} (more than {factor:g}x)"))
+            f"fp32 reference's {ref:.2e} (more than {factor:g}x)")))

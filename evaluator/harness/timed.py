@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from evaluator.checks import violate
 from evaluator.harness.clock import CallResult, ChannelBroken
 from evaluator.harness.served import CallPlan, decode, run_plan, timing_stats
+from evaluator.outcome import Decided, Entered, Failed, Judged, Measured, Noted, runtime
 from evaluator.protocol import Control
 from evaluator.result import CorrectnessTrial, ErrorInfo, OutputDiff
 from evaluator.worker.serve import BAD_OUTPUT, OK
@@ -27,23 +28,25 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
     assert ref is not None and child.calls is not None
     if ref.layout is None or ref.served is None:
         child.send(Control(next="stop"))
-        run.error = ErrorInfo(type="NoReferenceCalls", message="the reference served no calls")
+        run.record(Failed(error=ErrorInfo(type="NoReferenceCalls",
+                                          message="the reference served no calls")))
         return
     layout, store = ref.layout, ref.served
     child.calls.set_layout(layout)
     child.calls.spin = not run.on_cpu
     child.send(Control(next="serve", data=layout.model_dump_json()))
-    run.stage = "timing"
+    run.record(Entered(stage="timing"))
     run.mark("timing")
     tol = run.policy.tolerance(run.config.precision)
     failed: list[int] = []
 
     def fail(i: int, message: str, diffs: list[OutputDiff] | None = None) -> bool:
         failed.append(i)
-        run.trials.append(CorrectnessTrial(trial=TIMED_TRIAL_BASE + i, kind="timed", passed=False,
-                                           outputs=diffs or [], message=message))
         # Decided here: whatever the process does next (hang, crash) does not change it.
-        run.stop("incorrect", "timing")
+        run.record(Judged(trial=CorrectnessTrial(trial=TIMED_TRIAL_BASE + i, kind="timed",
+                                                 passed=False, outputs=diffs or [],
+                                                 message=message)),
+                   Decided(status="incorrect", stage="timing"))
         return False
 
     def on_output(i: int, r: CallResult) -> bool:
@@ -73,7 +76,7 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
                 f"{run.config.timeouts.timing:g} s"))
         elif e.kind == "protocol":
             v = violate(run, "protocol_violation", str(e))
-            run.violations.append(v)
+            run.record(*runtime(v))
             if v.severity == "reject":  # decided here: the kill that follows is ours
                 run.stop("rejected", "timing")
         return
@@ -88,14 +91,14 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
     # The worker's own event median rides along as data only: on the H200 the clock's overhead
     # differs between processes by more than any threshold that would catch forged events
     # (GPU_VALIDATION.md, 2026-12-01), and the number of record is the clock's either way.
-    run.timing = timing_stats(served, ref.handshake_ms, on_cuda=not run.on_cpu,
-                              null_call_ms=ref.null_call_ms,
-                              calibrated_overhead_ms=ref.calibrated_overhead_ms)
+    run.record(Measured(what="timing", stats=timing_stats(
+        served, ref.handshake_ms, on_cuda=not run.on_cpu, null_call_ms=ref.null_call_ms,
+        calibrated_overhead_ms=ref.calibrated_overhead_ms)))
 
 
 def note_call_problem(run: EvalRun, message: str) -> None:
     """The worker's account of why its output could not be served, on the failed call."""
-    for i, t in enumerate(run.trials):
+    for t in run.trials:
         if t.kind == "timed" and t.message == _UNSERVED:
-            run.trials[i] = t.model_copy(update={"message": f"{_UNSERVED}: {message[:500]}"})
+            run.record(Noted(trial=t.trial, message=f"{_UNSERVED}: {message[:500]}"))
             return

@@ -1,0 +1,162 @@
+"""What the stages of an evaluation find, as typed records, and the one place they are folded.
+
+Stages, the judge of the candidate's messages and the checks do not write the run's verdict
+fields: each finding is a record below, handed to `EvalRun.record`, which folds it by the rules
+of `fold` and keeps the ordered list (`EvalRun.findings`). The rules that used to be scattered
+as guards beside each assignment live here:
+
+- the first `Decided` stands: a verdict decided on a wrong timed output is not undone by the
+  crash or the error report of the process killed after it; it keeps the stage it was decided
+  in;
+- before that, `Reached` (a stage a child reported) never moves the stage back (the sm_90 check
+  of a Triton candidate's kernels runs after its correctness trials, which it does not undo);
+  `Entered` (a stage the harness starts) sets it;
+- a runtime rule's `Violated` also raises its flag (`Violated.flag`);
+- `Noted` amends the message of a trial already judged (the worker's account of a failed call
+  arrives after the harness judged it).
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from evaluator.result import (
+    CompileLog,
+    CorrectnessTrial,
+    EnvInfo,
+    ErrorInfo,
+    PrecisionCheck,
+    ProfileSummary,
+    Stage,
+    Status,
+    TimingStats,
+    Violation,
+)
+
+if TYPE_CHECKING:
+    from evaluator.state import EvalRun
+
+_STAGE_ORDER: tuple[Stage, ...] = typing.get_args(Stage)
+
+
+class _Finding(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Decided(_Finding):
+    """The verdict, with the stage it was decided in (and the error, if one says why)."""
+
+    status: Status
+    stage: Stage
+    error: ErrorInfo | None = None
+
+
+class Entered(_Finding):
+    stage: Stage
+
+
+class Reached(_Finding):
+    stage: Stage
+
+
+class Flagged(_Finding):
+    flag: str
+
+
+class Violated(_Finding):
+    violation: Violation
+    flag: bool = False
+    """A runtime rule: its name joins the flags too."""
+
+
+class Judged(_Finding):
+    trial: CorrectnessTrial
+
+
+class Noted(_Finding):
+    trial: int
+    message: str
+
+
+class Failed(_Finding):
+    """An error known before (or without) a verdict of its own."""
+
+    error: ErrorInfo
+
+
+class Measured(_Finding):
+    what: Literal["timing", "eager", "compiled"]
+    stats: TimingStats | None
+
+
+class Built(_Finding):
+    log: CompileLog
+
+
+class Profiled(_Finding):
+    summary: ProfileSummary
+
+
+class Observed(_Finding):
+    env: EnvInfo | None
+
+
+class Precision(_Finding):
+    check: PrecisionCheck
+
+
+Finding = (Decided | Entered | Reached | Flagged | Violated | Judged | Noted | Failed | Measured
+           | Built | Profiled | Observed | Precision)
+
+
+def runtime(*violations: Violation) -> list[Violated]:
+    """Violations of runtime rules, as findings (their names join the flags)."""
+    return [Violated(violation=v, flag=True) for v in violations]
+
+
+def static(*violations: Violation) -> list[Violated]:
+    return [Violated(violation=v) for v in violations]
+
+
+def fold(run: EvalRun, f: Finding) -> None:
+    """Apply one finding to the run (the only writer of the verdict's fields)."""
+    if isinstance(f, Decided):
+        if run.status is None:
+            run.status, run.stage = f.status, f.stage
+            if f.error is not None:
+                run.error = f.error
+    elif isinstance(f, Entered):
+        if run.status is None:  # a decided verdict keeps the stage it was decided in
+            run.stage = f.stage
+    elif isinstance(f, Reached):
+        if run.status is None and _STAGE_ORDER.index(f.stage) > _STAGE_ORDER.index(run.stage):
+            run.stage = f.stage
+    elif isinstance(f, Flagged):
+        run.flags.append(f.flag)
+    elif isinstance(f, Violated):
+        run.violations.append(f.violation)
+        if f.flag:
+            run.flags.append(f.violation.rule)
+    elif isinstance(f, Judged):
+        run.trials.append(f.trial)
+    elif isinstance(f, Noted):
+        for i, t in enumerate(run.trials):
+            if t.trial == f.trial:
+                run.trials[i] = t.model_copy(update={"message": f.message})
+    elif isinstance(f, Failed):
+        run.error = f.error
+    elif isinstance(f, Measured):
+        setattr(run, f.what, f.stats)
+    elif isinstance(f, Built):
+        run.compile = f.log
+    elif isinstance(f, Profiled):
+        run.profile = f.summary
+    elif isinstance(f, Observed):
+        run.env = f.env
+    elif isinstance(f, Precision):
+        run.precision = f.check
+    else:  # pragma: no cover - a new kind of finding without a rule
+        raise TypeError(f"no rule folds a {type(f).__name__}")

@@ -1,0 +1,66 @@
+"""The rules by which findings become a verdict (`evaluator.outcome.fold`), on a real EvalRun."""
+
+from __future__ import annotations
+
+import pytest
+from eval_helpers import cpu_config
+
+from evaluator.outcome import (
+    Decided,
+    Entered,
+    Flagged,
+    Judged,
+    Measured,
+    Noted,
+    Reached,
+    runtime,
+    static,
+)
+from evaluator.result import CorrectnessTrial, ErrorInfo, TimingStats, Violation
+from evaluator.state import EvalRun
+from problems.registry import get_problem
+
+
+@pytest.fixture
+def run(tmp_path):
+    r = EvalRun.create(get_problem("L3/1"), "", cpu_config(tmp_path / "cache"))
+    yield r
+    r.cleanup()
+
+
+def test_the_first_verdict_stands_with_its_stage_and_error(run):
+    run.record(Entered(stage="timing"),
+               Decided(status="incorrect", stage="timing"),
+               Decided(status="runtime_error", stage="load",
+                       error=ErrorInfo(type="SIGKILL", message="killed after the verdict")))
+    assert (run.status, run.stage, run.error) == ("incorrect", "timing", None)
+
+
+def test_stages_move_forward_only_from_children_and_stay_once_decided(run):
+    run.record(Entered(stage="correctness"), Reached(stage="load"))
+    assert run.stage == "correctness"  # a child's report never moves it back
+    run.record(Reached(stage="timing"))
+    assert run.stage == "timing"
+    run.record(Entered(stage="load"))  # the harness starting a stage sets it
+    assert run.stage == "load"
+    run.record(Decided(status="rejected", stage="static"), Reached(stage="done"),
+               Entered(stage="timing"))
+    assert run.stage == "static"
+
+
+def test_runtime_violations_raise_their_flag_and_static_ones_do_not(run):
+    v = Violation(rule="deferred_work", severity="reject", message="m")
+    w = Violation(rule="dynamic_code", severity="flag", message="m")
+    run.record(*runtime(v), *static(w), Flagged(flag="ghost_check_skipped"))
+    assert run.violations == [v, w]
+    assert run.flags == ["deferred_work", "ghost_check_skipped"]
+
+
+def test_a_note_amends_the_judged_trial_and_findings_are_kept_in_order(run):
+    t = CorrectnessTrial(trial=1003, kind="timed", passed=False, message="unserved")
+    stats = TimingStats(median_ms=1.0, mean_ms=1.0, std_ms=0.0, min_ms=1.0, max_ms=1.0,
+                        iqr_ms=0.0, n_trials=1, clock="harness", comparable=False)
+    run.record(Judged(trial=t), Noted(trial=1003, message="unserved: shape"),
+               Measured(what="eager", stats=stats))
+    assert run.trials[0].message == "unserved: shape" and run.eager == stats
+    assert [type(f).__name__ for f in run.findings] == ["Judged", "Noted", "Measured"]
