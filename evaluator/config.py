@@ -168,6 +168,9 @@ class EvalConfig(BaseModel):
     """Start reference, candidate and compile children as forks of a template process that has
     imported torch and kloop's worker modules but never touched the device (Linux; elsewhere,
     or if the template fails, children start as fresh interpreters)."""
+    hidden_from_builds: list[str] = []
+    """More paths a compile child cannot open, besides the GPU's device nodes (which are always
+    hidden from it where the harness can: a root harness and the template process)."""
     ncu: bool = False
     """Also collect Nsight Compute metrics for the top custom kernel (GPU with ncu only)."""
     triton_aot: bool = True

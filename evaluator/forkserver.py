@@ -70,7 +70,8 @@ class ForkServer:
         self._broken = False
 
     def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, fds: list[int],
-              targets: list[int], uid: int | None, gid: int | None) -> int | None:
+              targets: list[int], uid: int | None, gid: int | None,
+              hide: list[str] | None = None) -> int | None:
         """Fork a child (the caller holds `isolation.SPAWN_LOCK` and registers the pid); None
         when the template cannot do it."""
         with self._lock:
@@ -78,7 +79,7 @@ class ForkServer:
             if sock is None:
                 return None
             req = ForkRequest(argv=argv, env=env, cwd=str(cwd), fd_targets=targets, uid=uid,
-                              gid=gid)
+                              gid=gid, hide=hide or [])
             try:
                 socket.send_fds(sock, [req.model_dump_json().encode()], fds)
                 sock.settimeout(_REPLY_TIMEOUT_S)
@@ -144,6 +145,24 @@ class ForkServer:
                 except subprocess.TimeoutExpired:
                     self._proc.kill()
                 self._proc = None
+
+
+GPU_NODES = "/dev/nvidia*"
+
+
+def gpu_nodes() -> list[str]:
+    """The GPU's device nodes (character devices) on this machine."""
+    import glob
+    import stat
+
+    out = []
+    for path in sorted(glob.glob(GPU_NODES)):
+        try:
+            if stat.S_ISCHR(os.stat(path).st_mode):
+                out.append(path)
+        except OSError:
+            pass
+    return out
 
 
 def usable() -> bool:

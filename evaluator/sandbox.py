@@ -125,6 +125,10 @@ class Child:
         self.mode, self.workdir, self.env = mode, workdir, env
         self.template = template
         """Fork the child from the template process (`evaluator.forkserver`) when it can."""
+        self.hide: list[str] = []
+        """Paths the child cannot open (a template-forked child only): a compile child runs
+        candidate code outside the device lock, so the GPU's device nodes are hidden from it
+        and it cannot load the GPU while another evaluation is timed."""
         self.calls: CallChannel | None = CallChannel.open() if serves else None
         """The trusted clock's call channel (`evaluator.harness.clock`) when the child serves."""
         self.sandbox = sandbox
@@ -190,7 +194,7 @@ class Child:
         try:
             pid = forkserver.server().spawn(
                 argv, self.env, self.workdir, theirs + list(fds), [0, 1, 2] + numbers,
-                identity.get("user"), identity.get("group"))
+                identity.get("user"), identity.get("group"), self.hide)
         finally:
             for fd in theirs:
                 os.close(fd)

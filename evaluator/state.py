@@ -283,6 +283,10 @@ class EvalRun:
         plan = self.sandbox if mode in ("candidate", "compile") else None
         child = Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes, plan,
                       serves=serves, template=c.template_process)
+        if mode == "compile":
+            from evaluator.forkserver import gpu_nodes
+
+            child.hide = gpu_nodes() + list(c.hidden_from_builds)
         if plan is not None:
             isolation.give_to(plan, workdir)
             if plan.same_uid:

@@ -48,6 +48,11 @@ class ForkRequest(BaseModel):
     """Where each attached fd goes in the child: 0, 1, 2, then the passed fds' numbers."""
     uid: int | None = None
     gid: int | None = None
+    hide: list[str] = []
+    """Paths the child must not open (the GPU's device nodes, for a compile child that runs
+    candidate code outside the device lock): /dev/null is bind-mounted over each, in a mount
+    namespace of the child's own. Needs CAP_SYS_ADMIN (a root harness); without it the child
+    starts anyway and says so on stderr."""
 
 
 def preload() -> None:
@@ -130,6 +135,8 @@ def _become_child(req: ForkRequest, fds: list[int], sock: socket.socket) -> None
         tempfile.tempdir = None  # TMPDIR is the child's own
         sys.dont_write_bytecode = True
         _libc_dumpable(1)  # the template is not dumpable; its children are, as if exec'd
+        if req.hide:
+            _hide(req.hide)
         if req.gid is not None:
             os.setgroups([])
             os.setgid(req.gid)
@@ -154,6 +161,23 @@ def _become_child(req: ForkRequest, fds: list[int], sock: socket.socket) -> None
         sys.stderr.flush()
     finally:
         os._exit(rc)
+
+
+_CLONE_NEWNS = 0x00020000
+_MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 0x40000
+
+
+def _hide(paths: list[str]) -> None:
+    """A mount namespace of our own in which each path is /dev/null (before dropping root)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWNS) != 0 or \
+            libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        print(f"kloop: could not hide {len(paths)} device path(s): errno {ctypes.get_errno()}",
+              file=sys.stderr)
+        return
+    for path in paths:
+        if libc.mount(b"/dev/null", path.encode(), None, _MS_BIND, None) != 0:
+            print(f"kloop: could not hide {path}: errno {ctypes.get_errno()}", file=sys.stderr)
 
 
 def _open_fds() -> list[int]:

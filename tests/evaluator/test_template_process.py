@@ -84,3 +84,39 @@ def test_a_forked_child_initialises_the_gpu_and_is_timed(tmp_path):
         tmp_path / "cache", policy="kernelbench", device="cuda", problem_overrides=MLP_SMALL))
     assert r.status == "correct" and r.timing is not None, r.error
     assert json.loads(out.read_text())["template"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="hiding paths needs a root harness")
+def test_a_compile_child_cannot_open_what_is_hidden_from_builds(tmp_path):
+    """The compile child runs candidate code outside the device lock; the GPU's device nodes
+    (here a stand-in file, through `hidden_from_builds`) are /dev/null in its mount namespace,
+    so it cannot load the GPU while another evaluation is being timed."""
+    secret = tmp_path / "nvidia-standin"
+    secret.write_text("the device")
+    out = tmp_path / "seen.txt"
+    src = candidate("mlp_cuda_relu.py")  # a CUDA candidate: it has a compile stage
+    peek = f"open({str(out)!r}, 'w').write(open({str(secret)!r}).read() + '\\n')"
+    src = src.replace("import torch.nn as nn", f"import torch.nn as nn\n{peek}", 1)
+    evaluate("L3/1", src, cpu_config(tmp_path / "cache", policy="kernelbench",
+                                     hidden_from_builds=[str(secret)]))
+    seen = out.read_text().splitlines()
+    assert seen and all(line == "" for line in seen), seen  # /dev/null, every time it ran
+    assert secret.read_text() == "the device"  # and nothing changed outside the child
+
+
+@pytest.mark.gpu
+def test_a_compile_child_cannot_reach_the_gpu_even_when_it_asks_for_it(tmp_path):
+    """On a GPU: candidate code in the compile child sets CUDA_VISIBLE_DEVICES back before CUDA
+    starts; the device nodes are /dev/null there, so it still sees no GPU (the candidate child,
+    under the device lock, does)."""
+    out = tmp_path / "seen.txt"
+    peek = ("import os as _os\n"
+            "if _os.path.basename(_os.getcwd()) == 'compile':\n"
+            "    _os.environ['CUDA_VISIBLE_DEVICES'] = '0'\n"
+            "    import torch as _t\n"
+            f"    open({str(out)!r}, 'w').write(str(_t.cuda.is_available()))\n")
+    src = candidate("mlp_cuda_relu.py").replace("import torch.nn as nn",
+                                                f"import torch.nn as nn\n{peek}", 1)
+    r = evaluate("L3/1", src, cpu_config(tmp_path / "cache", policy="kernelbench", device="cuda",
+                                         problem_overrides=MLP_SMALL))
+    assert out.read_text() == "False", r.status
