@@ -105,8 +105,11 @@ class ForkServer:
             return None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "HOME")}
+        # No device, and no BLAS thread pool: a fork copies only the forking thread, so the
+        # template keeps to one (numpy's OpenBLAS would start one per core at import).
         env.update(PYTHONPATH=str(Path(__file__).resolve().parent.parent), PYTHONUNBUFFERED="1",
-                   PYTHONDONTWRITEBYTECODE="1", CUDA_VISIBLE_DEVICES="")
+                   PYTHONDONTWRITEBYTECODE="1", CUDA_VISIBLE_DEVICES="",
+                   OPENBLAS_NUM_THREADS="1")
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "evaluator.worker.zygote", str(theirs.fileno())],
