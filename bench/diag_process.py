@@ -1,68 +1,123 @@
-"""Why is the candidate process slower than the reference worker for the same code (GPU)?
+"""Why does the same code time slower in the candidate process than in the reference worker
+(GPU machine)?
 
-    python bench/diag_process.py
+    python bench/diag_process.py [--batch 8]
 
-One kernelbench-policy evaluation (no baselines) of the reference's own code, with a forward
-that, on its first calls, writes what the process looks like (uid, no_new_privs, speculation
-mitigations, CPU affinity, torch modes and hooks) and how long launching 200 tiny ops takes, to
-/tmp/kloop-diag-<pid>.txt; this process writes the same about itself for comparison.
+One kernelbench-policy evaluation of L3/1 at a small size, where both the reference (from a
+temporary copy of the problem) and the candidate (the same code as `ModelNew`) carry a probe in
+their forward. On a few calls during serving the probe times, inside its own process, 50 of its
+own forwards and 200 one-element adds with CUDA events, and writes what the process looks like
+(uid, no_new_privs, speculation mitigations, threads, torch flags) to
+/tmp/kloop-diag-<pid>.txt. The same timings are then taken in this process. If the two workers
+agree in-process but not on the harness's clock, the difference is in serving; if they differ
+in-process, it is in the process.
 """
 
 from __future__ import annotations
 
+import argparse
 import glob
+import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "bench")]
+sys.path[:0] = [str(REPO)]
 
 PROBE = '''
-import os as _o, sys as _s, time as _t, torch as _torch
-def _kloop_diag(tag):
-    st = open("/proc/self/status").read().splitlines()
-    keep = [l for l in st if l.split(":")[0] in ("Uid", "NoNewPrivs", "Seccomp", "Speculation_Store_Bypass",
-            "SpeculationIndirectBranch", "Cpus_allowed_list", "Threads", "voluntary_ctxt_switches")]
-    x = _torch.ones(4, device="cuda" if _torch.cuda.is_available() else "cpu")
-    _torch.cuda.synchronize()
-    a = _t.perf_counter()
-    for _ in range(200):
-        x = x + 1
-    _torch.cuda.synchronize()
-    us = (_t.perf_counter() - a) / 200 * 1e6
-    info = dict(tag=tag, pid=_o.getpid(), launch_us=round(us, 2),
-                tf_modes=_torch._C._len_torch_function_stack(), profile=str(_s.getprofile()),
-                trace=str(_s.gettrace()), grad=_torch.is_grad_enabled(),
-                profiler=_torch.autograd.profiler._is_profiler_enabled,
-                env={k: v for k, v in _o.environ.items() if "CUDA" in k or "TORCH" in k or "CUPTI" in k})
+import json as _j, os as _o, statistics as _st, sys as _s, time as _t, torch as _torch
+_kloop_calls = [0]
+def _kloop_diag(model, x):
+    _kloop_calls[0] += 1
+    if _kloop_calls[0] not in (8, 40):
+        return
+    cuda = x.is_cuda
+    def timed(fn, n):
+        out = []
+        for _ in range(n):
+            if cuda:
+                a, b = _torch.cuda.Event(enable_timing=True), _torch.cuda.Event(enable_timing=True)
+                a.record(); fn(); b.record(); b.synchronize(); out.append(a.elapsed_time(b))
+            else:
+                t = _t.perf_counter(); fn(); out.append((_t.perf_counter() - t) * 1e3)
+        return _st.median(out)
+    y = _torch.ones(1, device=x.device)
+    status = {l.split(":")[0]: l.split(":", 1)[1].strip() for l in open("/proc/self/status")
+              if l.split(":")[0] in ("Uid", "NoNewPrivs", "Seccomp", "Threads",
+                                     "Speculation_Store_Bypass", "SpeculationIndirectBranch")}
+    b = _torch.backends
+    info = dict(tag=type(model).__name__, pid=_o.getpid(), call=_kloop_calls[0],
+                forward_ms=timed(lambda: model.network(x), 50),
+                add_ms=timed(lambda: y + 1, 200),
+                tasks=sorted(open(f"/proc/self/task/{t}/comm").read().strip()
+                             for t in _o.listdir("/proc/self/task")),
+                flags=dict(tf32=b.cuda.matmul.allow_tf32, cudnn_tf32=b.cudnn.allow_tf32,
+                           bench=b.cudnn.benchmark, det=_torch.are_deterministic_algorithms_enabled(),
+                           threads=_torch.get_num_threads(), grad=_torch.is_grad_enabled(),
+                           tf_modes=_torch._C._len_torch_function_stack(),
+                           profile=str(_s.getprofile()), trace=str(_s.gettrace())),
+                params=[(tuple(p.shape), p.is_contiguous(), str(p.dtype)) for p in model.parameters()],
+                status=status)
     with open(f"/tmp/kloop-diag-{_o.getpid()}.txt", "a") as f:
-        f.write(repr(info) + "\\n" + "\\n".join(keep) + "\\n")
-_kloop_n = [0]
+        f.write(_j.dumps(info) + "\\n")
 '''
 
 
 def main() -> None:
-    from clock import honest_source
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+
+    import torch
 
     from evaluator.config import EvalConfig
     from evaluator.pipeline import evaluate
+    from problems.registry import get_problem
 
-    src = honest_source("L3/1")
-    src = src.replace("class ModelNew(", PROBE + "\nclass ModelNew(", 1)
-    src = src.replace("    def forward(self, x):", "    def forward(self, x):\n"
-                      "        _kloop_n[0] += 1\n"
-                      "        if _kloop_n[0] in (1, 30, 200):\n"
-                      "            _kloop_diag(f'candidate call {_kloop_n[0]}')", 1)
-    cfg = EvalConfig(device="cuda", policy="kernelbench", baselines="none", profile=False,
-                     problem_overrides={"batch_size": 8, "input_size": 1024, "layer_sizes": [1024],
-                                        "output_size": 1024})
-    r = evaluate("L3/1", src, cfg)
-    print(r.status, r.error, r.timing)
-    exec(compile(PROBE, "probe", "exec"), globals())  # after: the harness keeps no CUDA context
-    globals()["_kloop_diag"]("bench process")
-    for p in sorted(glob.glob("/tmp/kloop-diag-*.txt")):
-        print(p)
-        print(Path(p).read_text())
+    for old in glob.glob("/tmp/kloop-diag-*.txt"):
+        os.unlink(old)
+    ref = get_problem("L3/1").path.read_text()
+    probed = ref.replace("class Model(", PROBE + "\nclass Model(", 1).replace(
+        "        return self.network(x)", "        _kloop_diag(self, x)\n        return self.network(x)", 1)
+    folder = Path(tempfile.mkdtemp(prefix="kloop-diag-")) / "level3"
+    folder.mkdir()
+    (folder / "1_MLP.py").write_text(probed)
+    problem = get_problem("L3/1", problems_dir=folder)
+    cand = probed.replace("class Model(", "class ModelNew(").replace("super(Model,", "super(ModelNew,")
+    sizes = {"batch_size": args.batch, "input_size": 1024, "layer_sizes": [1024],
+             "output_size": 1024}
+    cfg = EvalConfig(device=args.device, policy="kernelbench", baselines="eager", profile=False,
+                     problem_overrides=sizes)
+    r = evaluate(problem, cand, cfg)
+    t = r.timing
+    print("status", r.status, r.error or "")
+    if t is not None and r.eager is not None:
+        print(f"harness clock: candidate raw {t.raw_median_ms:.4f} ms (its events "
+              f"{t.worker_event_median_ms}), reference raw {r.eager.raw_median_ms:.4f} ms (its "
+              f"events {r.eager.worker_event_median_ms}); speedup {r.speedup_vs_eager}")
+    for path in sorted(glob.glob("/tmp/kloop-diag-*.txt")):
+        for line in Path(path).read_text().splitlines():
+            d = json.loads(line)
+            print(f"{d['tag']:>9} pid {d['pid']} call {d['call']}: forward {d['forward_ms']:.4f} ms, "
+                  f"add {d['add_ms']:.4f} ms; tasks {len(d['tasks'])}; {d['flags']}; "
+                  f"{d['status']}")
+    # The same model and add, in this process (CUDA first touched here, after the evaluation).
+    ns: dict = {}
+    exec(compile(ref, "reference", "exec"), ns)
+    torch.manual_seed(42)
+    model = ns["Model"](1024, [1024], 1024).to(args.device)
+    x = torch.randn(args.batch, 1024, device=args.device)
+    exec(compile(PROBE, "probe", "exec"), ns)
+    ns["_kloop_calls"][0] = 7
+    with torch.no_grad():
+        ns["_kloop_diag"](model, x)
+    for path in sorted(glob.glob(f"/tmp/kloop-diag-{os.getpid()}.txt")):
+        d = json.loads(Path(path).read_text().splitlines()[-1])
+        print(f"{'bench':>9} pid {d['pid']}: forward {d['forward_ms']:.4f} ms, add "
+              f"{d['add_ms']:.4f} ms; tasks {len(d['tasks'])}")
 
 
 if __name__ == "__main__":
