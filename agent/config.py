@@ -177,7 +177,8 @@ class RunConfig(_Config):
 # already holds its problem's hash): changing them must not change episode keys.
 _OPERATIONAL = {"problems", "level", "problems_dir", "concurrency", "runs_dir", "run_id"}
 # The evaluator's machine-local knobs: where caches and work dirs live, what is kept for debugging.
-_EVAL_OPERATIONAL = {"cache_dir", "work_root", "keep_workdir", "device_lock", "output_tail_bytes"}
+_EVAL_OPERATIONAL = {"cache_dir", "work_root", "keep_workdir", "device_lock", "output_tail_bytes",
+                     "template_process", "hidden_from_builds"}
 
 
 def merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:

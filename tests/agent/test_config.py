@@ -41,6 +41,10 @@ def test_saved_config_json_round_trips_and_the_digest_ignores_where_it_runs(tmp_
     moved = cfg.model_copy(update={"runs_dir": tmp_path, "run_id": "x", "concurrency": 9,
                                    "problems": ["L3/2"]})
     assert moved.digest() == cfg.digest()
+    # How children start and what builds may not open change no episode either.
+    started = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={
+        "template_process": False, "hidden_from_builds": ["/dev/x"]})})
+    assert started.digest() == cfg.digest()
     assert load_config(["model.spec=scripted:x", "strategy.turns=3"]).digest() != cfg.digest()
 
 
