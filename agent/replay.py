@@ -129,42 +129,24 @@ def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
     with ThreadPoolExecutor(max_workers=concurrency or cfg.concurrency) as pool:
         results = [pool.submit(judged, old) for old in old_turns]
         for old, future in zip(old_turns, results, strict=True):
-            _rescored(old, future.result(), problems, cfg, store, prompts, states, runner_turns,
-                      on_turn)
-    _finish_rescore(source, store, states, runner_turns)
-    compared, diffs = diff_turns(source.turns(), store.turns())
-    report = ReplayReport(kind="rescore", source_run=str(source_dir), new_run=str(out),
-                          turns_compared=compared, differences=diffs)
-    (out / "replay_report.json").write_text(report.model_dump_json(indent=2) + "\n")
-    return report
-
-
-def _rescored(old: TurnRecord, judged: tuple[EvalResult | None, float], problems: dict,
-              cfg: RunConfig, store: RunStore, prompts: PromptSet,
-              states: dict[str, EpisodeState], runner_turns: dict[str, list[TurnRecord]],
-              on_turn: Callable[[TurnRecord], None] | None) -> None:
-    problem = problems[old.problem_id]
-    spec = EpisodeSpec(problem=problem, key=old.episode_key, episode=old.episode, sample=0,
-                       max_turns=cfg.strategy.turns)
-    state = states.setdefault(old.episode_key, EpisodeState(spec))
-    rec = old.model_copy(deep=True, update={"run_id": store.run_id})
-    # A rescore calls no model: its spend is the evaluation alone (the recorded reply, with
-    # its usage, stays on the turn for reference).
-    rec.spend = Spend()
-    if rec.code is not None:
-        rec.eval, seconds = judged
-        rec.spend = Spend(eval_s=seconds)
-    rec.feedback = prompts.render(feedback_template(rec.eval),
-                                  **feedback_vars(state, rec.eval, rec.fault, cfg.agent))
-    store.append_turn(rec)
-    state.add(rec)
-    runner_turns.setdefault(rec.episode_key, []).append(rec)
-    if on_turn is not None:
-        on_turn(rec)
-
-
-def _finish_rescore(source: RunStore, store: RunStore, states: dict[str, EpisodeState],
-                    runner_turns: dict[str, list[TurnRecord]]) -> None:
+            problem = problems[old.problem_id]
+            spec = EpisodeSpec(problem=problem, key=old.episode_key, episode=old.episode,
+                               sample=0, max_turns=cfg.strategy.turns)
+            state = states.setdefault(old.episode_key, EpisodeState(spec))
+            rec = old.model_copy(deep=True, update={"run_id": store.run_id})
+            # A rescore calls no model: its spend is the evaluation alone (the recorded reply,
+            # with its usage, stays on the turn for reference).
+            rec.spend = Spend()
+            if rec.code is not None:
+                rec.eval, seconds = future.result()
+                rec.spend = Spend(eval_s=seconds)
+            rec.feedback = prompts.render(feedback_template(rec.eval),
+                                          **feedback_vars(state, rec.eval, rec.fault, cfg.agent))
+            store.append_turn(rec)
+            state.add(rec)
+            runner_turns.setdefault(rec.episode_key, []).append(rec)
+            if on_turn is not None:
+                on_turn(rec)
     records = []
     latest = {e.episode_key: e for e in source.episodes()}
     for key, ep in latest.items():
@@ -180,6 +162,11 @@ def _finish_rescore(source: RunStore, store: RunStore, states: dict[str, Episode
     for rec in best.values():
         store.write_best(rec.problem_stem, rec.code or "")
     store.write_summary(summarize(store.run_id, runner_turns, records, best, "finished"))
+    compared, diffs = diff_turns(old_turns, store.turns())
+    report = ReplayReport(kind="rescore", source_run=str(source_dir), new_run=str(out),
+                          turns_compared=compared, differences=diffs)
+    (out / "replay_report.json").write_text(report.model_dump_json(indent=2) + "\n")
+    return report
 
 
 def fork(source_dir: Path, out: Path, at_turn: int, layers: list[dict], model: Model | None = None,

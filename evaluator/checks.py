@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from evaluator.correctness import compare_outputs
-from evaluator.outcome import Flagged, runtime
+from evaluator.outcome import Flagged, violated
 from evaluator.protocol import ProbeMsg, TrialMsg
 from evaluator.result import Backend, Violation
 from evaluator.rules import Rule, Severity, of_kind
@@ -55,8 +55,8 @@ RUNTIME_RULES: dict[str, Rule] = of_kind("runtime")
 
 
 def violate(run: EvalRun, rule: str, message: str, severity: Severity | None = None) -> Violation:
-    """A violation of a runtime rule with the run's policy severity (recorded with
-    `outcome.runtime`, its name joins the flags)."""
+    """A violation of a runtime rule with the run's policy severity (once recorded, its name
+    joins the flags: `evaluator.outcome.fold`)."""
     r = RUNTIME_RULES[rule]
     return Violation(rule=rule, severity=severity or r.severity(run.policy.name),
                      message=f"{message}: {r.rationale}")
@@ -228,7 +228,7 @@ def torch_only(run: EvalRun) -> None:
 def implausible_speedup(run: EvalRun) -> None:
     speedup = run.speedup(run.eager)
     if speedup is not None and speedup > run.policy.excessive_speedup:
-        run.record(*runtime(violate(run, "implausible_speedup", f"{speedup:.1f}x over eager "
+        run.record(*violated(violate(run, "implausible_speedup", f"{speedup:.1f}x over eager "
                                     f"(bound {run.policy.excessive_speedup:g}x)")))
 
 

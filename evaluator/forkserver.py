@@ -11,9 +11,11 @@ nothing depends on the template but speed.
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -137,27 +139,12 @@ class ForkServer:
         if self._sock is not None:
             self._sock.close()
 
-    def close(self) -> None:
-        with self._lock:
-            if self._sock is not None:
-                self._sock.close()
-                self._sock = None
-            if self._proc is not None:
-                try:
-                    self._proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    self._proc.kill()
-                self._proc = None
-
 
 GPU_NODES = "/dev/nvidia*"
 
 
 def gpu_nodes() -> list[str]:
     """The GPU's device nodes (character devices) on this machine."""
-    import glob
-    import stat
-
     out = []
     for path in sorted(glob.glob(GPU_NODES)):
         try:

@@ -28,7 +28,7 @@ from evaluator.checks import (
 from evaluator.correctness import compare_outputs
 from evaluator.harness.precision import precision_check
 from evaluator.harness.timed import note_call_problem, timed_calls
-from evaluator.outcome import Built, Decided, Flagged, Judged, Profiled, Reached, runtime
+from evaluator.outcome import Built, Decided, Flagged, Judged, Profiled, Reached, violated
 from evaluator.protocol import (
     AwaitMsg,
     CallProblemMsg,
@@ -169,7 +169,7 @@ def on_message(run: EvalRun, job: CandidateJob, seq: Sequence, child: Any, msg: 
     """Judge one message of the candidate child; True once it reported it is done."""
     problem = _out_of_sequence(seq, msg, job)
     if problem is not None:
-        run.record(*runtime(violate(run, "protocol_violation", f"the candidate process sent "
+        run.record(*violated(violate(run, "protocol_violation", f"the candidate process sent "
                                     f"{problem}")))
         if isinstance(msg, AwaitMsg):
             child.send(Control(next="stop"))
@@ -185,7 +185,7 @@ def on_message(run: EvalRun, job: CandidateJob, seq: Sequence, child: Any, msg: 
     elif isinstance(msg, TrialMsg):
         _judge_trial(run, job, msg)
     elif isinstance(msg, ProbeMsg):
-        run.record(*runtime(*probe_violations(run, msg)))
+        run.record(*violated(*probe_violations(run, msg)))
     elif isinstance(msg, AwaitMsg):
         go = _all_passed(run, job) and not rejected(run) and not compile_failed(run)
         seq.control = "time" if go and job.timing is not None else "stop"
@@ -212,7 +212,7 @@ def _trial_spec(job: CandidateJob, index: int) -> CandTrial | None:
 def _judge_trial(run: EvalRun, job: CandidateJob, msg: TrialMsg) -> None:
     spec = _trial_spec(job, msg.index)
     if spec is None or any(t.trial == msg.index for t in run.trials):
-        run.record(*runtime(violate(run, "protocol_violation", f"the candidate process sent "
+        run.record(*violated(violate(run, "protocol_violation", f"the candidate process sent "
                                     f"trial {msg.index}, which is unknown or already judged")))
         return
     assert run.reference is not None
@@ -230,13 +230,13 @@ def _judge_trial(run: EvalRun, job: CandidateJob, msg: TrialMsg) -> None:
     run.record(Judged(trial=CorrectnessTrial(
         trial=msg.index, kind=spec.kind, passed=passed, outputs=diffs,
         message=None if passed else next((d.message for d in diffs if not d.ok), None))))
-    run.record(*runtime(*trial_violations(run, msg)))
+    run.record(*violated(*trial_violations(run, msg)))
     if passed and msg.index in run.reference.expected64:
         precision_check(run, got, expected, run.reference.expected64[msg.index])
     if spec.repeat_output_path is not None and passed:
         again, problem = load_output(Path(spec.repeat_output_path), expected)
         if problem is None:
-            run.record(*runtime(*determinism(run, got, again, tol)))
+            run.record(*violated(*determinism(run, got, again, tol)))
 
 
 def load_output(path: Path, expected: list[Any]) -> tuple[list[Any], str | None]:
@@ -295,7 +295,7 @@ def final_verdict(run: EvalRun, job: CandidateJob) -> None:
         run.stop("runtime_error", "timing", run.error or ErrorInfo(
             type="NoTiming", message="the timed calls did not complete"))
     elif run.backend == "torch" and run.policy.require_custom_kernel:
-        run.record(*runtime(violate(run, "no_custom_kernel", "plain PyTorch: the candidate "
+        run.record(*violated(violate(run, "no_custom_kernel", "plain PyTorch: the candidate "
                                     "defines no kernel of its own", severity="reject")))
         run.stop("rejected", "done")
     else:

@@ -11,7 +11,8 @@ as guards beside each assignment live here:
 - before that, `Reached` (a stage a child reported) never moves the stage back (the sm_90 check
   of a Triton candidate's kernels runs after its correctness trials, which it does not undo);
   `Entered` (a stage the harness starts) sets it;
-- a runtime rule's `Violated` also raises its flag (`Violated.flag`);
+- a violation of a runtime rule also raises its flag (the rule table, `evaluator.rules`, says
+  which rules are runtime ones);
 - `Noted` amends the message of a trial already judged (the worker's account of a failed call
   arrives after the harness judged it).
 """
@@ -35,6 +36,7 @@ from evaluator.result import (
     TimingStats,
     Violation,
 )
+from evaluator.rules import RULES
 
 if TYPE_CHECKING:
     from evaluator.state import EvalRun
@@ -68,8 +70,6 @@ class Flagged(_Finding):
 
 class Violated(_Finding):
     violation: Violation
-    flag: bool = False
-    """A runtime rule: its name joins the flags too."""
 
 
 class Judged(_Finding):
@@ -112,12 +112,7 @@ Finding = (Decided | Entered | Reached | Flagged | Violated | Judged | Noted | F
            | Built | Profiled | Observed | Precision)
 
 
-def runtime(*violations: Violation) -> list[Violated]:
-    """Violations of runtime rules, as findings (their names join the flags)."""
-    return [Violated(violation=v, flag=True) for v in violations]
-
-
-def static(*violations: Violation) -> list[Violated]:
+def violated(*violations: Violation) -> list[Violated]:
     return [Violated(violation=v) for v in violations]
 
 
@@ -138,7 +133,7 @@ def fold(run: EvalRun, f: Finding) -> None:
         run.flags.append(f.flag)
     elif isinstance(f, Violated):
         run.violations.append(f.violation)
-        if f.flag:
+        if RULES[f.violation.rule].kind == "runtime":
             run.flags.append(f.violation.rule)
     elif isinstance(f, Judged):
         run.trials.append(f.trial)

@@ -121,11 +121,11 @@ class Child:
     def __init__(self, mode: ChildMode, job: BaseModel, workdir: Path, env: dict[str, str],
                  timeouts: dict[str, float], rss_limit_bytes: int | None, tail_bytes: int,
                  sandbox: SandboxPlan | None = None, serves: bool = False,
-                 template: bool = False):
+                 template: bool = False, hide: list[str] | None = None):
         self.mode, self.workdir, self.env = mode, workdir, env
         self.template = template
         """Fork the child from the template process (`evaluator.forkserver`) when it can."""
-        self.hide: list[str] = []
+        self.hide = hide or []
         """Paths the child cannot open (a template-forked child only): a compile child runs
         candidate code outside the device lock, so the GPU's device nodes are hidden from it
         and it cannot load the GPU while another evaluation is timed."""

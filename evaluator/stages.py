@@ -34,7 +34,7 @@ from evaluator.outcome import (
     Measured,
     Observed,
     Profiled,
-    static,
+    violated,
 )
 from evaluator.precheck import precheck_source
 from evaluator.protocol import (
@@ -72,7 +72,7 @@ def _static(run: EvalRun) -> None:
     run.backend = detect_backend(run.source)
     run.has_custom_kernel = run.backend != "torch"
     for check in STATIC_CHECKS:
-        run.record(*static(*check(run.source, run.backend, run.policy.name)))
+        run.record(*violated(*check(run.source, run.backend, run.policy.name)))
     if any(v.severity == "reject" for v in run.violations):
         run.stop("rejected", "static")
     (run.root / "cand" / "candidate.py").write_text(run.source)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from evaluator import __version__, isolation
 from evaluator.config import EvalConfig, Policy
+from evaluator.forkserver import gpu_nodes
 from evaluator.isolation import SandboxPlan
 from evaluator.outcome import Decided, Finding, Flagged, fold
 from evaluator.protocol import Control, ProblemSpec, TimingSpec
@@ -281,12 +282,10 @@ class EvalRun:
         rss = int(c.host_rss_limit_gb * (1 << 30))
         # Candidate code runs in the candidate and compile children (importing it builds).
         plan = self.sandbox if mode in ("candidate", "compile") else None
+        # Compile children run candidate code outside the device lock: no GPU for them.
+        hide = gpu_nodes() + list(c.hidden_from_builds) if mode == "compile" else []
         child = Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes, plan,
-                      serves=serves, template=c.template_process)
-        if mode == "compile":
-            from evaluator.forkserver import gpu_nodes
-
-            child.hide = gpu_nodes() + list(c.hidden_from_builds)
+                      serves=serves, template=c.template_process, hide=hide)
         if plan is not None:
             isolation.give_to(plan, workdir)
             if plan.same_uid:

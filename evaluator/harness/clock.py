@@ -72,7 +72,7 @@ class ChannelBroken(Exception):
 class CallResult:
     status: int
     wall_ms: float
-    """Trusted: from sending the request to holding the output's copy."""
+    """Trusted: from sending the request to holding the output's snapshot."""
     event_ms: float | None
     """The worker's own CUDA-event time of the forward (its word only; a cross-check)."""
     data: bytes | None
@@ -97,6 +97,7 @@ class CallChannel:
     _lines: np.ndarray | None = field(default=None, repr=False)
     _starts: np.ndarray | None = field(default=None, repr=False)
     _ends: np.ndarray | None = field(default=None, repr=False)
+    _befores: np.ndarray | None = field(default=None, repr=False)
     _rng: np.random.Generator | None = field(default=None, repr=False)
 
     @classmethod
@@ -131,6 +132,7 @@ class CallChannel:
         self._lines = np.frombuffer(self._map, dtype=np.uint8).reshape(-1, LINE)
         counts = [-(-s.nbytes // LINE) for s in layout.slots]
         self._ends = np.cumsum(counts, dtype=np.int64)
+        self._befores = self._ends - np.asarray(counts, dtype=np.int64)  # lines in earlier slots
         self._starts = np.asarray([s.offset // LINE for s in layout.slots], dtype=np.int64)
         self._rng = np.random.default_rng(secrets.randbits(128))
 
@@ -138,13 +140,13 @@ class CallChannel:
         """The lines this call's snapshot takes (None: the whole output), drawn in this process
         from a generator seeded with 128 secret bits."""
         assert self._ends is not None and self._starts is not None and self._rng is not None
+        assert self._befores is not None
         n = int(self._ends[-1]) if len(self._ends) else 0
         if n * LINE <= self.full_snapshot_bytes:
             return None
         k = self._rng.integers(0, n, SAMPLE_LINES)
         slot = np.searchsorted(self._ends, k, side="right")
-        before = np.concatenate(([0], self._ends[:-1]))[slot]  # lines in earlier slots
-        return self._starts[slot] + (k - before)
+        return self._starts[slot] + (k - self._befores[slot])
 
     def close(self) -> None:
         if self._closed:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from evaluator.checks import violate
-from evaluator.outcome import Flagged, Precision, runtime
+from evaluator.outcome import Flagged, Precision, violated
 from evaluator.result import PrecisionCheck
 
 if TYPE_CHECKING:
@@ -61,6 +61,6 @@ def precision_check(run: EvalRun, got: list[Any], expected: list[Any],
     run.record(Precision(check=PrecisionCheck(candidate_rel_err=cand, reference_rel_err=ref,
                                               factor=factor, floor=FLOOR, ok=ok)))
     if not ok:
-        run.record(*runtime(violate(
+        run.record(*violated(violate(
             run, "precision_below_fp32", f"relative RMS error against float64 {cand:.2e}, the "
             f"fp32 reference's {ref:.2e} (more than {factor:g}x)")))

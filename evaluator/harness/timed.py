@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from evaluator.checks import violate
 from evaluator.harness.clock import CallResult, ChannelBroken
 from evaluator.harness.served import CallPlan, decode, run_plan, timing_stats
-from evaluator.outcome import Decided, Entered, Failed, Judged, Measured, Noted, runtime
+from evaluator.outcome import Decided, Entered, Failed, Judged, Measured, Noted, violated
 from evaluator.protocol import Control
 from evaluator.result import CorrectnessTrial, ErrorInfo, OutputDiff
 from evaluator.worker.serve import BAD_OUTPUT, OK
@@ -76,7 +76,7 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
                 f"{run.config.timeouts.timing:g} s"))
         elif e.kind == "protocol":
             v = violate(run, "protocol_violation", str(e))
-            run.record(*runtime(v))
+            run.record(*violated(v))
             if v.severity == "reject":  # decided here: the kill that follows is ours
                 run.stop("rejected", "timing")
         return

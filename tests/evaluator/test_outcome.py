@@ -13,8 +13,7 @@ from evaluator.outcome import (
     Measured,
     Noted,
     Reached,
-    runtime,
-    static,
+    violated,
 )
 from evaluator.result import CorrectnessTrial, ErrorInfo, TimingStats, Violation
 from evaluator.state import EvalRun
@@ -51,7 +50,7 @@ def test_stages_move_forward_only_from_children_and_stay_once_decided(run):
 def test_runtime_violations_raise_their_flag_and_static_ones_do_not(run):
     v = Violation(rule="deferred_work", severity="reject", message="m")
     w = Violation(rule="dynamic_code", severity="flag", message="m")
-    run.record(*runtime(v), *static(w), Flagged(flag="ghost_check_skipped"))
+    run.record(*violated(v, w), Flagged(flag="ghost_check_skipped"))
     assert run.violations == [v, w]
     assert run.flags == ["deferred_work", "ghost_check_skipped"]
 
