@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call, many steps: installs the carried wheels once, then runs the named steps in
+# order, each under its own time limit, each logging to $OUT/<step>.log, so that a step that runs
+# long costs only itself and every finished step's output comes back.
+#   bash scripts/gpu_session.sh template handshake diag clock record
+# Steps: see the case below. STEP_LIMIT_<step> (seconds) overrides a step's limit.
+set -uo pipefail
+OUT=${OUT:-/tmp/kloop-out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade .whl/*.whl || exit 1
+site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$PWD" > "$site/kloop-dev.pth"
+export PYTHONUNBUFFERED=1 KLOOP_VERDICT_LOG="$OUT/verdicts.jsonl"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/env.txt" 2>&1
+
+step() {  # step NAME DEFAULT_LIMIT COMMAND...
+  local name=$1 limit=$2; shift 2
+  local var="STEP_LIMIT_${name//-/_}"
+  limit=${!var:-$limit}
+  local t0=$SECONDS
+  timeout --signal=INT --kill-after=15 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc ${limit}s-limit took=$((SECONDS - t0))s" | tee -a "$OUT/steps.txt"
+}
+
+for s in "$@"; do
+  case $s in
+    template) step template 150 python3 -m pytest -m gpu -q -rA -p no:cacheprovider \
+                tests/evaluator/test_template_process.py ;;
+    handshake) step handshake 120 python3 bench/handshake.py --sizes 16K,8M --gap-ms 5 ;;
+    handshake-nobusy) step handshake-nobusy 120 python3 bench/handshake.py --sizes 16K,8M \
+                --gap-ms 5 --busy-cycles 0 ;;
+    diag) step diag 150 python3 bench/diag_process.py ;;
+    clock) step clock 300 python3 bench/clock.py --only L3/1-b8,L3/1-b1024,L3/1,L3/4 ;;
+    record) step record 420 python3 -m agent.demo.examples record --device cuda
+            mkdir -p "$OUT/examples" && cp -r runs/examples/suite-* "$OUT/examples/" ;;
+    template-bench) step template-bench 150 python3 bench/template.py --device cuda ;;
+    pch) step pch 300 python3 bench/pch.py ;;
+    *) echo "unknown step $s" | tee -a "$OUT/steps.txt" ;;
+  esac
+done
