@@ -18,6 +18,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -112,22 +113,32 @@ class ForkServer:
         env.update(PYTHONPATH=str(Path(__file__).resolve().parent.parent), PYTHONUNBUFFERED="1",
                    PYTHONDONTWRITEBYTECODE="1", CUDA_VISIBLE_DEVICES="",
                    OPENBLAS_NUM_THREADS="1")
+        errors = tempfile.TemporaryFile()  # read only if it fails to start
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "evaluator.worker.zygote", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True)
         finally:
             theirs.close()
         ours.settimeout(_START_TIMEOUT_S)
         try:
-            ready = ours.recv(16)
+            ready = ours.recv(256)
         except OSError:
             ready = b""
         if ready != b"ready":
             self._sock = ours
-            self._fail("the template process did not start")
+            if self._proc.poll() is None:
+                self._proc.kill()
+            self._proc.wait()
+            errors.seek(0)
+            tail = errors.read()[-2000:].decode(errors="replace").strip()
+            said = ready.decode(errors="replace") or f"exit code {self._proc.returncode}"
+            self._fail(f"the template process did not start ({said})"
+                       + (f"; its stderr ends: {tail}" if tail else ""))
+            errors.close()
             return None
+        errors.close()  # the template keeps its own handle to the (unlinked) file
         self._sock = ours
         return ours
 

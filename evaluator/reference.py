@@ -202,7 +202,7 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput) 
         child.kill(e.kind)
         raise ReferenceFailure(f"the reference worker's {msg.role} calls failed: {e}") from None
     finally:
-        child.calls.stop()
+        child.calls.stop(last=not eager)  # compile may come next
     if failed or len(served.wall_ms) < len(plan.seeds):
         return  # the worker reported why (an error for eager, a flag for compile)
     if eager:

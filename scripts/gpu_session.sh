@@ -31,6 +31,7 @@ for s in "$@"; do
     handshake-nobusy) step handshake-nobusy 120 python3 bench/handshake.py --sizes 16K,8M \
                 --gap-ms 5 --busy-cycles 0 ;;
     diag) step diag 150 python3 bench/diag_process.py ;;
+    diag-uid) step diag-uid 150 python3 bench/diag_uid.py ;;
     clock) step clock 300 python3 bench/clock.py --only L3/1-b8,L3/1-b1024,L3/1,L3/4 ;;
     record) step record 420 python3 -m agent.demo.examples record --device cuda
             mkdir -p "$OUT/examples" && cp -r runs/examples/suite-* "$OUT/examples/" ;;

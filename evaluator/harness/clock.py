@@ -213,13 +213,16 @@ class CallChannel:
         event = None if math.isnan(ms) or ms < 0 else float(ms)
         return CallResult(status=status, wall_ms=(t1 - t0) * 1000.0, event_ms=event, data=data)
 
-    def stop(self) -> None:
-        """Tell the worker to stop serving, and close our end: a reader that never got the
-        stop (a thread of the candidate's took it) sees the end of the pipe instead."""
+    def stop(self, last: bool = True) -> None:
+        """Tell the worker to stop serving. After its last serve, also close our end: a reader
+        that never got the stop (a thread of the candidate's took it) sees the end of the pipe
+        instead. The reference worker serves twice (eager, then compile) on one channel."""
         try:
             os.write(self.req_w, REQUEST.pack(OP_STOP, 0))
         except OSError:
             pass
+        if not last:
+            return
         try:
             os.close(self.req_w)
         except OSError:

@@ -199,20 +199,30 @@ def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(argv[1]))
     _libc_dumpable(0)  # other processes of our uid cannot read or write this one's memory
     preload()
-    if _driver_loaded():  # forks of a process that loaded the CUDA driver are not safe
-        sock.send(b"refused: the CUDA driver was loaded while importing")
+    if _driver_initialised():
+        sock.send(b"refused: the CUDA driver was initialised while importing")
         return 1
     sock.send(b"ready")
     serve(sock)
     return 0
 
 
-def _driver_loaded() -> bool:
+def _driver_initialised() -> bool:
+    """Whether the CUDA driver was initialised here (forks of such a process are not safe). A
+    driver library that is only mapped is harmless: some torch builds load it at import."""
     try:
         with open("/proc/self/maps") as f:
-            return any("libcuda.so" in line for line in f)
+            if not any("libcuda.so" in line for line in f):
+                return False
     except OSError:
         return False
+    try:  # already loaded: dlopen returns it without side effects
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return True
+    ctx = ctypes.c_void_p()
+    # CUDA_ERROR_NOT_INITIALIZED (3) when cuInit was never called; this call does not call it.
+    return cuda.cuCtxGetCurrent(ctypes.byref(ctx)) != 3
 
 
 if __name__ == "__main__":

@@ -10,3 +10,16 @@ import pytest
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("kloop-cache")
+
+
+@pytest.fixture
+def drop_box():
+    """A directory any uid can write (pytest's own temp dirs are 0700): where a probe in a
+    candidate, which may run as the sandbox's uid, leaves what it saw."""
+    import shutil
+    import tempfile
+
+    drop = Path(tempfile.mkdtemp(prefix="kloop-drop-"))
+    drop.chmod(0o777)
+    yield drop
+    shutil.rmtree(drop, ignore_errors=True)

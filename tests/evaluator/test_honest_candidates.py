@@ -49,6 +49,17 @@ def test_honest_triton_candidate_is_correct(honest, name):
     assert r.env is not None and r.env.gpu_arch is None
 
 
+def test_both_baselines_are_served_by_one_reference_worker(tmp_path):
+    """Eager and then torch.compile on one call channel: the first serve's stop must leave the
+    channel open for the second (the GPU default; a closed channel failed every default-config
+    evaluation on the H200 with `ReferenceFailure ... compile calls failed`)."""
+    r = evaluate("L3/1", candidate("mlp_torch.py"),
+                 cpu_config(tmp_path / "cache", baselines="both", cpu_timing_trials=2))
+    assert r.status == "correct", r.error
+    assert r.eager is not None and r.compiled is not None
+    assert r.compiled.n_trials == 2 and r.compiled.median_ms > 0
+
+
 def test_plain_pytorch_candidate_is_correct_without_custom_kernel(cache_dir):
     r = evaluate("L3/1", candidate("mlp_torch.py"), cpu_config(cache_dir, baselines="eager"))
     assert r.status == "correct", r.error

@@ -44,9 +44,9 @@ def _probe_source(out: Path) -> str:
 
 
 def test_a_forked_child_has_only_its_own_session_fds_environment_and_directory(
-        tmp_path, monkeypatch):
+        tmp_path, drop_box, monkeypatch):
     monkeypatch.setenv("KLOOP_TEST_SECRET_TOKEN", "must-not-reach-a-child")
-    out = tmp_path / "facts.json"
+    out = drop_box / "facts.json"
     r = evaluate("L3/1", _probe_source(out), cpu_config(tmp_path / "cache", policy="kernelbench"))
     assert r.status == "correct", r.error
     facts = json.loads(out.read_text())
@@ -60,7 +60,7 @@ def test_a_forked_child_has_only_its_own_session_fds_environment_and_directory(
     assert not any(str(tmp_path / "cache") in link for link in links if "cand" not in link), links
 
 
-def test_without_the_template_children_start_the_plain_way(tmp_path, monkeypatch):
+def test_without_the_template_children_start_the_plain_way(tmp_path, drop_box, monkeypatch):
     fresh = forkserver.ForkServer()
     monkeypatch.setattr(forkserver, "_SERVER", fresh)
     cfg = cpu_config(tmp_path / "cache", problem_overrides=MLP_SMALL)
@@ -68,7 +68,7 @@ def test_without_the_template_children_start_the_plain_way(tmp_path, monkeypatch
     assert fresh._proc is not None and fresh._proc.poll() is None
     os.kill(fresh._proc.pid, signal.SIGKILL)  # the template dies
     fresh._proc.wait()
-    out = tmp_path / "facts.json"
+    out = drop_box / "facts.json"
     r = evaluate("L3/1", _probe_source(out), cpu_config(tmp_path / "cache", policy="kernelbench"))
     assert r.status == "correct", r.error
     facts = json.loads(out.read_text())
@@ -76,10 +76,10 @@ def test_without_the_template_children_start_the_plain_way(tmp_path, monkeypatch
 
 
 @pytest.mark.gpu
-def test_a_forked_child_initialises_the_gpu_and_is_timed(tmp_path):
+def test_a_forked_child_initialises_the_gpu_and_is_timed(tmp_path, drop_box):
     """On a GPU: the template never touched the device, so its forks can; the probe says the
     child was a fork and the evaluation is correct and timed by the harness."""
-    out = tmp_path / "facts.json"
+    out = drop_box / "facts.json"
     r = evaluate("L3/1", _probe_source(out), cpu_config(
         tmp_path / "cache", policy="kernelbench", device="cuda", problem_overrides=MLP_SMALL))
     assert r.status == "correct" and r.timing is not None, r.error
@@ -87,13 +87,14 @@ def test_a_forked_child_initialises_the_gpu_and_is_timed(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="hiding paths needs a root harness")
-def test_a_compile_child_cannot_open_what_is_hidden_from_builds(tmp_path):
+def test_a_compile_child_cannot_open_what_is_hidden_from_builds(tmp_path, drop_box):
     """The compile child runs candidate code outside the device lock; the GPU's device nodes
     (here a stand-in file, through `hidden_from_builds`) are /dev/null in its mount namespace,
     so it cannot load the GPU while another evaluation is being timed."""
-    secret = tmp_path / "nvidia-standin"
+    secret = drop_box / "nvidia-standin"
     secret.write_text("the device")
-    out = tmp_path / "seen.txt"
+    secret.chmod(0o666)  # readable by any uid: only the mount namespace may stop the child
+    out = drop_box / "seen.txt"
     src = candidate("mlp_cuda_relu.py")  # a CUDA candidate: it has a compile stage
     peek = f"open({str(out)!r}, 'w').write(open({str(secret)!r}).read() + '\\n')"
     src = src.replace("import torch.nn as nn", f"import torch.nn as nn\n{peek}", 1)
@@ -105,11 +106,11 @@ def test_a_compile_child_cannot_open_what_is_hidden_from_builds(tmp_path):
 
 
 @pytest.mark.gpu
-def test_a_compile_child_cannot_reach_the_gpu_even_when_it_asks_for_it(tmp_path):
+def test_a_compile_child_cannot_reach_the_gpu_even_when_it_asks_for_it(tmp_path, drop_box):
     """On a GPU: candidate code in the compile child sets CUDA_VISIBLE_DEVICES back before CUDA
     starts; the device nodes are /dev/null there, so it still sees no GPU (the candidate child,
     under the device lock, does)."""
-    out = tmp_path / "seen.txt"
+    out = drop_box / "seen.txt"
     peek = ("import os as _os\n"
             "if _os.path.basename(_os.getcwd()) == 'compile':\n"
             "    _os.environ['CUDA_VISIBLE_DEVICES'] = '0'\n"
