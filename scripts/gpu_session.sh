@@ -33,10 +33,13 @@ for s in "$@"; do
     diag) step diag 150 python3 bench/diag_process.py ;;
     diag-uid) step diag-uid 150 python3 bench/diag_uid.py ;;
     clock) step clock 300 python3 bench/clock.py --only L3/1-b8,L3/1-b1024,L3/1,L3/4 ;;
-    record) step record 420 python3 -m agent.demo.examples record --device cuda
-            mkdir -p "$OUT/examples" && cp -r runs/examples/suite-* "$OUT/examples/" ;;
+    record) step record 420 python3 -m agent.demo.examples record --device cuda \
+              --concurrency "${RECORD_CONCURRENCY:-4}"
+            tar czf "$OUT/examples.tgz" runs/examples/suite-* agent/demo/suite ;;  # one file back
     template-bench) step template-bench 150 python3 bench/template.py --device cuda ;;
     pch) step pch 300 python3 bench/pch.py ;;
+    exploits) step exploits 300 python3 -m pytest -m gpu -q -rA -p no:cacheprovider -n 8 \
+                tests/exploits ${EXPLOITS_K:+-k "$EXPLOITS_K"} ;;
     *) echo "unknown step $s" | tee -a "$OUT/steps.txt" ;;
   esac
 done

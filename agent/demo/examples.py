@@ -72,8 +72,9 @@ def write_scripts() -> dict[str, Path]:
     return paths
 
 
-def record(device: str) -> None:
-    """Run both strategies into runs/examples/ (replacing what is there)."""
+def record(device: str, concurrency: int = 1) -> None:
+    """Run both strategies into runs/examples/ (replacing what is there). Concurrency changes
+    only the wall time: timed work never overlaps (the device lock)."""
     import shutil
 
     from agent.cli import main
@@ -82,7 +83,7 @@ def record(device: str) -> None:
         out = EXAMPLES / RUNS[strategy]
         shutil.rmtree(out, ignore_errors=True)
         args = ["run", "--model", f"scripted:{path.relative_to(Path.cwd())}", "--out", str(out),
-                "--device", device, "--concurrency", "1"]
+                "--device", device, "--concurrency", str(concurrency)]
         for pid in SIZES:
             args += ["-p", pid]
         args += ["-c", f"problem_overrides={json.dumps(SIZES)}"]
@@ -241,12 +242,13 @@ def cli(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="(re)write the example runs under runs/examples/")
     rec.add_argument("--device", default="auto")
+    rec.add_argument("--concurrency", type=int, default=1)
     dem = sub.add_parser("demo", help="re-judge a sample and write the report")
     dem.add_argument("--out", type=Path, default=Path("runs/demo"))
     dem.add_argument("--device", default="auto")
     args = parser.parse_args(argv)
     if args.command == "record":
-        record(args.device)
+        record(args.device, args.concurrency)
         return 0
     return demo(args.out, args.device)
 
