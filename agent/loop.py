@@ -24,7 +24,8 @@ from agent.episode import (
 )
 from agent.errors import InfraFault, ModelFault
 from agent.extract import extract_code
-from agent.models.base import ModelReply
+from agent.models.base import Address, Message, ModelReply
+from agent.protocols import Model
 from agent.records import EpisodeRecord, ModelFaultInfo, StopReason, TurnRecord, utcnow
 from evaluator.result import ErrorInfo, EvalResult
 
@@ -52,6 +53,13 @@ def evaluate_timed(env: EpisodeEnv, spec: EpisodeSpec, code: str) -> tuple[EvalR
     return result, time.monotonic() - start
 
 
+def ask(model: Model, messages: list[Message], at: Address) -> ModelReply:
+    """One query; a model whose replies depend on where they are asked (addressed scripted
+    replies, see `agent.protocols.Addressed`) is told where."""
+    query_at = getattr(model, "query_at", None)
+    return query_at(messages, at) if query_at is not None else model.query(messages)
+
+
 def extract(reply: ModelReply) -> tuple[str | None, ModelFaultInfo | None]:
     """The kernel of a reply, or why there is none (a model fault: feedback, and a turn)."""
     try:
@@ -72,8 +80,9 @@ def run_episode(spec: EpisodeSpec, env: EpisodeEnv,
     while (stop := check_stop(spec, env, state, meter)) is None:
         turn_start, clock = utcnow(), time.monotonic()
         messages = build_messages(opening_msgs, state.trajectory, env.agent)
+        at = Address(problem=spec.problem.id, episode=spec.episode, turn=len(state.own) + 1)
         try:
-            reply = env.model.query(messages)
+            reply = ask(env.model, messages, at)
         except InfraFault as e:
             stop, error = ("infra_error", f"model call failed: {e}"), _error_info(e)
             break

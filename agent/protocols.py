@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from agent.models.base import Model, ModelReply
+from agent.models.base import Address, Message, Model, ModelReply
 from evaluator.result import EvalResult
 from problems.registry import Problem
 
-__all__ = ["Evaluator", "Model", "Resumable"]
+__all__ = ["Addressed", "Evaluator", "Model", "Resumable"]
 
 
 class Evaluator(Protocol):
@@ -33,3 +33,13 @@ class Resumable(Protocol):
     """
 
     def restore(self, replies: list[ModelReply]) -> None: ...
+
+
+class Addressed(Protocol):
+    """A model whose replies depend on where they are asked (scripted replies addressed by
+    problem, episode and turn). The loop calls `query_at` instead of `query` when a model has
+    it; an `ordered` one (replies in query order) makes the runner ask one query at a time."""
+
+    ordered: bool
+
+    def query_at(self, messages: list[Message], at: Address) -> ModelReply: ...

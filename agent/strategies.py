@@ -49,7 +49,14 @@ class Runner:
         self._beam_kept: dict[str, list[TurnRecord]] = {}
         # One bound on episodes in flight for the whole run: problems and the episodes of each
         # problem both get threads, and without it the two pools multiply (concurrency squared).
-        self._slots = threading.BoundedSemaphore(cfg.concurrency)
+        self.concurrency = cfg.concurrency
+        if getattr(model, "ordered", False) and cfg.concurrency > 1:
+            # Ordered scripted replies go to queries in the order they come: parallel episodes
+            # would take each other's (a problem given another problem's kernel).
+            log.warning("%s gives its replies in query order: episodes run one at a time "
+                        "(address the replies with `at:` to run them in parallel)", model.name)
+            self.concurrency = 1
+        self._slots = threading.BoundedSemaphore(self.concurrency)
         self._load_existing()
         restore_position(model, self.store.turns())
         self.run_meter = Meter(cfg.budget.run, "run", spent=self._spent_so_far())
@@ -133,9 +140,9 @@ class Runner:
         return record
 
     def run_wave(self, specs: list[EpisodeSpec]) -> list[EpisodeRecord | None]:
-        if self.cfg.concurrency == 1 or len(specs) == 1:
+        if self.concurrency == 1 or len(specs) == 1:
             return [self.run_one(s) for s in specs]
-        with ThreadPoolExecutor(self.cfg.concurrency, thread_name_prefix="episode") as pool:
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="episode") as pool:
             return list(pool.map(self.run_one, specs))
 
     # -- strategies -----------------------------------------------------------------------------
@@ -195,11 +202,11 @@ class Runner:
                 self.fork_problem(problem, *fork)
 
         try:
-            if self.cfg.concurrency == 1 or len(problems) == 1:
+            if self.concurrency == 1 or len(problems) == 1:
                 for p in problems:
                     one(p)
             else:
-                with ThreadPoolExecutor(self.cfg.concurrency, thread_name_prefix="problem") as pool:
+                with ThreadPoolExecutor(self.concurrency, thread_name_prefix="problem") as pool:
                     list(pool.map(one, problems))
         except KeyboardInterrupt:
             self.write_summary("interrupted", f"stopped; continue with: kloop run --resume {self.store.root}")

@@ -64,7 +64,12 @@ def write_scripts() -> dict[str, Path]:
     SUITE_FILES.mkdir(exist_ok=True)
     paths = {}
     for strategy, plan in PLANS.items():
-        replies = [{"text": reply(pid, v)} for pid in SIZES for v in plan[pid]]
+        # Addressed (problem, episode, turn): the runs may go at any concurrency.
+        sequential = strategy == "sequential"
+        replies = [{"at": {"problem": pid, "episode": 0 if sequential else i,
+                           "turn": i + 1 if sequential else 1},
+                    "text": reply(pid, v)}
+                   for pid in SIZES for i, v in enumerate(plan[pid])]
         path = SUITE_FILES / f"{strategy}.yaml"
         path.write_text(f"# {NOTE}\n" + yaml.safe_dump(
             {"note": NOTE, "usage": "counted", "replies": replies}, sort_keys=False, width=100))

@@ -68,6 +68,19 @@ class ModelReply(BaseModel):
     retries: int = 0
 
 
+class Address(BaseModel):
+    """Where a query is asked: which problem, episode and turn (1-based)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    problem: str
+    episode: int = Field(ge=0)
+    turn: int = Field(ge=1)
+
+    def __str__(self) -> str:
+        return f"{self.problem} episode {self.episode} turn {self.turn}"
+
+
 class ModelConfig(BaseModel):
     """How to reach and drive one LLM."""
 

@@ -1,9 +1,15 @@
-"""`scripted:<file>`: replies written in advance, returned in order. For tests, demos and replay.
+"""`scripted:<file>`: replies written in advance. For tests, demos and replay.
 
 A file is a YAML or JSON list (or a mapping with a `replies` list). Each entry is a string (the
 reply text) or a mapping with `text` and optionally `reasoning`, `usage`, `finish_reason`,
-`cost_usd`, `model`, `latency_s`, `raw`. A scripted reply costs 0 unless its entry says
+`cost_usd`, `model`, `latency_s`, `raw`, `at`. A scripted reply costs 0 unless its entry says
 otherwise, so recorded replies can carry their recorded cost into a budget.
+
+Replies are either ordered (returned one per query, in order) or addressed: every entry has
+`at: {problem: L3/1, episode: 0, turn: 1}` and is returned to that query wherever it comes in
+the run's order. Ordered replies mean something only when queries come one at a time, so a run
+with an ordered script runs its episodes one at a time (`ordered`); an addressed one runs at
+any concurrency and needs nothing restored on resume.
 
 A mapping file may also say `usage: counted`: entries without usage of their own then get the
 prompt and reply counted by `agent.tokens` (marked in `raw`: counted, not provider-reported).
@@ -19,7 +25,7 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError
 
 from agent.errors import ScriptExhausted
-from agent.models.base import Message, ModelConfig, ModelReply, Usage
+from agent.models.base import Address, Message, ModelConfig, ModelReply, Usage
 from agent.tokens import COUNTER, count_tokens
 
 
@@ -34,6 +40,8 @@ class ScriptedEntry(ModelReply):
     latency_s: float = 0.0
     model: str = "scripted"
     raw: dict = Field(default_factory=dict)
+    at: Address | None = None
+    """Addressed replies: the query this one answers (never part of the reply itself)."""
 
 
 class ScriptedModel:
@@ -50,6 +58,7 @@ class ScriptedModel:
         self._counted = [isinstance(r, str) or (isinstance(r, dict) and "usage" not in r)
                          for r in replies]
         self._replies = [_entry(r, i) for i, r in enumerate(replies)]
+        self._at = _addresses(self._replies)
         self._next = 0
         self._lock = threading.Lock()
         self.seen: list[list[Message]] = []
@@ -79,8 +88,15 @@ class ScriptedModel:
     def remaining(self) -> int:
         return len(self._replies) - self._next
 
+    @property
+    def ordered(self) -> bool:
+        """Replies given in query order (not addressed): queries must come one at a time."""
+        return self._at is None
+
     def restore(self, replies: list[ModelReply]) -> None:
         """Continue after the replies a resumed run already holds (see `Resumable`)."""
+        if self._at is not None:
+            return  # addressed: every query finds its own reply, resumed or not
         indices = [r.raw.get("scripted", {}).get("index") for r in replies]
         known = [i for i in indices if isinstance(i, int)]
         # Entries with a raw body of their own carry no index: count them instead.
@@ -88,7 +104,22 @@ class ScriptedModel:
         with self._lock:
             self._next = max(self._next, min(position, len(self._replies)))
 
+    def query_at(self, messages: list[Message], at: Address) -> ModelReply:
+        """The reply addressed to `at` (an ordered script: the next one)."""
+        if self._at is None:
+            return self.query(messages)
+        index = self._at.get(at)
+        if index is None:
+            raise ScriptExhausted(f"{self.name}: no scripted reply for {at}")
+        with self._lock:
+            self._next += 1
+            self.seen.append(list(messages))
+        return self._reply(index, messages)
+
     def query(self, messages: list[Message]) -> ModelReply:
+        if self._at is not None:
+            raise ScriptExhausted(f"{self.name}: its replies are addressed, and this query has "
+                                  "no address")
         with self._lock:
             index = self._next
             if index >= len(self._replies):
@@ -98,6 +129,9 @@ class ScriptedModel:
                 )
             self._next += 1
             self.seen.append(list(messages))
+        return self._reply(index, messages)
+
+    def _reply(self, index: int, messages: list[Message]) -> ModelReply:
         entry = self._replies[index]
         raw = entry.raw or {"scripted": {"source": self.name, "index": index}}
         update: dict = {"raw": raw}
@@ -106,7 +140,7 @@ class ScriptedModel:
                 input_tokens=sum(count_tokens(m.content) for m in messages),
                 output_tokens=count_tokens(entry.text))
             raw["scripted"]["usage_counted_by"] = COUNTER
-        return ModelReply.model_validate({**entry.model_dump(), **update})
+        return ModelReply.model_validate({**entry.model_dump(exclude={"at"}), **update})
 
 
 def _entry(reply: str | dict | ModelReply, index: int) -> ModelReply:
@@ -118,3 +152,21 @@ def _entry(reply: str | dict | ModelReply, index: int) -> ModelReply:
         return ScriptedEntry.model_validate(reply)
     except ValidationError as e:
         raise ValueError(f"scripted reply {index}: {e}") from e
+
+
+def _addresses(entries: list[ModelReply]) -> dict[Address, int] | None:
+    """Address -> entry index when the script is addressed; None when it is ordered."""
+    ats = [getattr(e, "at", None) for e in entries]
+    if all(a is None for a in ats):
+        return None
+    if any(a is None for a in ats):
+        missing = next(i for i, a in enumerate(ats) if a is None)
+        raise ValueError(f"scripted reply {missing}: has no `at`, but others do (address every "
+                         "reply or none)")
+    out: dict[Address, int] = {}
+    for i, a in enumerate(ats):
+        assert a is not None
+        if a in out:
+            raise ValueError(f"scripted reply {i}: {a} is already answered by reply {out[a]}")
+        out[a] = i
+    return out

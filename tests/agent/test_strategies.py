@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from agent_fakes import kernel, make_config, make_runner, reply
+from agent_fakes import FakeEvaluator, kernel, make_config, make_runner, reply
 
 from agent.components import load_problems
 from agent.config import ConfigError
@@ -73,9 +73,10 @@ def test_contradictory_strategy_settings_are_refused():
 
 
 def test_problems_run_in_parallel_threads_with_one_store(tmp_path):
-    replies = [reply(kernel(runtime_ms=1.0)) for _ in range(6)]
-    runner, _ = make_runner(tmp_path, replies, problems=["L3/1", "L3/2", "L3/3"],
+    problems = ["L3/1", "L3/2", "L3/3"]
+    runner, _ = make_runner(tmp_path, _addressed(problems, 1, 2), problems=problems,
                             strategy={"turns": 2}, concurrency=3)
+    assert runner.concurrency == 3
     summary = run(runner)
     assert [p.problem_id for p in summary.problems] == ["L3/1", "L3/2", "L3/3"]
     turns = runner.store.turns()
@@ -107,9 +108,88 @@ def test_concurrency_bounds_evaluations_across_problems_and_samples(tmp_path):
             return super().evaluate(problem, source)
 
     ev = Counting()
-    replies = [reply(kernel(runtime_ms=1.0)) for _ in range(9)]
-    runner, _ = make_runner(tmp_path, replies, evaluator=ev, problems=["L3/1", "L3/2", "L3/3"],
+    problems = ["L3/1", "L3/2", "L3/3"]
+    runner, _ = make_runner(tmp_path, _addressed(problems, 3, 1), evaluator=ev, problems=problems,
                             strategy={"kind": "best_of_n", "samples": 3}, concurrency=2)
     run(runner)
     assert len(ev.calls) == 9
     assert ev.peak == 2
+
+
+def _addressed(problems, episodes, turns):
+    """One reply per (problem, episode, turn), its kernel naming its own address."""
+    return [{"at": {"problem": p, "episode": e, "turn": t},
+             "text": reply(kernel(f"# for {p} {e} {t}", runtime_ms=1.0 + e / 10 + t / 100))}
+            for p in problems for e in range(episodes) for t in range(1, turns + 1)]
+
+
+def test_addressed_replies_reach_their_own_query_at_any_concurrency(tmp_path):
+    """A scripted run of 3 problems x 2 samples x 2 turns, 4 episodes at once: every turn gets
+    the reply addressed to it (ordered replies would go to whichever query came first)."""
+    problems = ["L3/1", "L3/2", "L3/3"]
+    runner, model = make_runner(tmp_path, _addressed(problems, 2, 2), problems=problems,
+                                strategy={"turns": 2, "samples": 2}, concurrency=4)
+    assert runner.concurrency == 4 and not model.ordered
+    run(runner)
+    turns = runner.store.turns()
+    assert len(turns) == 12
+    for t in turns:
+        assert f"# for {t.problem_id} {t.episode} {t.turn}" in t.code, (t.problem_id, t.episode)
+
+
+def test_a_resumed_addressed_run_continues_with_the_replies_of_its_turns(tmp_path):
+    """Addressed replies need no position: a run whose script lacked some turns stops those
+    episodes as infrastructure faults; resumed with the whole script, it asks for exactly the
+    missing turns by address, at any concurrency."""
+    from agent.models.scripted import ScriptedModel
+    from agent.store import RunStore
+    from agent.strategies import Runner
+
+    replies = _addressed(["L3/1"], 2, 3)
+    have = [r for r in replies if (r["at"]["episode"], r["at"]["turn"]) in {(0, 1), (0, 2), (1, 1)}]
+    runner, _ = make_runner(tmp_path, have, strategy={"turns": 3, "samples": 2}, concurrency=2)
+    run(runner)
+    assert sorted((t.episode, t.turn) for t in runner.store.turns()) == [(0, 1), (0, 2), (1, 1)]
+    store = RunStore.open(tmp_path / "run")
+    Runner(runner.cfg, store, ScriptedModel(replies), FakeEvaluator()).run(load_problems(runner.cfg))
+    turns = store.turns()
+    assert sorted((t.episode, t.turn) for t in turns) == [(e, t) for e in (0, 1) for t in (1, 2, 3)]
+    for t in turns:
+        assert f"# for L3/1 {t.episode} {t.turn}" in t.code
+
+
+def test_ordered_replies_run_one_episode_at_a_time(tmp_path, caplog):
+    """Ordered replies with concurrency 3: the runner asks one query at a time (and says so),
+    so problem i gets the replies in script order, never another problem's."""
+    problems = ["L3/1", "L3/2", "L3/3"]
+    replies = [reply(kernel(f"# reply {i}", runtime_ms=1.0)) for i in range(6)]
+    runner, model = make_runner(tmp_path, replies, problems=problems, strategy={"turns": 2},
+                                concurrency=3)
+    assert model.ordered and runner.concurrency == 1
+    assert "one at a time" in caplog.text
+    run(runner)
+    for t in runner.store.turns():
+        i = problems.index(t.problem_id) * 2 + t.turn - 1
+        assert f"# reply {i}" in t.code
+
+
+@pytest.mark.parametrize(("entries", "match"), [
+    ([{"text": "a", "at": {"problem": "L3/1", "episode": 0, "turn": 1}}, {"text": "b"}],
+     "address every reply or none"),
+    ([{"text": "a", "at": {"problem": "L3/1", "episode": 0, "turn": 1}},
+      {"text": "b", "at": {"problem": "L3/1", "episode": 0, "turn": 1}}], "already answered"),
+    ([{"text": "a", "at": {"problem": "L3/1", "episode": 0, "turn": 0}}], "greater than or equal"),
+])
+def test_a_badly_addressed_script_is_refused_with_the_entry_named(entries, match):
+    from agent.models.scripted import ScriptedModel
+
+    with pytest.raises(ValueError, match=match):
+        ScriptedModel(entries)
+
+
+def test_an_address_with_no_reply_ends_the_episode_as_an_infrastructure_fault(tmp_path):
+    runner, _ = make_runner(tmp_path, _addressed(["L3/1"], 1, 1), strategy={"turns": 2})
+    run(runner)
+    (ep,) = runner.store.episodes()
+    assert ep.turns == 1 and ep.stop_reason == "infra_error"
+    assert "no scripted reply for L3/1 episode 0 turn 2" in ep.stop_detail
