@@ -169,10 +169,16 @@ class RunConfig(_Config):
         """
         data = self.model_dump(mode="json", exclude={**{k: True for k in _OPERATIONAL},
                                                       "eval": _EVAL_OPERATIONAL})
+        for name, default in _EVAL_ADDED.items():  # older runs' keys stay valid at the default
+            if data["eval"].get(name) == default:
+                data["eval"].pop(name)
         data["eval_policy"] = self.eval.resolved_policy().model_dump(mode="json")
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
+# Evaluator fields added after episode keys were first written: digested only when set to
+# something other than the default, which is the behaviour from before they existed.
+_EVAL_ADDED = {"eager_baseline_from": "reference"}
 # Fields that say where and how fast a run goes, or which problems it covers (each episode key
 # already holds its problem's hash): changing them must not change episode keys.
 _OPERATIONAL = {"problems", "level", "problems_dir", "concurrency", "runs_dir", "run_id"}

@@ -158,6 +158,10 @@ class EvalConfig(BaseModel):
     evaluations on a small machine do not oversubscribe it."""
     baselines: BaselineMode = "auto"
     """Which reference baselines to time: `auto` is both on CUDA and eager only on CPU."""
+    eager_baseline_from: Literal["reference", "candidate"] = "reference"
+    """Who measures the eager baseline: the reference worker's served calls, or the reference's
+    own code judged as a candidate (`evaluator.fair_baseline`: both sides of the speedup by one
+    procedure; one extra evaluation per problem and config, cached)."""
     profile: bool = True
     """One profiled forward for correct candidates."""
     device_lock: Literal["host", "process"] = "host"

@@ -1,6 +1,7 @@
 """`evaluate`: one candidate through the staged pipeline; `evaluate_many`: a batch of them.
 
 static (parse, backend, static rules) -> compile (child, no GPU) -> reference (reference worker)
+-> [the eager baseline measured as a candidate, if asked: `evaluator.fair_baseline`]
 -> candidate (candidate child, judged here). Each stage may end the run with a status; every
 number in the result comes from a child process, every verdict from this process.
 """
@@ -13,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from evaluator.checks import result_checks
 from evaluator.config import EvalConfig
+from evaluator.fair_baseline import eager_as_candidate_stage
 from evaluator.outcome import Flagged
 from evaluator.reference import ReferenceOutput
 from evaluator.result import EvalResult
@@ -30,7 +32,7 @@ from problems.registry import Problem, get_problem
 log = logging.getLogger(__name__)
 
 STAGES: tuple[Callable[[EvalRun], None], ...] = (
-    static_stage, compile_stage, reference_stage, candidate_stage,
+    static_stage, compile_stage, reference_stage, eager_as_candidate_stage, candidate_stage,
 )
 
 
