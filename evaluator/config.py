@@ -158,6 +158,10 @@ class EvalConfig(BaseModel):
     evaluations on a small machine do not oversubscribe it."""
     baselines: BaselineMode = "auto"
     """Which reference baselines to time: `auto` is both on CUDA and eager only on CPU."""
+    l2_flush: Literal["worker", "trusted"] = "worker"
+    """Who flushes the L2 before each timed call: the serving process in its `prep` (a
+    candidate's native code could skip it), or also a trusted flusher process of the harness's
+    on the same device (`evaluator.harness.flusher`; on CPU it runs the protocol only)."""
     eager_baseline_from: Literal["reference", "candidate"] = "reference"
     """Who measures the eager baseline: the reference worker's served calls, or the reference's
     own code judged as a candidate (`evaluator.fair_baseline`: both sides of the speedup by one

@@ -36,6 +36,10 @@ class TimingSpec(_Rec):
     warmup_calls: int
     warmup_ms: float
     l2_flush: bool = True
+    l2_flusher: str | None = None
+    """`l2_flush: trusted`: the harness's device (`cpu`, `cuda:N`) whose trusted flusher
+    (`evaluator.harness.flusher`) flushes before each call; None: only the serving process's
+    own `prep` does."""
 
 
 class ProblemSpec(_Rec):

@@ -195,7 +195,7 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput) 
     plan = CallPlan(
         seeds=serving.seeds if eager else [secrets.randbits(62) for _ in serving.seeds],
         warmup_calls=t.warmup_calls, warmup_ms=t.warmup_ms,
-        null_calls=serving.null_calls if eager else 0, prep=t.l2_flush)
+        null_calls=serving.null_calls if eager else 0, prep=t.l2_flush, flusher=t.l2_flusher)
     try:
         served = run_plan(child.calls, plan, serving.budget_s, on_output)
     except ChannelBroken as e:

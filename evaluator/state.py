@@ -267,6 +267,7 @@ class EvalRun:
             warmup_calls=c.cpu_warmup_calls if self.on_cpu else p.warmup_calls,
             warmup_ms=0.0 if self.on_cpu else p.warmup_ms,
             l2_flush=not self.on_cpu,
+            l2_flusher=self.device if c.l2_flush == "trusted" else None,
         )
 
     def spawn(self, mode, job, workdir: Path, stages: list[str],

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from evaluator.harness.clock import CallChannel, CallResult, ChannelBroken
+from evaluator.harness.flusher import flusher
 from evaluator.result import TimingStats
 from evaluator.worker.serve import DTYPES, OK, ServeLayout
 
@@ -34,6 +35,8 @@ class CallPlan:
     """Handshake calls first (the trusted reference worker only)."""
     prep: bool = True
     """Flush the L2 before each call (GPU)."""
+    flusher: str | None = None
+    """Also flush it from the trusted flusher for this device (`evaluator.harness.flusher`)."""
 
 
 @dataclass
@@ -71,9 +74,13 @@ def run_plan(ch: CallChannel, plan: CallPlan, budget_s: float, on_output: OnOutp
     deadline = time.monotonic() + budget_s
     out = Served()
 
+    flush = flusher(plan.flusher).flush if plan.flusher is not None else None
+
     def one(seed: int, null: bool = False) -> CallResult:
         if plan.prep:
             ch.prep(deadline)
+        if flush is not None:
+            flush()  # after the worker's prep: nothing of the worker's runs between it and the call
         return ch.call(seed, deadline, null=null)
 
     _warm_up(plan, one, out)
