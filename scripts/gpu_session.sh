@@ -38,6 +38,8 @@ for s in "$@"; do
             tar czf "$OUT/examples.tgz" runs/examples/suite-* agent/demo/suite ;;  # one file back
     template-bench) step template-bench 150 python3 bench/template.py --device cuda ;;
     pch) step pch 300 python3 bench/pch.py ;;
+    evaluator) step evaluator 540 python3 -m pytest -m gpu -q -rA -p no:cacheprovider -n 4 \
+                tests/evaluator ${EVALUATOR_K:+-k "$EVALUATOR_K"} ;;
     exploits) step exploits 300 python3 -m pytest -m gpu -q -rA -p no:cacheprovider -n 8 \
                 tests/exploits ${EXPLOITS_K:+-k "$EXPLOITS_K"} ;;
     *) echo "unknown step $s" | tee -a "$OUT/steps.txt" ;;
