@@ -193,10 +193,14 @@ class EvalConfig(BaseModel):
     """Keep the temporary directories for debugging (their paths are logged)."""
     output_tail_bytes: int = 65536
     """How much of a child's stdout and stderr is kept (the tail)."""
-    sandbox_uid: int | None = 65534
-    """When the harness runs as root, run candidate code under this uid and gid (65534 is
-    `nobody`) if it can reach the interpreter, kloop and the GPU; otherwise, or with None, under
-    the harness's uid without capabilities (results are flagged `isolation_same_uid`)."""
+    sandbox_uid: int | None = 2_000_000_000
+    """When the harness runs as root, run candidate code under a uid (and gid) of
+    `sandbox_uid .. sandbox_uid + sandbox_uids - 1`, one per evaluation in flight on this host
+    (`evaluator.uidpool`), if it can reach the interpreter, kloop and the GPU; otherwise, or with
+    None, under the harness's uid without capabilities (flagged `isolation_same_uid`). The
+    default range is one no account should use: its uids own nothing outside kloop's dirs."""
+    sandbox_uids: int = Field(32, ge=1)
+    """How many sandbox uids (evaluations in flight per host; more wait for a free one)."""
     salt: str | None = None
     """Seed salt for the correctness inputs; None draws a fresh random one per evaluation
     (so a candidate cannot hard-code its inputs). Set it only to reproduce a run."""

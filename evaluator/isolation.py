@@ -245,7 +245,8 @@ def private_dir(cache_dir: Path) -> Path:
 
 
 def give_to(plan: SandboxPlan, *paths: Path) -> None:
-    """Hand harness-created work dirs (recursively, never following links) to the sandbox uid."""
+    """Hand harness-created work dirs (recursively, never following links) to the sandbox uid,
+    closed to every other uid (another evaluation's candidate runs under another)."""
     if plan.uid is None:
         return
     for top in paths:
@@ -253,6 +254,12 @@ def give_to(plan: SandboxPlan, *paths: Path) -> None:
             for name in [*dirnames, *filenames]:
                 os.chown(os.path.join(dirpath, name), plan.uid, plan.gid, follow_symlinks=False)
         os.chown(top, plan.uid, plan.gid, follow_symlinks=False)
+        os.chmod(top, 0o700, follow_symlinks=False)
+
+
+def can_change_uid() -> bool:
+    """Whether children can be started under another uid (a root harness on Linux)."""
+    return _libc() is not None and os.geteuid() == 0
 
 
 def register(pid: int) -> None:

@@ -58,7 +58,10 @@ def child_env(home: Path, device: str, extra: dict[str, str] | None = None) -> d
     env.pop("TRITON_INTERPRET", None)  # set per child below, never inherited
     tmp = home / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
-    env.update(HOME=str(home), TMPDIR=str(tmp), PYTHONPATH=str(KLOOP_ROOT),
+    # USER/LOGNAME: a sandbox uid has no passwd entry, and getpass.getuser() (torch's cache
+    # dirs) would fail looking for one.
+    env.update(HOME=str(home), TMPDIR=str(tmp), PYTHONPATH=str(KLOOP_ROOT), USER="kloop",
+               LOGNAME="kloop",
                PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
     env["CUDA_VISIBLE_DEVICES"] = _visible_device(device)
     # The probe trials of a candidate with kernels of its own count them under torch.profiler;

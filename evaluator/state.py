@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from evaluator import __version__, isolation
+from evaluator import __version__, isolation, uidpool
 from evaluator.config import EvalConfig, Policy
 from evaluator.forkserver import gpu_nodes
 from evaluator.isolation import SandboxPlan
@@ -142,6 +142,8 @@ class EvalRun:
     reference: ReferenceOutput | None = None
     precision: PrecisionCheck | None = None
     sandbox: SandboxPlan | None = None
+    lease: uidpool.Lease | None = None
+    """This evaluation's sandbox uid, held until `cleanup` (evaluator.uidpool)."""
     """How candidate code runs (uid, capabilities); see `evaluator.isolation`."""
     findings: list[Finding] = field(default_factory=list)
     """Everything the stages found, in order (`evaluator.outcome`)."""
@@ -156,8 +158,14 @@ class EvalRun:
         for sub in ("cand", "ref", "compile", "triton"):
             (root / sub).mkdir()
         device = resolve_device(config.device)
-        plan = isolation.plan_sandbox(config.sandbox_uid, device != "cpu", problem.path,
-                                      config.cache_dir)
+        lease = None
+        if config.sandbox_uid is not None and isolation.can_change_uid():
+            lease = uidpool.lease(config.sandbox_uid, config.sandbox_uids)
+        plan = isolation.plan_sandbox(lease.uid if lease else None, device != "cpu",
+                                      problem.path, config.cache_dir)
+        if lease is not None and plan.uid is None:
+            lease.release()
+            lease = None
         if plan.uid is not None:
             # The sandbox uid may pass through the root to its own dirs, never into ref/.
             root.chmod(0o711)
@@ -166,7 +174,7 @@ class EvalRun:
         return cls(
             problem=problem, source=source, config=config, policy=config.resolved_policy(),
             device=device, root=root, salt=config.salt or secrets.token_hex(16),
-            started_at=datetime.now(timezone.utc).isoformat(), sandbox=plan,
+            started_at=datetime.now(timezone.utc).isoformat(), sandbox=plan, lease=lease,
         )
 
     # ---- helpers used by the stages ---------------------------------------------------------
@@ -328,10 +336,15 @@ class EvalRun:
         self.stop("runtime_error", stage, info)
 
     def cleanup(self) -> None:
-        if self.config.keep_workdir:
-            log.info("kept work dir %s", self.root)
-            return
-        shutil.rmtree(self.root, ignore_errors=True)
+        try:
+            if self.config.keep_workdir:
+                log.info("kept work dir %s", self.root)
+            else:
+                shutil.rmtree(self.root, ignore_errors=True)
+        finally:
+            if self.lease is not None:  # after its files are gone: the next holder starts clean
+                self.lease.release()
+                self.lease = None
 
     def to_result(self) -> EvalResult:
         assert self.status is not None
