@@ -1,0 +1,199 @@
+"""Evaluator throughput on a fixed batch of fresh candidates (the throughput issue's benchmark).
+
+    python bench/throughput.py [--device cuda] [--concurrency 4] [--kloop-root PATH] [--json F]
+    python bench/throughput.py --list
+
+The batch, all from files in this repo (30 candidates, 7 problems): the bundled examples'
+scripted Triton kernels for L3/1, L3/4, L3/13, L3/17 and L3/43 in all five variants (a syntax
+error, a crash, a wrong kernel, a plain and a faster correct one; at the examples' sizes), three
+CUDA `load_inline` candidates (L3/1 MLP, L3/43 attention, L3/8 ResNet block; full or medium
+sizes, built cold: every run starts with an empty cache) and two plain-PyTorch candidates (the
+references of L3/35 LSTM and L3/4 LeNet as candidates, full size).
+
+Printed: candidates per GPU-hour (batch size over the wall time of `evaluate_many` at the given
+concurrency), the GPU's busy fraction (`nvidia-smi` utilisation sampled every 0.5 s while the
+batch runs), per-stage p50/p90 and the statuses. With `--kloop-root`, the same batch is run
+first through that checkout's evaluator (for example `git worktree add /tmp/old <commit>`) in a
+fresh process, under the same load, and the ratios are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# This directory holds bench/evaluator.py, which would shadow the `evaluator` package.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+MLP_MEDIUM = {"batch_size": 64, "input_size": 4096, "layer_sizes": [4096, 4096],
+              "output_size": 2048}
+STAGES = ["static", "compile", "reference", "device_wait", "load", "correctness", "timing",
+          "profile", "candidate"]
+
+
+def batch() -> list[dict]:
+    """[{label, problem, source, overrides}] (read from this repo only)."""
+    sys.path[:0] = [str(REPO)]
+    from agent.demo.kernels import SIZES, source
+    from evaluator.fair_baseline import honest_source
+    from problems.registry import get_problem
+
+    out = [{"label": f"{pid} triton {v}", "problem": pid, "source": source(pid, v),
+            "overrides": SIZES[pid]}
+           for pid in SIZES for v in ("syntax", "crash", "wrong", "ok", "ok_fast")]
+    cands = REPO / "tests" / "evaluator" / "candidates"
+    for pid, name, sizes in [("L3/1", "mlp_cuda_relu.py", MLP_MEDIUM),
+                             ("L3/43", "attention_cuda.py", {}),
+                             ("L3/8", "resnet_block_bn_relu_cuda.py", {})]:
+        out.append({"label": f"{pid} cuda {name}", "problem": pid,
+                    "source": (cands / name).read_text(), "overrides": sizes})
+    for pid in ("L3/35", "L3/4"):
+        out.append({"label": f"{pid} torch reference", "problem": pid,
+                    "source": honest_source(get_problem(pid).path.read_text()), "overrides": {}})
+    return out
+
+
+def run_batch(items: list[dict], device: str, concurrency: int) -> dict:
+    """Evaluate the batch with the evaluator importable here; per-candidate numbers and wall."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from evaluator.config import EvalConfig
+    from evaluator.pipeline import evaluate
+
+    with tempfile.TemporaryDirectory(prefix="kloop-throughput-") as cache:
+        def one(item: dict) -> dict:
+            cfg = EvalConfig(device=device, cache_dir=Path(cache),
+                             problem_overrides=item["overrides"])
+            t0 = time.monotonic()
+            try:
+                r = evaluate(item["problem"], item["source"], cfg)
+                status, stages = r.status, dict(r.stage_seconds)
+            except Exception as e:  # an evaluator fault is a row too, not the end of the run
+                status, stages = f"error: {type(e).__name__}: {e}"[:120], {}
+            return {"label": item["label"], "status": status, "stages": stages,
+                    "wall_s": time.monotonic() - t0}
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(concurrency) as pool:
+            rows = list(pool.map(one, items))
+        return {"wall_s": time.monotonic() - t0, "rows": rows}
+
+
+class GpuSampler:
+    """`nvidia-smi` utilisation every 0.5 s (none where there is no nvidia-smi)."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._proc: subprocess.Popen | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> GpuSampler:
+        try:
+            self._proc = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                 "-lms", "500", "-i", "0"], stdout=subprocess.PIPE, text=True,
+                stderr=subprocess.DEVNULL)
+        except OSError:
+            return self
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+        return self
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            try:
+                self.samples.append(float(line.strip()))
+            except ValueError:
+                pass
+
+    def __exit__(self, *exc) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait()
+
+    def busy(self) -> float | None:
+        return sum(s > 0 for s in self.samples) / len(self.samples) if self.samples else None
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
+
+
+def report(name: str, res: dict, n: int) -> dict:
+    rows = res["rows"]
+    per_hour = n / res["wall_s"] * 3600
+    busy = res.get("gpu_busy")
+    print(f"\n== {name}: {n} candidates in {res['wall_s']:.1f} s = {per_hour:.0f} per GPU-hour; "
+          f"GPU busy {'-' if busy is None else f'{busy:.0%}'} of 0.5 s samples ==")
+    print(f"{'stage':12} {'p50 s':>7} {'p90 s':>7} {'n':>3}")
+    for s in STAGES:
+        v = [r["stages"][s] for r in rows if s in r["stages"]]
+        if v:
+            print(f"{s:12} {statistics.median(v):7.2f} {_pct(v, 0.9):7.2f} {len(v):3}")
+    walls = [r["wall_s"] for r in rows]
+    print(f"{'end to end':12} {statistics.median(walls):7.2f} {_pct(walls, 0.9):7.2f} {len(walls):3}")
+    for r in rows:
+        print(f"  {r['label']:42} {r['status']:16} {r['wall_s']:6.1f} s")
+    return {"per_hour": per_hour, "busy": busy, "wall_s": res["wall_s"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--kloop-root", type=Path, help="another checkout to run the batch through")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--inner", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.inner:  # run a batch file with whatever evaluator comes first on sys.path
+        items = json.loads(args.inner.read_text())
+        print(json.dumps(run_batch(items, args.device, args.concurrency)))
+        return 0
+    items = batch()
+    if args.list:
+        for it in items:
+            print(f"{it['label']:42} {it['overrides']}")
+        print(f"{len(items)} candidates, {len({it['problem'] for it in items})} problems")
+        return 0
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "batch.json"
+        path.write_text(json.dumps(items))
+        roots = ([("baseline", args.kloop_root.resolve())] if args.kloop_root else []) + \
+            [("this checkout", REPO)]
+        for name, root in roots:
+            with GpuSampler() as gpu:
+                p = subprocess.run(
+                    [sys.executable, __file__, "--inner", str(path), "--device", args.device,
+                     "--concurrency", str(args.concurrency)],
+                    capture_output=True, text=True, cwd=root,
+                    env={**os.environ, "PYTHONPATH": str(root)})
+            if p.returncode != 0:
+                print(f"{name}: failed ({p.returncode}): {p.stderr[-3000:]}")
+                return 1
+            res = json.loads(p.stdout.strip().splitlines()[-1])
+            res["gpu_busy"] = gpu.busy()
+            results[name] = report(name, res, len(items))
+    if "baseline" in results:
+        b, t = results["baseline"], results["this checkout"]
+        print(f"\nthis checkout / baseline: {t['per_hour'] / b['per_hour']:.2f}x candidates per "
+              f"GPU-hour")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
