@@ -84,6 +84,13 @@ def kernelbench_events(problem_id: str, overrides: dict, trials: int = 100) -> t
     return statistics.median(times), statistics.fmean(times)
 
 
+def _mhz(stats) -> str:
+    """The SM clock the harness read (NVML) before the first and after the last timed call."""
+    b, a = (getattr(stats, k, None) if stats is not None else None for k in ("gpu_before",
+                                                                           "gpu_after"))
+    return f"{getattr(b, 'sm_clock_mhz', None)}/{getattr(a, 'sm_clock_mhz', None)}"
+
+
 def _f(stats, name: str) -> str:
     v = getattr(stats, name, None) if stats is not None else None
     return f"{v:>8.4f}" if v is not None else f"{'-':>8}"
@@ -98,7 +105,7 @@ def main() -> int:
     print(f"{'model':<12} {'events med':>10} {'trusted':>9} {'ratio':>6} {'handshake':>9} "
           f"{'calibrated':>10} {'worker ev':>9} {'speedup':>7} | {'KB mean':>9} {'kb-policy':>9} "
           f"{'ratio':>6} | {'cand raw':>8} {'cand ev':>8} {'ref raw':>8} {'ref ev':>8} | "
-          f"{'fair sp':>7} {'tf/plain':>8} {'tf sp':>6}",
+          f"{'fair sp':>7} {'tf/plain':>8} {'tf sp':>6} | SM MHz before/after: cand, ref",
           flush=True)
     for label, pid, overrides in MODELS:
         if wanted is not None and label not in wanted:
@@ -126,7 +133,7 @@ def main() -> int:
               f"{_f(strict.eager, 'raw_median_ms')} {_f(strict.eager, 'worker_event_median_ms')} | "
               f"{fair.speedup_vs_eager or 0:>7.3f} "
               f"{(flushed.timing.median_ms / t.median_ms) if flushed.timing else 0:>8.3f} "
-              f"{flushed.speedup_vs_eager or 0:>6.3f}",
+              f"{flushed.speedup_vs_eager or 0:>6.3f} | {_mhz(t)}, {_mhz(strict.eager)}",
               flush=True)
     return 0
 

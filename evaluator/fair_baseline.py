@@ -24,7 +24,13 @@ from pathlib import Path
 
 from evaluator.isolation import private_dir
 from evaluator.outcome import Measured
-from evaluator.reference import BaselineRecord, ReferenceFailure, _atomic_write, baseline_key
+from evaluator.reference import (
+    BaselineRecord,
+    ReferenceFailure,
+    _atomic_write,
+    baseline_key,
+    timing_key,
+)
 from evaluator.result import TimingStats
 from evaluator.state import EvalRun
 
@@ -48,7 +54,7 @@ def eager_as_candidate_stage(run: EvalRun) -> None:
     serving = reference_serving(run)
     fields = {**serving.key_extra, "device": run.reference.env.device_name,
               "gpu_arch": run.reference.env.gpu_arch, "torch": run.reference.env.torch,
-              "cuda": run.reference.env.cuda, "timing": serving.timing.model_dump(),
+              "cuda": run.reference.env.cuda, "timing": timing_key(serving.timing),
               "n_calls": len(serving.seeds), "measured_as": "candidate"}
     key = baseline_key(fields)
     path = private_dir(run.config.cache_dir) / "baselines" / f"{key}.json"

@@ -36,6 +36,9 @@ class TimingSpec(_Rec):
     warmup_calls: int
     warmup_ms: float
     l2_flush: bool = True
+    gpu: str | None = None
+    """The device as `CUDA_VISIBLE_DEVICES` names it, for the harness's NVML readings around
+    the timed calls (None on CPU)."""
     l2_flusher: str | None = None
     """`l2_flush: trusted`: the harness's device (`cpu`, `cuda:N`) whose trusted flusher
     (`evaluator.harness.flusher`) flushes before each call; None: only the serving process's

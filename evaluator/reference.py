@@ -71,6 +71,12 @@ class BaselineRecord(BaseModel):
     updated_at: str
 
 
+def timing_key(timing: TimingSpec) -> dict[str, Any]:
+    """How calls are timed, for a baseline's key: not which GPU of the host (`gpu`), and new
+    fields only when set (keys made before they existed stay valid)."""
+    return timing.model_dump(exclude={"gpu"}, exclude_none=True)
+
+
 def baseline_key(fields: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -195,7 +201,8 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput) 
     plan = CallPlan(
         seeds=serving.seeds if eager else [secrets.randbits(62) for _ in serving.seeds],
         warmup_calls=t.warmup_calls, warmup_ms=t.warmup_ms,
-        null_calls=serving.null_calls if eager else 0, prep=t.l2_flush, flusher=t.l2_flusher)
+        null_calls=serving.null_calls if eager else 0, prep=t.l2_flush, flusher=t.l2_flusher,
+        gpu=t.gpu)
     try:
         served = run_plan(child.calls, plan, serving.budget_s, on_output)
     except ChannelBroken as e:
@@ -223,7 +230,7 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput) 
 def _key_fields(serving: Serving, env: EnvInfo) -> dict[str, Any]:
     return {
         "device": env.device_name, "gpu_arch": env.gpu_arch, "torch": env.torch,
-        "cuda": env.cuda, "timing": serving.timing.model_dump(), "clock": "harness",
+        "cuda": env.cuda, "timing": timing_key(serving.timing), "clock": "harness",
         "n_calls": len(serving.seeds), **serving.key_extra,
     }
 

@@ -134,6 +134,19 @@ class PrecisionCheck(_Record):
     ok: bool
 
 
+class GpuSample(_Record):
+    """The device as NVML saw it at one moment (`evaluator.harness.gpustate`); None where a
+    reading was not available."""
+
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    temperature_c: int | None = None
+    power_w: float | None = None
+    clock_limits: list[str] | None = None
+    """Why the clocks are below their maximum right then (`gpu_idle`, `sw_power_cap`,
+    `hw_thermal`...), as NVML's clock-event reasons."""
+
+
 class TimingStats(_Record):
     median_ms: float
     mean_ms: float
@@ -164,6 +177,10 @@ class TimingStats(_Record):
     worker_event_median_ms: float | None = None
     """The worker's own CUDA-event median of the forward: what the process says, kept as a
     cross-check only (a candidate's process can forge it)."""
+    gpu_before: GpuSample | None = None
+    """The GPU just before the first timed call (NVML, read by the harness; GPU runs only)."""
+    gpu_after: GpuSample | None = None
+    """The GPU just after the last timed call."""
 
 
 class ProfileKernel(_Record):

@@ -63,7 +63,7 @@ def child_env(home: Path, device: str, extra: dict[str, str] | None = None) -> d
     env.update(HOME=str(home), TMPDIR=str(tmp), PYTHONPATH=str(KLOOP_ROOT), USER="kloop",
                LOGNAME="kloop",
                PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
-    env["CUDA_VISIBLE_DEVICES"] = _visible_device(device)
+    env["CUDA_VISIBLE_DEVICES"] = visible_device(device)
     # The probe trials of a candidate with kernels of its own count them under torch.profiler;
     # without a CUPTI teardown afterwards every later launch in that process stays slower (a
     # launch-bound forward 1.49x after one profiler session, 1.02x with this; bench/cupti.py on
@@ -73,7 +73,7 @@ def child_env(home: Path, device: str, extra: dict[str, str] | None = None) -> d
     return env
 
 
-def _visible_device(device: str) -> str:
+def visible_device(device: str) -> str:
     if device == "cpu":
         return ""
     index = int(device.split(":")[1]) if ":" in device else 0

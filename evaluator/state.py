@@ -44,7 +44,7 @@ from evaluator.result import (
     TimingStats,
     Violation,
 )
-from evaluator.sandbox import Child, ChildOutcome, child_env
+from evaluator.sandbox import Child, ChildOutcome, child_env, visible_device
 from problems.registry import Problem
 
 log = logging.getLogger(__name__)
@@ -276,6 +276,7 @@ class EvalRun:
             warmup_ms=0.0 if self.on_cpu else p.warmup_ms,
             l2_flush=not self.on_cpu,
             l2_flusher=self.device if c.l2_flush == "trusted" else None,
+            gpu=None if self.on_cpu else visible_device(self.device),
         )
 
     def spawn(self, mode, job, workdir: Path, stages: list[str],

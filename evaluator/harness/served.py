@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from evaluator.harness import gpustate
 from evaluator.harness.clock import CallChannel, CallResult, ChannelBroken
 from evaluator.harness.flusher import flusher
-from evaluator.result import TimingStats
+from evaluator.result import GpuSample, TimingStats
 from evaluator.worker.serve import DTYPES, OK, ServeLayout
 
 _MAX_WARMUP_CALLS = 1000
@@ -37,6 +38,9 @@ class CallPlan:
     """Flush the L2 before each call (GPU)."""
     flusher: str | None = None
     """Also flush it from the trusted flusher for this device (`evaluator.harness.flusher`)."""
+    gpu: str | None = None
+    """Read the GPU's clocks and temperature (NVML) around the timed calls: the device as
+    `CUDA_VISIBLE_DEVICES` names it (`evaluator.harness.gpustate`)."""
 
 
 @dataclass
@@ -45,6 +49,8 @@ class Served:
     event_ms: list[float | None] = field(default_factory=list)
     null_ms: list[float] = field(default_factory=list)
     warmup_done: int = 0
+    gpu_before: GpuSample | None = None
+    gpu_after: GpuSample | None = None
 
     def handshake_ms(self) -> float | None:
         """The fastest null call: a lower bound of what serving a call costs."""
@@ -95,6 +101,8 @@ def run_plan(ch: CallChannel, plan: CallPlan, budget_s: float, on_output: OnOutp
             if r.status != OK:
                 raise ChannelBroken("protocol", "a null call failed")
             out.null_ms.append(r.wall_ms)
+        if plan.gpu is not None:
+            out.gpu_before = gpustate.sample(plan.gpu)
         for i, seed in enumerate(plan.seeds):
             r = one(seed)
             out.wall_ms.append(r.wall_ms)
@@ -104,6 +112,8 @@ def run_plan(ch: CallChannel, plan: CallPlan, budget_s: float, on_output: OnOutp
     finally:
         if was_on:
             gc.enable()
+    if plan.gpu is not None and out.gpu_before is not None:
+        out.gpu_after = gpustate.sample(plan.gpu)
     return out
 
 
@@ -166,4 +176,5 @@ def timing_stats(served: Served, handshake_ms: float | None, *, on_cuda: bool,
         calibrated_median_ms=None if calibrated_overhead_ms is None
         else max(float(np.median(raw)) - calibrated_overhead_ms, 0.0),
         worker_event_median_ms=float(np.median(events)) if events else None,
+        gpu_before=served.gpu_before, gpu_after=served.gpu_after,
     )

@@ -65,7 +65,7 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
 
     t = run.timing_spec()
     plan = CallPlan(seeds=seeds, warmup_calls=t.warmup_calls, warmup_ms=t.warmup_ms,
-                    prep=t.l2_flush, flusher=t.l2_flusher)
+                    prep=t.l2_flush, flusher=t.l2_flusher, gpu=t.gpu)
     try:
         served = run_plan(child.calls, plan, run.config.timeouts.timing, on_output)
     except ChannelBroken as e:
