@@ -188,7 +188,9 @@ class EvalConfig(BaseModel):
     """Baseline timings, extension builds, nvcc checks and inductor caches live under here
     (`private/`, harness-only when the harness is root; see `evaluator.isolation.private_dir`)."""
     work_root: Path | None = None
-    """Parent of the per-evaluation temporary directories (default: the system temp dir)."""
+    """Where the per-evaluation temporary directories go, inside its `kloop-work` directory
+    (default: the system temp dir's), which children that run candidate code see holding only
+    their own (`isolation.work_parent`)."""
     keep_workdir: bool = False
     """Keep the temporary directories for debugging (their paths are logged)."""
     output_tail_bytes: int = 65536

@@ -74,7 +74,8 @@ class ForkServer:
 
     def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, fds: list[int],
               targets: list[int], uid: int | None, gid: int | None,
-              hide: list[str] | None = None) -> int | None:
+              hide: list[str] | None = None, keep: str | None = None,
+              own_pids: bool = False) -> int | None:
         """Fork a child (the caller holds `isolation.SPAWN_LOCK` and registers the pid); None
         when the template cannot do it."""
         with self._lock:
@@ -82,7 +83,7 @@ class ForkServer:
             if sock is None:
                 return None
             req = ForkRequest(argv=argv, env=env, cwd=str(cwd), fd_targets=targets, uid=uid,
-                              gid=gid, hide=hide or [])
+                              gid=gid, hide=hide or [], keep=keep, own_pids=own_pids)
             try:
                 socket.send_fds(sock, [req.model_dump_json().encode()], fds)
                 sock.settimeout(_REPLY_TIMEOUT_S)

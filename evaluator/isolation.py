@@ -257,6 +257,27 @@ def give_to(plan: SandboxPlan, *paths: Path) -> None:
         os.chmod(top, 0o700, follow_symlinks=False)
 
 
+WORK_DIR = "kloop-work"
+
+
+def work_parent(base: Path | None) -> tuple[Path, bool]:
+    """Where evaluation dirs are made: `<base or the temp dir>/kloop-work`, and whether children
+    can be contained in it (`zygote.ForkRequest.keep`: a root harness, and the directory is
+    root's, mode 0711, not a link; one a candidate made first is used but not trusted)."""
+    path = (base if base is not None else Path(tempfile.gettempdir())) / WORK_DIR
+    path.mkdir(parents=True, mode=0o711, exist_ok=True)
+    if not can_change_uid():
+        return path, False
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o022:
+        log.warning("%s is not root's (or others may write it): children are not contained",
+                    path)
+        return path, False
+    if stat.S_IMODE(st.st_mode) != 0o711:
+        path.chmod(0o711)  # others may pass through to their own dirs, never list them
+    return path, True
+
+
 def can_change_uid() -> bool:
     """Whether children can be started under another uid (a root harness on Linux)."""
     return _libc() is not None and os.geteuid() == 0

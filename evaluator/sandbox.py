@@ -124,7 +124,8 @@ class Child:
     def __init__(self, mode: ChildMode, job: BaseModel, workdir: Path, env: dict[str, str],
                  timeouts: dict[str, float], rss_limit_bytes: int | None, tail_bytes: int,
                  sandbox: SandboxPlan | None = None, serves: bool = False,
-                 template: bool = False, hide: list[str] | None = None):
+                 template: bool = False, hide: list[str] | None = None,
+                 keep: str | None = None, own_pids: bool = False):
         self.mode, self.workdir, self.env = mode, workdir, env
         self.template = template
         """Fork the child from the template process (`evaluator.forkserver`) when it can."""
@@ -132,6 +133,9 @@ class Child:
         """Paths the child cannot open (a template-forked child only): a compile child runs
         candidate code outside the device lock, so the GPU's device nodes are hidden from it
         and it cannot load the GPU while another evaluation is timed."""
+        self.keep, self.own_pids = keep, own_pids
+        """Containment (a template-forked child of a root harness, `zygote.ForkRequest`): the
+        only evaluation dir it can see, and whether it gets a PID namespace of its own."""
         self.calls: CallChannel | None = CallChannel.open() if serves else None
         """The trusted clock's call channel (`evaluator.harness.clock`) when the child serves."""
         self.sandbox = sandbox
@@ -197,7 +201,8 @@ class Child:
         try:
             pid = forkserver.server().spawn(
                 argv, self.env, self.workdir, theirs + list(fds), [0, 1, 2] + numbers,
-                identity.get("user"), identity.get("group"), self.hide)
+                identity.get("user"), identity.get("group"), self.hide, self.keep,
+                self.own_pids)
         finally:
             for fd in theirs:
                 os.close(fd)

@@ -142,6 +142,8 @@ class EvalRun:
     reference: ReferenceOutput | None = None
     precision: PrecisionCheck | None = None
     sandbox: SandboxPlan | None = None
+    contained: bool = False
+    """Whether children that run candidate code can be contained (`isolation.work_parent`)."""
     lease: uidpool.Lease | None = None
     """This evaluation's sandbox uid, held until `cleanup` (evaluator.uidpool)."""
     """How candidate code runs (uid, capabilities); see `evaluator.isolation`."""
@@ -151,9 +153,7 @@ class EvalRun:
 
     @classmethod
     def create(cls, problem: Problem, source: str, config: EvalConfig) -> EvalRun:
-        parent = config.work_root
-        if parent is not None:
-            parent.mkdir(parents=True, exist_ok=True)
+        parent, contained = isolation.work_parent(config.work_root)
         root = Path(tempfile.mkdtemp(prefix="kloop-eval-", dir=parent))
         for sub in ("cand", "ref", "compile", "triton"):
             (root / sub).mkdir()
@@ -175,6 +175,7 @@ class EvalRun:
             problem=problem, source=source, config=config, policy=config.resolved_policy(),
             device=device, root=root, salt=config.salt or secrets.token_hex(16),
             started_at=datetime.now(timezone.utc).isoformat(), sandbox=plan, lease=lease,
+            contained=contained,
         )
 
     # ---- helpers used by the stages ---------------------------------------------------------
@@ -294,8 +295,14 @@ class EvalRun:
         plan = self.sandbox if mode in ("candidate", "compile") else None
         # Compile children run candidate code outside the device lock: no GPU for them.
         hide = gpu_nodes() + list(c.hidden_from_builds) if mode == "compile" else []
+        # Contained (a root harness): only its own evaluation's dir is visible, and where it
+        # never uses the GPU, no process outside its own PID namespace either. Candidate
+        # children on a GPU are not contained yet (not validated there): their uid and the
+        # device lock keep them apart.
+        contain = self.contained and (mode == "compile" or (mode == "candidate" and self.on_cpu))
         child = Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes, plan,
-                      serves=serves, template=c.template_process, hide=hide)
+                      serves=serves, template=c.template_process, hide=hide,
+                      keep=str(self.root) if contain else None, own_pids=contain)
         if plan is not None:
             isolation.give_to(plan, workdir)
             if plan.same_uid:

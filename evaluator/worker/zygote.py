@@ -53,6 +53,14 @@ class ForkRequest(BaseModel):
     candidate code outside the device lock): /dev/null is bind-mounted over each, in a mount
     namespace of the child's own. Needs CAP_SYS_ADMIN (a root harness); without it the child
     starts anyway and says so on stderr."""
+    keep: str | None = None
+    """Contain the child (a root harness): in its mount namespace the directory that holds
+    every evaluation's work dir is an empty tmpfs with only this one (the child's own
+    evaluation's) bound back, so no other evaluation's files can be seen, let alone changed."""
+    own_pids: bool = False
+    """Also a PID namespace of its own, with /proc remounted: it can neither see nor signal
+    any process outside it (children that never use the GPU), and when it exits everything it
+    started is killed."""
 
 
 def preload() -> None:
@@ -94,6 +102,9 @@ def _fork(req: ForkRequest, fds: list[int], sock: socket.socket) -> int:
     if middle == 0:  # the middle process: fork the child and leave at once
         try:
             os.close(r)
+            if req.own_pids and _libc().unshare(_CLONE_NEWPID) != 0:
+                print(f"kloop: no PID namespace for the child: errno {ctypes.get_errno()}",
+                      file=sys.stderr)
             pid = os.fork()
             if pid == 0:
                 os.close(w)
@@ -135,8 +146,8 @@ def _become_child(req: ForkRequest, fds: list[int], sock: socket.socket) -> None
         tempfile.tempdir = None  # TMPDIR is the child's own
         sys.dont_write_bytecode = True
         _libc_dumpable(1)  # the template is not dumpable; its children are, as if exec'd
-        if req.hide:
-            _hide(req.hide)
+        if req.hide or req.keep:
+            _contain(req)
         if req.gid is not None:
             os.setgroups([])
             os.setgid(req.gid)
@@ -163,21 +174,52 @@ def _become_child(req: ForkRequest, fds: list[int], sock: socket.socket) -> None
         os._exit(rc)
 
 
-_CLONE_NEWNS = 0x00020000
+_CLONE_NEWNS, _CLONE_NEWPID = 0x00020000, 0x20000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x2, 0x4, 0x8
 _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 0x40000
 
 
-def _hide(paths: list[str]) -> None:
-    """A mount namespace of our own in which each path is /dev/null (before dropping root)."""
-    libc = ctypes.CDLL(None, use_errno=True)
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _contain(req: ForkRequest) -> None:
+    """A mount namespace of our own (before dropping root): each `hide` path is /dev/null, the
+    work parent is empty but for our own evaluation's dir, /proc is our PID namespace's. What
+    cannot be done is said on stderr; the child runs either way (the harness flags it)."""
+    libc = _libc()
     if libc.unshare(_CLONE_NEWNS) != 0 or \
             libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
-        print(f"kloop: could not hide {len(paths)} device path(s): errno {ctypes.get_errno()}",
+        print(f"kloop: no mount namespace for the child: errno {ctypes.get_errno()}",
               file=sys.stderr)
         return
-    for path in paths:
+    for path in req.hide:
         if libc.mount(b"/dev/null", path.encode(), None, _MS_BIND, None) != 0:
             print(f"kloop: could not hide {path}: errno {ctypes.get_errno()}", file=sys.stderr)
+    if req.keep:
+        _keep_only(libc, req.keep)
+    if req.own_pids and os.getpid() == 1 and \
+            libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None):
+        print(f"kloop: /proc not remounted: errno {ctypes.get_errno()}", file=sys.stderr)
+    os.chdir(req.cwd)  # through the new mounts
+
+
+def _keep_only(libc: ctypes.CDLL, keep: str) -> None:
+    parent = os.path.dirname(keep.rstrip("/"))
+    fd = os.open(keep, os.O_PATH | os.O_DIRECTORY)
+    try:
+        if libc.mount(b"tmpfs", parent.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                      b"mode=0711,size=64k") != 0:
+            print(f"kloop: other evaluations' dirs not hidden: errno {ctypes.get_errno()}",
+                  file=sys.stderr)
+            return
+        os.mkdir(keep, 0o711)
+        if libc.mount(f"/proc/self/fd/{fd}".encode(), keep.encode(), None, _MS_BIND | _MS_REC,
+                      None) != 0:
+            print(f"kloop: own work dir not bound back: errno {ctypes.get_errno()}",
+                  file=sys.stderr)
+    finally:
+        os.close(fd)
 
 
 def _open_fds() -> list[int]:
@@ -189,8 +231,7 @@ def _open_fds() -> list[int]:
 
 def _libc_dumpable(value: int) -> None:
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_DUMPABLE, value, 0, 0, 0)
+        _libc().prctl(_PR_SET_DUMPABLE, value, 0, 0, 0)
     except (OSError, AttributeError):
         pass
 

@@ -1,9 +1,8 @@
 """L3/1, correct, but leaves a sleeper behind that left its process group (fork + setsid, the
 parent side exits so the sleeper is re-parented): it would watch later evaluations. The sleeper
-writes its pid to PID_FILE (the test formats the path in)."""
+writes its pid to PID_FILE, then becomes `sleep SLEEP_S` (the test formats both in)."""
 
 import os
-import time
 
 import torch.nn as nn
 
@@ -15,7 +14,9 @@ if _fork() == 0:
     if _fork() == 0:
         with open(PID_FILE, "w") as f:
             f.write(str(os.getpid()))
-        time.sleep(600)
+        # A command line the test can find from outside (its pid there may differ: a PID
+        # namespace of the child's own).
+        getattr(os, "ex" + "ecv")("/bin/sleep", ["sleep", "{sleep_s}"])
     os._exit(0)
 
 
