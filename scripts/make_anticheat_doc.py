@@ -31,7 +31,13 @@ def render() -> str:
         "case, policy and device). Isolation (separate harness, reference and candidate "
         "processes; the reference output never exists in the candidate's process; a "
         "non-dumpable harness; escaped processes killed; candidates as an unprivileged uid when "
-        "the harness is root) defeats C1, C2, C10 and C11 by construction.",
+        "the harness is root) defeats C1, C2, C10 and C11 by construction. Between "
+        "candidates: each evaluation in flight runs its candidate code under a uid of its own "
+        "with its work dirs closed to others (`evaluator/uidpool.py`), and a root harness "
+        "runs compile children and CPU candidate children in mount and PID namespaces that "
+        "show only their own evaluation (`tests/evaluator/test_containment.py`, "
+        "`test_uidpool.py`), so one candidate cannot rewrite another's files or stop its "
+        "processes.",
         "",
         "## Patterns",
         "",
