@@ -27,7 +27,7 @@ from evaluator.outcome import Measured
 from evaluator.reference import (
     BaselineRecord,
     ReferenceFailure,
-    _atomic_write,
+    atomic_write,
     baseline_key,
     timing_key,
 )
@@ -60,7 +60,7 @@ def eager_as_candidate_stage(run: EvalRun) -> None:
     path = private_dir(run.config.cache_dir) / "baselines" / f"{key}.json"
     with run.timed("eager_as_candidate"), _lock(key):
         stats = _cached(path) or _measure(run, path, key, fields)
-    run.record(Measured(what="eager", stats=stats))
+    run.record(Measured(what="eager", stats=stats.model_copy(update={"measured_as": "candidate"})))
 
 
 def _lock(key: str) -> threading.Lock:
@@ -88,5 +88,5 @@ def _measure(run: EvalRun, path: Path, key: str, fields: dict) -> TimingStats:
                                f"baseline, was {r.status}: {why}")
     record = BaselineRecord(key=key, key_fields=fields, env=r.env, eager=r.timing,
                             updated_at=datetime.now(timezone.utc).isoformat())
-    _atomic_write(path, record.model_dump_json(indent=1))
+    atomic_write(path, record.model_dump_json(indent=1))
     return r.timing

@@ -81,7 +81,7 @@ def baseline_key(fields: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     with os.fdopen(fd, "w") as f:
@@ -259,7 +259,7 @@ def _store(path: Path | None, record: BaselineRecord | None, out: ReferenceOutpu
     new = BaselineRecord(key=baseline_key(fields), key_fields=fields, env=out.env,
                          eager=out.eager, compiled=compiled,
                          updated_at=datetime.now(timezone.utc).isoformat())
-    _atomic_write(path, new.model_dump_json(indent=1))
+    atomic_write(path, new.model_dump_json(indent=1))
 
 
 def _failure_text(outcome: ChildOutcome, error: ErrorInfo | None) -> str:

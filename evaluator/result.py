@@ -177,6 +177,10 @@ class TimingStats(_Record):
     worker_event_median_ms: float | None = None
     """The worker's own CUDA-event median of the forward: what the process says, kept as a
     cross-check only (a candidate's process can forge it)."""
+    measured_as: Literal["reference", "candidate"] | None = None
+    """Baselines: served by the reference worker, or the reference's own code judged as a
+    candidate (`eager_baseline_from: candidate`, `evaluator.fair_baseline`); None: a
+    candidate's own timing."""
     gpu_before: GpuSample | None = None
     """The GPU just before the first timed call (NVML, read by the harness; GPU runs only)."""
     gpu_after: GpuSample | None = None

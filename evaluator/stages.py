@@ -46,7 +46,7 @@ from evaluator.protocol import (
     ReferenceJob,
 )
 from evaluator.reference import Serving, collect_reference
-from evaluator.result import ErrorInfo
+from evaluator.result import ErrorInfo, TimingStats
 from evaluator.sandbox import child_env
 from evaluator.state import EvalRun, cuda_arch_list
 
@@ -179,9 +179,14 @@ def reference_stage(run: EvalRun, job: ReferenceJob | None = None,
     run.stage_seconds.update(out.stage_seconds)
     kinds = job.baselines
     run.record(Observed(env=out.env),
-               Measured(what="eager", stats=out.eager if "eager" in kinds else None),
-               Measured(what="compiled", stats=out.compiled if "compile" in kinds else None),
+               Measured(what="eager", stats=_as_reference(out.eager) if "eager" in kinds else None),
+               Measured(what="compiled",
+                        stats=_as_reference(out.compiled) if "compile" in kinds else None),
                *(Flagged(flag=f) for f in out.flags))
+
+
+def _as_reference(stats: TimingStats | None) -> TimingStats | None:
+    return None if stats is None else stats.model_copy(update={"measured_as": "reference"})
 
 
 def reference_job(run: EvalRun) -> ReferenceJob:
