@@ -260,22 +260,36 @@ def give_to(plan: SandboxPlan, *paths: Path) -> None:
 WORK_DIR = "kloop-work"
 
 
+_own_parents: dict[Path, Path] = {}
+
+
 def work_parent(base: Path | None) -> tuple[Path, bool]:
-    """Where evaluation dirs are made: `<base or the temp dir>/kloop-work`, and whether children
-    can be contained in it (`zygote.ForkRequest.keep`: a root harness, and the directory is
-    root's, mode 0711, not a link; one a candidate made first is used but not trusted)."""
-    path = (base if base is not None else Path(tempfile.gettempdir())) / WORK_DIR
-    path.mkdir(parents=True, mode=0o711, exist_ok=True)
-    if not can_change_uid():
-        return path, False
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o022:
-        log.warning("%s is not root's (or others may write it): children are not contained",
-                    path)
-        return path, False
-    if stat.S_IMODE(st.st_mode) != 0o711:
-        path.chmod(0o711)  # others may pass through to their own dirs, never list them
-    return path, True
+    """Where evaluation dirs are made, and whether children can be contained in it
+    (`zygote.ForkRequest.keep`: a root harness). `<base or the temp dir>/kloop-work`, root's and
+    mode 0711 (others may pass through to their own dirs, never list them); for a harness that is
+    not root, `kloop-work-<uid>`, 0700. One that someone else made first is not used: then this
+    process makes one of its own (and other harnesses' dirs are not hidden from its children)."""
+    top = base if base is not None else Path(tempfile.gettempdir())
+    root = can_change_uid()
+    path = top / (WORK_DIR if root else f"{WORK_DIR}-{os.geteuid()}")
+    mode = 0o711 if root else 0o700
+    try:
+        path.mkdir(parents=True, mode=mode, exist_ok=True)
+        st = os.lstat(path)
+        ours = stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and \
+            not stat.S_IMODE(st.st_mode) & 0o022
+    except OSError:
+        ours = False
+    if not ours:
+        if top not in _own_parents:
+            log.warning("%s was made by someone else: this process uses a work dir of its own",
+                        path)
+            _own_parents[top] = Path(tempfile.mkdtemp(prefix=f"{WORK_DIR}-", dir=top))
+            _own_parents[top].chmod(mode)
+        return _own_parents[top], root
+    if stat.S_IMODE(st.st_mode) != mode:
+        path.chmod(mode)
+    return path, root
 
 
 def can_change_uid() -> bool:

@@ -7,6 +7,7 @@ capabilities, where no sandbox uid can reach the interpreter)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from eval_helpers import candidate, cpu_config
@@ -51,3 +52,16 @@ def test_candidate_code_sees_no_other_evaluation(tmp_path, drop_box):
     for r in rows:
         assert len(r["work"]) == 1 and r["work"][0].startswith("kloop-eval-"), r
         assert r["pid"] == 1 and r["others"] == [], r
+
+
+def test_a_work_parent_someone_else_made_is_not_used(tmp_path):
+    """A candidate (another uid) that made `kloop-work` first would own every evaluation's
+    parent; the harness makes one of its own instead."""
+    squat = tmp_path / isolation.WORK_DIR
+    squat.mkdir(mode=0o777)
+    os.chown(squat, 12345, 12345)
+    path, contained = isolation.work_parent(tmp_path)
+    assert path != squat and path.parent == tmp_path and path.stat().st_uid == 0
+    assert contained and os.stat(path).st_mode & 0o777 == 0o711
+    fine, _ = isolation.work_parent(tmp_path / "clean")
+    assert fine == tmp_path / "clean" / isolation.WORK_DIR
