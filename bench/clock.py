@@ -27,6 +27,7 @@ sys.path[:0] = [str(REPO)]
 
 import torch  # noqa: E402
 
+from evaluator import fair_baseline  # noqa: E402
 from evaluator.config import EvalConfig  # noqa: E402
 from evaluator.pipeline import evaluate  # noqa: E402
 from evaluator.worker.construct import as_output_list  # noqa: E402
@@ -49,8 +50,7 @@ MODELS = [
 
 def honest_source(problem_id: str) -> str:
     """The reference module with its Model renamed ModelNew (an honest, plain-PyTorch candidate)."""
-    text = get_problem(problem_id).path.read_text()
-    return text.replace("class Model(", "class ModelNew(").replace("super(Model,", "super(ModelNew,")
+    return fair_baseline.honest_source(get_problem(problem_id).path.read_text())
 
 
 def kernelbench_events(problem_id: str, overrides: dict, trials: int = 100) -> tuple[float, float]:

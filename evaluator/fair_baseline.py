@@ -29,7 +29,7 @@ from evaluator.reference import (
     ReferenceFailure,
     atomic_write,
     baseline_key,
-    timing_key,
+    key_fields,
 )
 from evaluator.result import TimingStats
 from evaluator.state import EvalRun
@@ -52,10 +52,7 @@ def eager_as_candidate_stage(run: EvalRun) -> None:
         return
     assert run.reference is not None and run.reference.env is not None
     serving = reference_serving(run)
-    fields = {**serving.key_extra, "device": run.reference.env.device_name,
-              "gpu_arch": run.reference.env.gpu_arch, "torch": run.reference.env.torch,
-              "cuda": run.reference.env.cuda, "timing": timing_key(serving.timing),
-              "n_calls": len(serving.seeds), "measured_as": "candidate"}
+    fields = {**key_fields(serving, run.reference.env), "measured_as": "candidate"}
     key = baseline_key(fields)
     path = private_dir(run.config.cache_dir) / "baselines" / f"{key}.json"
     with run.timed("eager_as_candidate"), _lock(key):

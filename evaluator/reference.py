@@ -227,7 +227,7 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput) 
         _store(path, record, out, serving)
 
 
-def _key_fields(serving: Serving, env: EnvInfo) -> dict[str, Any]:
+def key_fields(serving: Serving, env: EnvInfo) -> dict[str, Any]:
     return {
         "device": env.device_name, "gpu_arch": env.gpu_arch, "torch": env.torch,
         "cuda": env.cuda, "timing": timing_key(serving.timing), "clock": "harness",
@@ -238,7 +238,7 @@ def _key_fields(serving: Serving, env: EnvInfo) -> dict[str, Any]:
 def _cached(serving: Serving, out: ReferenceOutput) -> tuple[BaselineRecord | None, Path | None]:
     if serving.cache_dir is None or out.env is None:
         return None, None
-    fields = _key_fields(serving, out.env)
+    fields = key_fields(serving, out.env)
     key = baseline_key(fields)
     path = serving.cache_dir / f"{key}.json"
     if serving.rebuild or not path.exists():
@@ -253,7 +253,7 @@ def _store(path: Path | None, record: BaselineRecord | None, out: ReferenceOutpu
            serving: Serving) -> None:
     if path is None or out.env is None:
         return
-    fields = _key_fields(serving, out.env)
+    fields = key_fields(serving, out.env)
     # A compile baseline measured earlier is kept until one is measured again.
     compiled = out.compiled or (record.compiled if record is not None else None)
     new = BaselineRecord(key=baseline_key(fields), key_fields=fields, env=out.env,

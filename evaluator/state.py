@@ -142,11 +142,11 @@ class EvalRun:
     reference: ReferenceOutput | None = None
     precision: PrecisionCheck | None = None
     sandbox: SandboxPlan | None = None
+    """How candidate code runs (uid, capabilities); see `evaluator.isolation`."""
     contained: bool = False
     """Whether children that run candidate code can be contained (`isolation.work_parent`)."""
     lease: uidpool.Lease | None = None
     """This evaluation's sandbox uid, held until `cleanup` (evaluator.uidpool)."""
-    """How candidate code runs (uid, capabilities); see `evaluator.isolation`."""
     findings: list[Finding] = field(default_factory=list)
     """Everything the stages found, in order (`evaluator.outcome`)."""
     _mark: tuple[str, float] | None = None
