@@ -198,7 +198,7 @@ def write_summary(out: Path, runs: list[Path], checked: list[Rejudged]) -> None:
              "calls per problem. Sequential refinement feeds the evaluator's verdict (compile",
              "errors, wrong-output diffs, timings) into the next turn; best-of-4 draws four",
              "independent first attempts. " + NOTE, ""]
-    recorded_on = set()
+    recorded_on, gpus, clocks = set(), set(), set()
     lines += ["## Recorded results", "",
               "| problem | family | sequential 1x4 | best-of-4 | calls | tokens (counted) |",
               "|---|---|---|---|---|---|"]
@@ -209,6 +209,8 @@ def write_summary(out: Path, runs: list[Path], checked: list[Rejudged]) -> None:
         for s in RUNS:
             mine = [t for t in turns[s] if t.problem_id == pid]
             recorded_on |= {t.eval.device for t in mine if t.eval}
+            gpus |= {t.eval.env.device_name for t in mine if t.eval and t.eval.env}
+            clocks |= {t.eval.timing.clock for t in mine if t.eval and t.eval.timing}
             best = [t for t in mine if t.status == "correct"]
             if best:
                 b = min(best, key=lambda t: t.eval.runtime_ms or float("inf"))
@@ -221,8 +223,10 @@ def write_summary(out: Path, runs: list[Path], checked: list[Rejudged]) -> None:
                      f"{calls['sequential']} / {calls['best_of_n']} | "
                      f"{toks['sequential']:,} / {toks['best_of_n']:,} |")
     gpu = any(d.startswith("cuda") for d in recorded_on)
-    lines += ["", f"Recorded on: {', '.join(sorted(recorded_on))}. " + (
-        "Runtimes are CUDA-event medians on the recording GPU." if gpu else
+    where = ", ".join(sorted(recorded_on)) + (f" ({', '.join(sorted(gpus))})" if gpu else "")
+    lines += ["", f"Recorded on: {where}. " + (
+        f"Runtimes are medians by kloop's {'/'.join(sorted(clocks))} clock on the recording "
+        "GPU (the trusted side's clock, net of its handshake), kept in the records." if gpu else
         "Runtimes are host-clock medians of the Triton CPU interpreter: they show the pipeline, "
         "not GPU performance. **H200 numbers: not recorded yet** - on the H200 run "
         "`python -m agent.demo.examples record --device cuda` and commit runs/examples/suite-*; "

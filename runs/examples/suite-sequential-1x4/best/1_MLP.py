@@ -6,7 +6,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-BLOCK = 2048
+BLOCK = 256
 
 
 @triton.jit
