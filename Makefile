@@ -24,7 +24,8 @@ test: $(PY)
 
 # On a GPU machine with kloop installed: runs only the tests that need CUDA.
 test-gpu:
-	python3 -m pytest -m gpu -q -rA
+	python3 -m pytest -m "gpu and not alone" -q -rA
+	python3 -m pytest -m "gpu and alone" -q -rA
 
 lint: $(PY)
 	$(VENV)/bin/ruff check .

@@ -295,11 +295,11 @@ class EvalRun:
         plan = self.sandbox if mode in ("candidate", "compile") else None
         # Compile children run candidate code outside the device lock: no GPU for them.
         hide = gpu_nodes() + list(c.hidden_from_builds) if mode == "compile" else []
-        # Contained (a root harness): only its own evaluation's dir is visible, and where it
-        # never uses the GPU, no process outside its own PID namespace either. Candidate
-        # children on a GPU are not contained yet (not validated there): their uid and the
-        # device lock keep them apart.
-        contain = self.contained and (mode == "compile" or (mode == "candidate" and self.on_cpu))
+        # Contained (a root harness): only its own evaluation's dir is visible, and no process
+        # outside its own PID namespace (the reference worker, the flusher, other evaluations).
+        # A PID namespace leaves the GPU reachable: CUDA needs only the device nodes and
+        # /proc/driver/nvidia, which the remounted /proc still shows.
+        contain = self.contained and mode in ("compile", "candidate")
         child = Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes, plan,
                       serves=serves, template=c.template_process, hide=hide,
                       keep=str(self.root) if contain else None, own_pids=contain)

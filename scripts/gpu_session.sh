@@ -40,8 +40,11 @@ for s in "$@"; do
                 --json "$OUT/throughput.json" ${THROUGHPUT_ROOT:+--kloop-root "$THROUGHPUT_ROOT"} ;;
     template-bench) step template-bench 150 python3 bench/template.py --device cuda ;;
     pch) step pch 300 python3 bench/pch.py ;;
-    evaluator) step evaluator 540 python3 -m pytest -m gpu -q -rA -p no:cacheprovider -n 4 \
-                tests/evaluator ${EVALUATOR_K:+-k "$EVALUATOR_K"} ;;
+    # Tests that assert on measured times run after the rest, one at a time (`alone`).
+    evaluator) step evaluator 540 python3 -m pytest -m "gpu and not alone" -q -rA \
+                -p no:cacheprovider -n 4 tests/evaluator ${EVALUATOR_K:+-k "$EVALUATOR_K"} ;;
+    alone) step alone 240 python3 -m pytest -m "gpu and alone" -q -rA -p no:cacheprovider \
+                tests ${EVALUATOR_K:+-k "$EVALUATOR_K"} ;;
     exploits) step exploits 300 python3 -m pytest -m gpu -q -rA -p no:cacheprovider -n 8 \
                 tests/exploits ${EXPLOITS_K:+-k "$EXPLOITS_K"} ;;
     *) echo "unknown step $s" | tee -a "$OUT/steps.txt" ;;

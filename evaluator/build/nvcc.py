@@ -23,6 +23,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -214,7 +215,7 @@ def _cached_run(key: str, cache_dir: Path, run) -> tuple[RawCheck, bool]:
     if not raw.timed_out and None not in raw.returncodes and \
             _missing_infra_header(raw.output) is None:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp = path.with_suffix(f".{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")  # contained children are all pid 1
         tmp.write_text(raw.model_dump_json())
         os.replace(tmp, path)
     return raw, False

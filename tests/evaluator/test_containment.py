@@ -1,6 +1,5 @@
 """Children that run candidate code, where the harness is root, see no other evaluation: the
-work parent holds only their own evaluation's dir, and (children that never use the GPU) their
-PID namespace holds only them. So one evaluation's candidate code cannot rewrite another's
+work parent holds only their own evaluation's dir, and their PID namespace holds only them. So one evaluation's candidate code cannot rewrite another's
 files or stop its processes, even when both run under one identity (root without
 capabilities, where no sandbox uid can reach the interpreter)."""
 
@@ -49,6 +48,25 @@ def test_candidate_code_sees_no_other_evaluation(tmp_path, drop_box):
     assert [r.status for r in results[1:]] == ["correct"] * 3, [r.error for r in results]
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert {r["child"] for r in rows} >= {"compile", "cand"}, rows
+    for r in rows:
+        assert len(r["work"]) == 1 and r["work"][0].startswith("kloop-eval-"), r
+        assert r["pid"] == 1 and r["others"] == [], r
+
+
+@pytest.mark.gpu
+def test_gpu_candidate_code_sees_no_other_evaluation(tmp_path, drop_box):
+    """The same on the GPU: candidate children that run CUDA and Triton kernels are contained
+    too (their own PID namespace, only their own evaluation's dir), and still pass."""
+    log = drop_box / "seen.jsonl"
+    peek = f"import torch.nn as nn\n{LOOK}\n_look({str(log)!r})\n"
+    triton_ = candidate("mlp_triton.py").replace("import torch.nn as nn", peek, 1)
+    torch_ = candidate("mlp_torch.py").replace("import torch.nn as nn", peek, 1)
+    honest = candidate("mlp_torch.py")
+    results = evaluate_many([("L3/1", triton_), ("L3/1", torch_), ("L3/1", honest)],
+                            cpu_config(tmp_path / "cache", device="cuda"), max_workers=3)
+    assert [r.status for r in results] == ["correct"] * 3, [r.error for r in results]
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {r["child"] for r in rows} >= {"cand"}, rows
     for r in rows:
         assert len(r["work"]) == 1 and r["work"][0].startswith("kloop-eval-"), r
         assert r["pid"] == 1 and r["others"] == [], r

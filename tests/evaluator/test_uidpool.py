@@ -67,54 +67,71 @@ def test_a_lease_dir_someone_else_made_is_not_trusted(tmp_path, monkeypatch):
 
 
 ATTACK = '''
-import json as _j, os as _o, signal as _s, time as _t, glob as _g
-def _attack(log):
+import json as _j, os as _o, signal as _s, time as _t
+def _attack(log, hostile):
     seen = []
     me = _o.getuid()
-    for cand in _g.glob("/tmp/kloop-eval-*/cand"):
-        if _o.path.realpath(cand) == _o.path.realpath(_o.getcwd()):
-            continue
+    if hostile:
+        parent = _o.path.dirname(_o.path.dirname(_o.getcwd()))
         try:
-            with open(_o.path.join(cand, "planted.txt"), "w") as f:
-                f.write("x")
-            seen.append(["wrote", cand])
+            names = _o.listdir(parent)
         except OSError as e:
-            seen.append(["write refused", e.errno])
-    for pid in _o.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == _o.getpid():
-            continue
-        try:
-            uid = int(open(f"/proc/{pid}/status").read().split("Uid:")[1].split()[0])
-        except (OSError, IndexError, ValueError):
-            continue
-        if uid != me and uid >= 1_000_000_000:
+            names = []
+            seen.append(["list refused", e.errno])
+        for name in names:
+            cand = _o.path.join(parent, name, "cand")
+            if _o.path.realpath(cand) == _o.path.realpath(_o.getcwd()):
+                continue
             try:
-                _o.kill(int(pid), _s.SIGSTOP)
-                seen.append(["stopped", int(pid)])
+                with open(_o.path.join(cand, "planted.txt"), "w") as f:
+                    f.write("x")
+                seen.append(["wrote", cand])
             except OSError as e:
-                seen.append(["signal refused", e.errno])
+                seen.append(["write refused", e.errno])
+        for pid in _o.listdir("/proc"):
+            if not pid.isdigit() or int(pid) == _o.getpid():
+                continue
+            try:
+                uid = int(open(f"/proc/{pid}/status").read().split("Uid:")[1].split()[0])
+            except (OSError, IndexError, ValueError):
+                continue
+            if uid != me and uid >= 1_000_000_000:
+                try:
+                    _o.kill(int(pid), _s.SIGSTOP)
+                    seen.append(["stopped", int(pid)])
+                except OSError as e:
+                    seen.append(["signal refused", e.errno])
     with open(log, "a") as f:
-        f.write(_j.dumps({"uid": me, "seen": seen}) + "\\n")
+        f.write(_j.dumps({"uid": me, "child": _o.path.basename(_o.getcwd()),
+                          "hostile": hostile, "seen": seen}) + "\\n")
 '''
 
 
 @pytest.mark.gpu  # needs the uid sandbox: a root harness whose Python any uid can reach (the H200)
 def test_concurrent_candidates_cannot_touch_each_other(tmp_path, drop_box):
+    """Three CUDA evaluations at once: each one's candidate code runs under a uid of its own,
+    and the hostile one, looking for the others' dirs and processes for 10 s, changes nothing
+    (where the harness contains children it does not even see them: test_containment.py)."""
     plan = isolation.plan_sandbox(1_000_000_000, False, get_problem("L3/1").path, tmp_path)
     if plan.uid is None:
         pytest.skip(f"no uid sandbox here: {plan.reason}")
     log = drop_box / "attack.jsonl"
-    hostile = candidate("mlp_torch.py").replace(
-        "import torch.nn as nn",
-        f"import torch.nn as nn\n{ATTACK}\nfor _ in range(20):\n"
-        f"    _attack({str(log)!r})\n    _t.sleep(0.5)\n", 1)
-    cfg = cpu_config(tmp_path / "cache", sandbox_uid=1_000_000_000, sandbox_uids=4)
-    results = evaluate_many([("L3/1", hostile), ("L3/1", candidate("mlp_torch.py")),
-                             ("L3/1", candidate("mlp_torch.py"))], cfg, max_workers=3)
+
+    def planted(hostile: bool) -> str:
+        loop = (f"for _ in range(20):\n    _attack({str(log)!r}, True)\n    _t.sleep(0.5)\n"
+                if hostile else f"_attack({str(log)!r}, False)\n")
+        return candidate("mlp_torch.py").replace(
+            "import torch.nn as nn", f"import torch.nn as nn\n{ATTACK}\n{loop}", 1)
+
+    cfg = cpu_config(tmp_path / "cache", device="cuda", sandbox_uid=1_000_000_000,
+                     sandbox_uids=4)
+    results = evaluate_many([("L3/1", planted(True)), ("L3/1", planted(False)),
+                             ("L3/1", planted(False))], cfg, max_workers=3)
     assert [r.status for r in results[1:]] == ["correct", "correct"], [r.error for r in results]
     rows = [json.loads(line) for line in log.read_text().splitlines()]
+    cand_uids = {r["uid"] for r in rows if r["child"] == "cand"}
+    assert len(cand_uids) == 3 and min(cand_uids) >= 1_000_000_000, rows
     actions = [a for r in rows for a in r["seen"]]
-    assert any(a[0].endswith("refused") for a in actions), actions  # it did meet the others
     assert not [a for a in actions if a[0] in ("wrote", "stopped")], actions
 
 
