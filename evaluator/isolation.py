@@ -24,6 +24,7 @@ import functools
 import hashlib
 import logging
 import os
+import resource
 import signal
 import stat
 import sys
@@ -46,6 +47,12 @@ PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _CAP_VERSION_3 = 0x20080522
 CONFINE_ENV = "KLOOP_CONFINE"
 """Set by the harness in a sandboxed child's environment: `caps` = drop all capabilities."""
+BECOME_ENV = "KLOOP_BECOME"
+"""`uid:gid` for a child that another program starts as root (the ncu pass: ncu starts it),
+so the harness cannot give it the sandbox identity itself: it takes it on, first thing."""
+BACKGROUND_ENV = "KLOOP_BACKGROUND"
+"""Set for children that run candidate code outside the device lock (compile children): they
+run SCHED_IDLE and cannot leave it, so they get no CPU time a timed process wants."""
 _R, _W, _X = 4, 2, 1
 VAULT_UID = 65533
 """Owner of the harness-private cache dir; any uid that runs nothing will do."""
@@ -417,11 +424,47 @@ def _drop_capabilities(libc: ctypes.CDLL) -> None:
         raise OSError(ctypes.get_errno(), "capset failed")
 
 
+def identity_env(plan: SandboxPlan | None) -> dict[str, str]:
+    """The environment that makes a child started by another program (as the harness's own
+    uid) take on `plan`'s identity in `confine_child`."""
+    if plan is None:
+        return {}
+    env = {CONFINE_ENV: "caps"} if plan.drop_caps else {}
+    if plan.uid is not None:
+        env[BECOME_ENV] = f"{plan.uid}:{plan.gid}"
+    return env
+
+
+def _become(spec: str) -> None:
+    uid, gid = (int(x) for x in spec.split(":"))
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)  # from root: every capability goes with it
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise SystemExit("kloop: the sandbox identity was not taken on")
+
+
+def _background() -> None:
+    """SCHED_IDLE for every thread, and RLIMIT_NICE 0 so that none can go back: leaving
+    SCHED_IDLE needs a nice value within RLIMIT_NICE (or CAP_SYS_NICE, dropped or never held)."""
+    resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
+        except OSError as e:  # a thread that ended meanwhile
+            log.debug("SCHED_IDLE for thread %s: %s", tid, e)
+
+
 def confine_child() -> None:
     """In a child that will run candidate code, before importing it (see module doc)."""
     libc = _libc()
     if libc is None:
         return
+    become = os.environ.pop(BECOME_ENV, "")
+    if become:
+        _become(become)
+    if os.environ.pop(BACKGROUND_ENV, ""):
+        _background()
     if _prctl(PR_SET_NO_NEW_PRIVS, 1) != 0:
         log.warning("could not set no_new_privs (errno %d)", ctypes.get_errno())
     if os.environ.pop(CONFINE_ENV, "") == "caps":

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from evaluator.build import buildstore
 from evaluator.checks import STATIC_CHECKS
-from evaluator.isolation import private_dir
+from evaluator.isolation import identity_env, private_dir
 from evaluator.judge import (
     STAGE_OF_CHILD,
     Sequence,
@@ -256,13 +256,21 @@ def _ncu_pass(run: EvalRun, job: CandidateJob) -> None:
     workdir = run.root / "cand"
     job_path = workdir / "job_forward.json"
     job_path.write_text(job.model_dump_json())
-    cmd = [sys.executable, "-m", "evaluator.worker.child", "forward", str(job_path), "-1"]
-    env = child_env(workdir / "home", run.device, _candidate_env(run))
+    cmd, env = forward_command(run, job_path)
     metrics = ncu_metrics(cmd, re.escape(bare_name(top.name)), env, run.config.timeouts.profile)
     if metrics is None:
         run.record(Flagged(flag="ncu_unavailable"))
         return
     run.record(Profiled(summary=run.profile.model_copy(update={"ncu": metrics})))
+
+
+def forward_command(run: EvalRun, job_path: Path) -> tuple[list[str], dict[str, str]]:
+    """The ncu pass's child: ncu starts it (as the harness's uid), so it takes on the
+    candidate's sandbox identity itself before any candidate code runs (`confine_child`)."""
+    cmd = [sys.executable, "-m", "evaluator.worker.child", "forward", str(job_path), "-1"]
+    env = child_env(run.root / "cand" / "home", run.device,
+                    {**_candidate_env(run), **identity_env(run.sandbox)})
+    return cmd, env
 
 
 def _candidate_env(run: EvalRun) -> dict[str, str]:

@@ -287,6 +287,8 @@ class EvalRun:
         timeouts = {"startup": c.timeouts.startup}
         timeouts.update({s: getattr(c.timeouts, s) for s in stages})
         extra = dict(extra_env or {})
+        if mode == "compile":  # candidate code outside the device lock: idle CPU time only
+            extra[isolation.BACKGROUND_ENV] = "1"
         if self.on_cpu:
             extra.setdefault("OMP_NUM_THREADS", str(c.cpu_threads))
         env = child_env(workdir / "home", device or self.device, extra)

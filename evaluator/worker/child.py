@@ -134,7 +134,7 @@ def call_server(fds: tuple[int, int, int] | None, layout_json: str | None, devic
 def main(argv: list[str]) -> int:
     mode, job_path, fd = argv[1], Path(argv[2]), int(argv[3])
     fds = tuple(int(x) for x in argv[4].split(",")) if len(argv) > 4 else None
-    if mode in ("candidate", "compile"):
+    if mode in ("candidate", "compile", "forward"):
         from evaluator.isolation import confine_child
 
         confine_child()

@@ -346,6 +346,8 @@ def ghost_extensions(holders: list[dict[str, Any]]) -> Iterator[Launches]:
 def custom_launches(call: Callable[[], Any], names: set[str]) -> tuple[Any, int | None]:
     """(result of `call()`, launches of kernels named in `names` on the GPU during it); the
     count is None when there are no names to look for."""
+    if not names:  # nothing to count: no profiler (CUPTI can slow the calls timed later)
+        return call(), None
     from torch.profiler import ProfilerActivity, profile
 
     from evaluator.worker.profile import _rows, classify
@@ -353,7 +355,5 @@ def custom_launches(call: Callable[[], Any], names: set[str]) -> tuple[Any, int 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         result = call()
         torch.cuda.synchronize()
-    if not names:
-        return result, None
     return result, sum(calls for name, _, calls in _rows(prof, "cuda")
                        if classify(name, names) == "custom")
