@@ -15,8 +15,17 @@ from typing import Annotated, Any
 
 import typer
 from rich.logging import RichHandler
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
+from rich.text import Text
 
 from agent.components import build_evaluator, build_model, load_problems
 from agent.config import ConfigError, RunConfig, dotted, merge, parse_layer, resolve
@@ -69,12 +78,23 @@ def planned_turns(cfg: RunConfig, problems: int) -> int:
     return problems * per_problem * s.turns
 
 
+class PipelineColumn(ProgressColumn):
+    """Where the evaluations in flight are (building, waiting for the device, on it): read at
+    each refresh, so the line moves between turns too."""
+
+    def render(self, task: Task) -> Text:
+        from evaluator import board
+
+        return Text(board.describe(), style="dim")
+
+
 class Reporter:
     """A progress bar over the planned turns, one line per turn and per episode."""
 
     def __init__(self, total: int | None = None):
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                                 MofNCompleteColumn(), TimeElapsedColumn(), PipelineColumn(),
+                                 console=console,
                                  disable=not console.is_terminal)  # piped: the turn lines only
         self.task = self.progress.add_task("turns", total=total)
 

@@ -36,8 +36,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 MLP_MEDIUM = {"batch_size": 64, "input_size": 4096, "layer_sizes": [4096, 4096],
               "output_size": 2048}
-STAGES = ["static", "compile", "reference", "device_wait", "load", "correctness", "timing",
-          "profile", "candidate"]
+STAGES = ["static", "build_wait", "compile", "reference", "device_wait", "load", "correctness",
+          "timing", "profile", "candidate"]
 
 
 def batch() -> list[dict]:

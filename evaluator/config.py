@@ -140,7 +140,8 @@ class EvalConfig(BaseModel):
     policy: str = "strict"
     """Name of a policy in `POLICIES`."""
     device: str = "auto"
-    """`auto` (cuda if available, else cpu), `cpu`, `cuda` or `cuda:N`."""
+    """`auto` (every visible GPU, else cpu), `cpu`, `cuda` (every visible GPU) or `cuda:N` (that
+    one). With several GPUs each evaluation takes the least busy one (`evaluator.devicepool`)."""
     precision: Precision = "fp32"
     problem_overrides: dict[str, Any] = Field(default_factory=dict)
     """Module-level constants of the problem replaced before use, in reference and candidate
@@ -176,6 +177,10 @@ class EvalConfig(BaseModel):
     """Start reference, candidate and compile children as forks of a template process that has
     imported torch and kloop's worker modules but never touched the device (Linux; elsewhere,
     or if the template fails, children start as fresh interpreters)."""
+    build_slots: int | None = Field(None, ge=1)
+    """Compile children at once on this host, across every kloop process sharing `cache_dir`
+    (`evaluator.buildslots`; None: half the cores). Evaluations past it wait for a slot
+    (`stage_seconds.build_wait`)."""
     hidden_from_builds: list[str] = []
     """More paths a compile child cannot open, besides the GPU's device nodes (which are always
     hidden from it where the harness can: a root harness and the template process)."""

@@ -75,9 +75,10 @@ def _cached(path: Path) -> TimingStats | None:
 def _measure(run: EvalRun, path: Path, key: str, fields: dict) -> TimingStats:
     from evaluator.pipeline import evaluate
 
-    # The nested run needs no baselines of its own (and must not ask for this one again).
+    # The nested run needs no baselines of its own (and must not ask for this one again), and
+    # runs on this evaluation's GPU (not whichever of the pool is least busy).
     cfg = run.config.model_copy(update={"baselines": "none", "eager_baseline_from": "reference",
-                                        "profile": False})
+                                        "profile": False, "device": run.device})
     r = evaluate(run.problem, honest_source(run.problem.path.read_text()), cfg)
     if r.status != "correct" or r.timing is None or r.env is None:
         why = r.error.message if r.error is not None else ", ".join(r.flags) or "no timing"

@@ -9,12 +9,16 @@ child: load, correctness, timing, profile; judged here, in the harness).
 from __future__ import annotations
 
 import ast
+import contextlib
 import logging
 import re
 import sys
+import time
 from pathlib import Path
 
+from evaluator import board
 from evaluator.build import buildstore
+from evaluator.buildslots import build_slot, default_slots
 from evaluator.checks import STATIC_CHECKS
 from evaluator.isolation import identity_env, private_dir
 from evaluator.judge import (
@@ -98,8 +102,14 @@ def compile_stage(run: EvalRun) -> None:
     run.record(Entered(stage="compile"))
     if run.backend != "cuda":
         return
-    with run.timed("compile"):
-        _compile(run)
+    t0 = time.monotonic()
+    slots = run.config.build_slots or default_slots()
+    with contextlib.ExitStack() as slot:
+        with board.phase("build_wait"):
+            slot.enter_context(build_slot(private_dir(run.config.cache_dir) / "locks", slots))
+        run.stage_seconds["build_wait"] = round(time.monotonic() - t0, 3)
+        with board.phase("build"), run.timed("compile"):
+            _compile(run)
 
 
 def _compile(run: EvalRun) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from evaluator import __version__, isolation, uidpool
+from evaluator import __version__, board, devicepool, isolation, uidpool
 from evaluator.config import EvalConfig, Policy
 from evaluator.forkserver import gpu_nodes
 from evaluator.isolation import SandboxPlan
@@ -75,19 +75,6 @@ def device_lock(device: str, lock_dir: Path | None = None) -> Iterator[None]:
                 yield
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def resolve_device(requested: str) -> str:
-    """`cpu` or `cuda:N`."""
-    if requested == "cpu":
-        return "cpu"
-    import torch
-
-    if requested == "auto":
-        return "cuda:0" if torch.cuda.is_available() else "cpu"
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"device {requested!r} requested but no CUDA device is available")
-    return requested if ":" in requested else "cuda:0"
 
 
 @functools.lru_cache(maxsize=8)
@@ -149,18 +136,25 @@ class EvalRun:
     """This evaluation's sandbox uid, held until `cleanup` (evaluator.uidpool)."""
     findings: list[Finding] = field(default_factory=list)
     """Everything the stages found, in order (`evaluator.outcome`)."""
+    claim: devicepool.Claim | None = None
+    """`device`, counted in flight until `cleanup` (evaluator.devicepool)."""
     _mark: tuple[str, float] | None = None
 
     @classmethod
     def create(cls, problem: Problem, source: str, config: EvalConfig) -> EvalRun:
+        claim = devicepool.claim(config.device)  # first: it raises where there is no such device
+        device = claim.device
         parent, contained = isolation.work_parent(config.work_root)
         root = Path(tempfile.mkdtemp(prefix="kloop-eval-", dir=parent))
         for sub in ("cand", "ref", "compile", "triton"):
             (root / sub).mkdir()
-        device = resolve_device(config.device)
         lease = None
         if config.sandbox_uid is not None and isolation.can_change_uid():
-            lease = uidpool.lease(config.sandbox_uid, config.sandbox_uids)
+            try:
+                lease = uidpool.lease(config.sandbox_uid, config.sandbox_uids)
+            except BaseException:
+                claim.release()
+                raise
         plan = isolation.plan_sandbox(lease.uid if lease else None, device != "cpu",
                                       problem.path, config.cache_dir)
         if lease is not None and plan.uid is None:
@@ -175,7 +169,7 @@ class EvalRun:
             problem=problem, source=source, config=config, policy=config.resolved_policy(),
             device=device, root=root, salt=config.salt or secrets.token_hex(16),
             started_at=datetime.now(timezone.utc).isoformat(), sandbox=plan, lease=lease,
-            contained=contained,
+            contained=contained, claim=claim,
         )
 
     # ---- helpers used by the stages ---------------------------------------------------------
@@ -228,21 +222,17 @@ class EvalRun:
         and given back only once the child is gone: the device work of two children never
         overlaps, and no process start holds the device."""
         lock = self.gpu_lock()
-        held = False
-        try:
+        with contextlib.ExitStack() as held:  # outside the child's block: kept till it is gone
             with self.spawn(mode, job, workdir, stages, extra_env, serves=serves) as child:
                 if child.wait_ready():
                     t0 = time.monotonic()
-                    with child.paused():
-                        lock.__enter__()
-                        held = True
+                    with child.paused(), board.phase("device_wait"):
+                        held.enter_context(lock)
+                    held.enter_context(board.phase("device"))
                     self.stage_seconds["device_wait"] = round(
                         self.stage_seconds.get("device_wait", 0.0) + time.monotonic() - t0, 3)
                     child.send(Control(next="go"))
                 yield child
-        finally:
-            if held:
-                lock.__exit__(None, None, None)
 
     def mark(self, name: str | None) -> None:
         """Close the running child stage's wall time (if any) and start timing `name`."""
@@ -355,6 +345,8 @@ class EvalRun:
             if self.lease is not None:  # after its files are gone: the next holder starts clean
                 self.lease.release()
                 self.lease = None
+            if self.claim is not None:
+                self.claim.release()
 
     def to_result(self) -> EvalResult:
         assert self.status is not None

@@ -20,9 +20,10 @@ The store lives in `private_dir` (the vault uid's, mode 0700 when the harness is
 the sandbox uid nor root without capabilities can look inside. Staged copies belong to a uid the
 candidate does not run under and are read-only. Limits: when the harness is not root, candidates
 run under its uid and could rewrite the store; when they run as root without capabilities
-(`isolation_same_uid`), they own the evaluation directories and a candidate running at the same
+(`isolation_same_uid`), they own the evaluation directories; a candidate running at the same
 time as another evaluation could swap that evaluation's staged directory between staging and
-loading (a race against a path it must find; nothing at rest is reachable).
+loading, but only where children are not contained (a root harness contains them: each sees only
+its own evaluation's directory, `zygote.ForkRequest.keep`).
 """
 
 from __future__ import annotations

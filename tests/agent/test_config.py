@@ -43,7 +43,7 @@ def test_saved_config_json_round_trips_and_the_digest_ignores_where_it_runs(tmp_
     assert moved.digest() == cfg.digest()
     # How children start and what builds may not open change no episode either.
     started = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={
-        "template_process": False, "hidden_from_builds": ["/dev/x"]})})
+        "template_process": False, "hidden_from_builds": ["/dev/x"], "build_slots": 3})})
     assert started.digest() == cfg.digest()
     assert load_config(["model.spec=scripted:x", "strategy.turns=3"]).digest() != cfg.digest()
 

@@ -1,0 +1,48 @@
+"""The pipeline board (`evaluator.board`): evaluations in flight show where they are, and the run
+progress line (`agent.run.PipelineColumn`) reads it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from eval_helpers import candidate, cpu_config
+
+from evaluator import board
+from evaluator.pipeline import evaluate_many
+
+
+def test_evaluations_pass_through_build_and_device_and_leave_nothing_behind(tmp_path):
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.update(board.snapshot())
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        results = evaluate_many([("L3/1", candidate("mlp_cuda_relu.py")),
+                                 ("L3/1", candidate("mlp_torch.py"))],
+                                cpu_config(tmp_path / "cache", build_slots=1), max_workers=2)
+    finally:
+        done.set()
+        watcher.join()
+    assert results[1].status == "correct", results[1].error
+    assert {"build", "device"} <= seen, seen
+    assert board.snapshot() == {}
+
+
+def test_the_progress_line_names_the_phases():
+    from rich.progress import Progress
+
+    from agent.run import PipelineColumn
+
+    progress = Progress()
+    progress.add_task("turns")
+    task = progress.tasks[0]
+    with board.phase("build"), board.phase("build"), board.phase("device_wait"):
+        assert PipelineColumn().render(task).plain == "building 2 · waiting for the device 1"
+    assert PipelineColumn().render(task).plain == ""
