@@ -8,8 +8,8 @@ temporary copy of the problem) and the candidate (the same code as `ModelNew`) c
 their forward. On a few calls during serving the probe times, inside its own process, 50 of its
 own forwards and 200 one-element adds with CUDA events, and writes what the process looks like
 (uid, no_new_privs, speculation mitigations, threads, torch flags) to
-/tmp/kloop-diag-<pid>.txt. The same timings are then taken in this process. If the two workers
-agree in-process but not on the harness's clock, the difference is in serving; if they differ
+/var/lib/kloop-diag/<pid>-<random>.txt (not /tmp: contained candidates see it read-only). The
+same timings are then taken in this process. If the two workers agree in-process but not on the harness's clock, the difference is in serving; if they differ
 in-process, it is in the process.
 """
 
@@ -60,7 +60,7 @@ def _kloop_diag(model, x):
                            profile=str(_s.getprofile()), trace=str(_s.gettrace())),
                 params=[(tuple(p.shape), p.is_contiguous(), str(p.dtype)) for p in model.parameters()],
                 status=status)
-    with open(f"/tmp/kloop-diag-{_o.getpid()}.txt", "a") as f:
+    with open(f"/var/lib/kloop-diag/{_o.getpid()}-{_o.urandom(4).hex()}.txt", "a") as f:
         f.write(_j.dumps(info) + "\\n")
 '''
 
@@ -77,7 +77,9 @@ def main() -> None:
     from evaluator.pipeline import evaluate
     from problems.registry import get_problem
 
-    for old in glob.glob("/tmp/kloop-diag-*.txt"):
+    os.makedirs("/var/lib/kloop-diag", exist_ok=True)
+    os.chmod("/var/lib/kloop-diag", 0o1777)
+    for old in glob.glob("/var/lib/kloop-diag/*.txt"):
         os.unlink(old)
     ref = get_problem("L3/1").path.read_text()
     probed = ref.replace("class Model(", PROBE + "\nclass Model(", 1).replace(
@@ -98,7 +100,7 @@ def main() -> None:
         print(f"harness clock: candidate raw {t.raw_median_ms:.4f} ms (its events "
               f"{t.worker_event_median_ms}), reference raw {r.eager.raw_median_ms:.4f} ms (its "
               f"events {r.eager.worker_event_median_ms}); speedup {r.speedup_vs_eager}")
-    for path in sorted(glob.glob("/tmp/kloop-diag-*.txt")):
+    for path in sorted(glob.glob("/var/lib/kloop-diag/*.txt")):
         for line in Path(path).read_text().splitlines():
             d = json.loads(line)
             print(f"{d['tag']:>9} pid {d['pid']} call {d['call']}: forward {d['forward_ms']:.4f} ms, "
@@ -114,7 +116,7 @@ def main() -> None:
     ns["_kloop_calls"][0] = 7
     with torch.no_grad():
         ns["_kloop_diag"](model, x)
-    for path in sorted(glob.glob(f"/tmp/kloop-diag-{os.getpid()}.txt")):
+    for path in sorted(glob.glob(f"/var/lib/kloop-diag/{os.getpid()}-*.txt")):
         d = json.loads(Path(path).read_text().splitlines()[-1])
         print(f"{'bench':>9} pid {d['pid']}: forward {d['forward_ms']:.4f} ms, add "
               f"{d['add_ms']:.4f} ms; tasks {len(d['tasks'])}")

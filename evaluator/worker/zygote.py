@@ -177,6 +177,7 @@ def _become_child(req: ForkRequest, fds: list[int], sock: socket.socket) -> None
 _CLONE_NEWNS, _CLONE_NEWPID = 0x00020000, 0x20000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x2, 0x4, 0x8
 _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 0x40000
+_MS_RDONLY, _MS_REMOUNT = 0x1, 0x20
 
 
 def _libc() -> ctypes.CDLL:
@@ -197,29 +198,53 @@ def _contain(req: ForkRequest) -> None:
         if libc.mount(b"/dev/null", path.encode(), None, _MS_BIND, None) != 0:
             print(f"kloop: could not hide {path}: errno {ctypes.get_errno()}", file=sys.stderr)
     if req.keep:
-        _keep_only(libc, req.keep)
+        # Opened before anything is mounted over it: binding it back from this descriptor gives
+        # the writable original, not a read-only copy of a covering mount.
+        fd = os.open(req.keep, os.O_PATH | os.O_DIRECTORY)
+        try:
+            _scratch(libc)
+            _keep_only(libc, req.keep, fd)
+        finally:
+            os.close(fd)
     if req.own_pids and os.getpid() == 1 and \
             libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None):
         print(f"kloop: /proc not remounted: errno {ctypes.get_errno()}", file=sys.stderr)
     os.chdir(req.cwd)  # through the new mounts
 
 
-def _keep_only(libc: ctypes.CDLL, keep: str) -> None:
+SHARED_SCRATCH = ("/tmp", "/var/tmp")
+SHM_SIZE = b"256m"
+
+
+def _scratch(libc: ctypes.CDLL) -> None:
+    """Shared scratch space is neither the child's to fill nor a place to leave something for a
+    later candidate: /tmp and /var/tmp are read-only here (its TMPDIR and HOME are in its own
+    evaluation's dir), /dev/shm a small tmpfs of its own."""
+    for path in SHARED_SCRATCH:
+        if os.path.isdir(path) and not os.path.islink(path):
+            if libc.mount(path.encode(), path.encode(), None, _MS_BIND | _MS_REC, None) != 0 or \
+                    libc.mount(None, path.encode(), None,
+                               _MS_BIND | _MS_REMOUNT | _MS_RDONLY, None) != 0:
+                print(f"kloop: {path} left writable: errno {ctypes.get_errno()}",
+                      file=sys.stderr)
+    if os.path.isdir("/dev/shm") and libc.mount(
+            b"tmpfs", b"/dev/shm", b"tmpfs", _MS_NOSUID | _MS_NODEV,
+            b"mode=1777,size=" + SHM_SIZE) != 0:
+        print(f"kloop: /dev/shm left shared: errno {ctypes.get_errno()}", file=sys.stderr)
+
+
+def _keep_only(libc: ctypes.CDLL, keep: str, fd: int) -> None:
     parent = os.path.dirname(keep.rstrip("/"))
-    fd = os.open(keep, os.O_PATH | os.O_DIRECTORY)
-    try:
-        if libc.mount(b"tmpfs", parent.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
-                      b"mode=0711,size=64k") != 0:
-            print(f"kloop: other evaluations' dirs not hidden: errno {ctypes.get_errno()}",
-                  file=sys.stderr)
-            return
-        os.mkdir(keep, 0o711)
-        if libc.mount(f"/proc/self/fd/{fd}".encode(), keep.encode(), None, _MS_BIND | _MS_REC,
-                      None) != 0:
-            print(f"kloop: own work dir not bound back: errno {ctypes.get_errno()}",
-                  file=sys.stderr)
-    finally:
-        os.close(fd)
+    if libc.mount(b"tmpfs", parent.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                  b"mode=0711,size=64k") != 0:
+        print(f"kloop: other evaluations' dirs not hidden: errno {ctypes.get_errno()}",
+              file=sys.stderr)
+        return
+    os.mkdir(keep, 0o711)
+    if libc.mount(f"/proc/self/fd/{fd}".encode(), keep.encode(), None, _MS_BIND | _MS_REC,
+                  None) != 0:
+        print(f"kloop: own work dir not bound back: errno {ctypes.get_errno()}",
+              file=sys.stderr)
 
 
 def _open_fds() -> list[int]:

@@ -15,11 +15,20 @@ def cache_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def drop_box():
     """A directory any uid can write (pytest's own temp dirs are 0700): where a probe in a
-    candidate, which may run as the sandbox's uid, leaves what it saw."""
+    candidate, which may run as the sandbox's uid, leaves what it saw. Not under /tmp or
+    /var/tmp where the harness is root: contained children see those read-only
+    (`zygote.SHARED_SCRATCH`)."""
+    import os
     import shutil
     import tempfile
 
-    drop = Path(tempfile.mkdtemp(prefix="kloop-drop-"))
+    from evaluator.worker.zygote import SHARED_SCRATCH
+
+    top = None
+    if os.geteuid() == 0:
+        top = next((d for d in ("/var/lib", "/opt", "/") if os.path.isdir(d)
+                    and not any(d == s or d.startswith(s + "/") for s in SHARED_SCRATCH)), None)
+    drop = Path(tempfile.mkdtemp(prefix="kloop-drop-", dir=top))
     drop.chmod(0o777)
     yield drop
     shutil.rmtree(drop, ignore_errors=True)

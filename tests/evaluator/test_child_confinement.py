@@ -38,7 +38,7 @@ def _probe(log):
             seen[name] = _o.sched_getscheduler(0)
         except OSError as e:
             seen[name] = "refused"
-    with open(f"{log}.{_o.getpid()}.{_o.getuid()}", "w") as f:
+    with open(f"{log}.{_o.getuid()}.{_o.urandom(6).hex()}", "w") as f:  # contained: all pid 1
         f.write(_j.dumps(seen))
 '''
 

@@ -58,6 +58,58 @@ def test_candidate_code_sees_no_other_evaluation(tmp_path, drop_box):
         assert r["pid"] == 1 and r["others"] == [], r
 
 
+LITTER = '''
+import errno as _e, json as _j, os as _o
+def _litter(log, tag):
+    seen = {}
+    for d in ("/tmp", "/var/tmp"):
+        try:
+            with open(_o.path.join(d, tag), "w") as f:
+                f.write("left for the next candidate")
+            seen[d] = "written"
+        except OSError as e:
+            seen[d] = _e.errorcode.get(e.errno, str(e.errno))
+    shm, written = _o.path.join("/dev/shm", tag), 0
+    try:
+        with open(shm, "wb") as f:
+            for _ in range(512):
+                f.write(b"x" * (1 << 20))
+                written += 1
+        seen["/dev/shm"] = "written"
+    except OSError as e:
+        seen["/dev/shm"] = _e.errorcode.get(e.errno, str(e.errno))
+    finally:
+        if _o.path.exists(shm):
+            _o.unlink(shm)
+    seen["shm_mib"] = written
+    with open(_o.path.join(_o.environ["TMPDIR"], "mine"), "w") as f:  # its own dir is writable
+        f.write("x")
+    with open(f"{log}.{_o.getuid()}.{_o.urandom(6).hex()}", "w") as f:  # every child is pid 1
+        f.write(_j.dumps({"child": _o.path.basename(_o.getcwd()), **seen}))
+'''
+
+
+def test_candidate_code_cannot_fill_or_litter_shared_scratch(tmp_path, drop_box):
+    """/tmp and /var/tmp are read-only to contained children (nothing is left there for a later
+    candidate, no disk filled beside the evaluation's own dir), and /dev/shm is a 256 MiB tmpfs
+    of their own; their own TMPDIR stays writable and the candidate passes."""
+    import uuid
+
+    log, tag = drop_box / "litter", f"kloop-litter-{uuid.uuid4().hex}"
+    peek = f"import torch.nn as nn\n{LITTER}\n_litter({str(log)!r}, {tag!r})\n"
+    cuda = candidate("mlp_cuda_relu.py").replace("import torch.nn as nn", peek, 1)
+    torch_ = candidate("mlp_torch.py").replace("import torch.nn as nn", peek, 1)
+    results = evaluate_many([("L3/1", cuda), ("L3/1", torch_)], cpu_config(tmp_path / "cache"),
+                            max_workers=2)
+    assert results[1].status == "correct", results[1].error
+    rows = _rows(log)
+    assert {r["child"] for r in rows} >= {"compile", "cand"}, rows
+    for r in rows:
+        assert r["/tmp"] == "EROFS" and r["/var/tmp"] in ("EROFS", "ENOENT"), r
+        assert r["/dev/shm"] == "ENOSPC" and 200 <= r["shm_mib"] <= 256, r
+    assert not any(os.path.exists(os.path.join(d, tag)) for d in ("/tmp", "/var/tmp"))
+
+
 @pytest.mark.gpu
 def test_gpu_candidate_code_sees_no_other_evaluation(tmp_path, drop_box):
     """The same on the GPU: candidate children that run CUDA and Triton kernels are contained

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -57,17 +56,14 @@ def test_candidate_cannot_read_the_harness_proc_files(cache_dir, monkeypatch):
     assert ("isolation_same_uid" in r.flags) == (os.geteuid() != 0 or not _sandbox_uid_works())
 
 
-def test_escaped_sleeper_is_killed_when_the_evaluation_ends(cache_dir):
-    drop = Path(tempfile.mkdtemp(prefix="kloop-escape-"))
-    drop.chmod(0o777)  # the sandbox uid writes the sleeper's pid here
-    pid_file = drop / "sleeper.pid"
+def test_escaped_sleeper_is_killed_when_the_evaluation_ends(cache_dir, drop_box):
+    pid_file = drop_box / "sleeper.pid"  # the sandbox uid writes the sleeper's pid here
     sleep_s = f"600.{os.getpid()}"
     source = candidate("escapes_group.py").replace("{pid_file}", str(pid_file)).replace(
         "{sleep_s}", sleep_s)
     r = evaluate("L3/1", source, cpu_config(cache_dir))
     assert r.status == "correct", r.error
     assert pid_file.read_text().strip().isdigit()  # it ran
-    shutil.rmtree(drop)
     time.sleep(0.2)
     assert _sleepers(sleep_s) == []
 
