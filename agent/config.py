@@ -178,7 +178,7 @@ class RunConfig(_Config):
 
 # Evaluator fields added after episode keys were first written: digested only when set to
 # something other than the default, which is the behaviour from before they existed.
-_EVAL_ADDED = {"eager_baseline_from": "reference", "l2_flush": "worker"}
+_EVAL_ADDED = {"eager_baseline_from": "reference", "l2_flush": "worker", "disk_limit_gb": 16.0}
 # Fields that say where and how fast a run goes, or which problems it covers (each episode key
 # already holds its problem's hash): changing them must not change episode keys.
 _OPERATIONAL = {"problems", "level", "problems_dir", "concurrency", "runs_dir", "run_id"}

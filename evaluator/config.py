@@ -151,6 +151,9 @@ class EvalConfig(BaseModel):
     """Address-space limit (RLIMIT_AS) of a child on CPU; CUDA children cannot use it."""
     host_rss_limit_gb: float = 64.0
     """The harness kills a child whose resident memory exceeds this."""
+    disk_limit_gb: float = 16.0
+    """The harness kills a child that runs candidate code once its evaluation's dir holds more
+    than this (or 200,000 entries): the disk is shared with every other evaluation."""
     cpu_timing_trials: int = 5
     """Host-clock timing trials on CPU (not comparable with GPU numbers)."""
     cpu_warmup_calls: int = 1

@@ -93,7 +93,7 @@ class ChildOutcome(BaseModel):
     returncode: int | None
     signal: str | None = None
     killed_for: str | None = None
-    """`timeout` or `memory` when the harness killed it."""
+    """`timeout`, `memory` or `disk` when the harness killed it."""
     stage: str
     """The last stage the child announced (`startup` before any)."""
     stage_limit_s: float | None = None
@@ -125,8 +125,11 @@ class Child:
                  timeouts: dict[str, float], rss_limit_bytes: int | None, tail_bytes: int,
                  sandbox: SandboxPlan | None = None, serves: bool = False,
                  template: bool = False, hide: list[str] | None = None,
-                 keep: str | None = None, own_pids: bool = False):
+                 keep: str | None = None, own_pids: bool = False,
+                 disk: DiskLimit | None = None):
         self.mode, self.workdir, self.env = mode, workdir, env
+        self.disk = disk
+        """How much the child may write under `disk.root` (its evaluation's dir)."""
         self.template = template
         """Fork the child from the template process (`evaluator.forkserver`) when it can."""
         self.hide = hide or []
@@ -350,6 +353,9 @@ class Child:
             if self.rss_limit is not None and _rss_bytes(self.proc.pid) > self.rss_limit:
                 self._kill("memory")
                 break
+            if self.disk is not None and self.disk.exceeded():
+                self._kill("disk")
+                break
             time.sleep(_POLL_S)
         # The leader is gone (or killed): whatever it left behind goes with it, including
         # processes that left its group, which may hold the result pipe open.
@@ -373,6 +379,63 @@ class Child:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+class DiskLimit:
+    """At most `limit` bytes (or `max_files` entries) under `root`. Measuring a tree is not
+    free, so it is measured only once the filesystem's free space (or free inodes) has fallen by
+    half the limit since the last look: a child that writes little costs one `statvfs` a poll."""
+
+    def __init__(self, root: Path, limit: int, max_files: int = 200_000):
+        self.root, self.limit, self.max_files = root, limit, max_files
+        self._last = _free(root)
+
+    def exceeded(self) -> bool:
+        now = _free(self.root)
+        if now is None or self._last is None:
+            return False
+        (space, inodes), (last_space, last_inodes) = now, self._last
+        if last_space - space < self.limit // 2 and last_inodes - inodes < self.max_files // 2:
+            # Space that came back (another evaluation cleaned up) raises the mark.
+            self._last = (max(space, last_space), max(inodes, last_inodes))
+            return False
+        self._last = now
+        return _tree_bytes(self.root, self.limit, self.max_files) > self.limit
+
+
+def _free(path: Path) -> tuple[int, int] | None:
+    """(bytes, inodes) free to an unprivileged writer on `path`'s filesystem."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize, st.f_favail
+
+
+def _tree_bytes(root: Path, stop_above: int, max_files: int) -> int:
+    """Allocated bytes under `root` (not following links), counted until past `stop_above`;
+    more than `max_files` entries counts as past it."""
+    total, seen, todo = 0, 0, [str(root)]
+    while todo:
+        try:
+            entries = os.scandir(todo.pop())
+        except OSError:
+            continue
+        with entries:
+            for e in entries:
+                seen += 1
+                if seen > max_files:
+                    return stop_above + 1
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                total += st.st_blocks * 512
+                if total > stop_above:
+                    return total
+                if e.is_dir(follow_symlinks=False):
+                    todo.append(e.path)
+    return total
 
 
 def _rss_bytes(pid: int) -> int:

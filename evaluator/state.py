@@ -44,7 +44,7 @@ from evaluator.result import (
     TimingStats,
     Violation,
 )
-from evaluator.sandbox import Child, ChildOutcome, child_env, visible_device
+from evaluator.sandbox import Child, ChildOutcome, DiskLimit, child_env, visible_device
 from problems.registry import Problem
 
 log = logging.getLogger(__name__)
@@ -292,9 +292,11 @@ class EvalRun:
         # A PID namespace leaves the GPU reachable: CUDA needs only the device nodes and
         # /proc/driver/nvidia, which the remounted /proc still shows.
         contain = self.contained and mode in ("compile", "candidate")
+        disk = DiskLimit(self.root, int(c.disk_limit_gb * (1 << 30))) \
+            if mode in ("candidate", "compile") else None
         child = Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes, plan,
                       serves=serves, template=c.template_process, hide=hide,
-                      keep=str(self.root) if contain else None, own_pids=contain)
+                      keep=str(self.root) if contain else None, own_pids=contain, disk=disk)
         if plan is not None:
             isolation.give_to(plan, workdir)
             if plan.same_uid:
@@ -325,6 +327,10 @@ class EvalRun:
             info = ErrorInfo(type="MemoryLimit", stderr_tail=tail, message=(
                 f"host memory above {self.config.host_rss_limit_gb:g} GiB in stage "
                 f"{outcome.stage}; the process was killed"))
+        elif outcome.killed_for == "disk":
+            info = ErrorInfo(type="DiskLimit", stderr_tail=tail, message=(
+                f"more than {self.config.disk_limit_gb:g} GiB (or 200,000 files) written into "
+                f"its work dir in stage {outcome.stage}; the process was killed"))
         elif outcome.signal:
             info = ErrorInfo(type=outcome.signal, stderr_tail=tail, message=(
                 f"process killed by {outcome.signal} ({-(outcome.returncode or 0)}) in stage "

@@ -105,3 +105,25 @@ def test_candidate_runs_under_the_planned_identity(cache_dir):
         assert int(ident["uid"]) == os.geteuid() and "isolation_same_uid" in r.flags
     if plan.uid is not None or plan.drop_caps:
         assert int(ident["cap"], 16) == 0
+
+
+def test_a_child_that_fills_the_shared_disk_is_killed(cache_dir):
+    """The evaluation's dir is on the disk every other evaluation builds and writes on: past
+    `disk_limit_gb` the child is killed (a runtime error that says so) and its files go."""
+    r = evaluate("L3/1", candidate("disk_filler.py"), cpu_config(cache_dir, disk_limit_gb=0.25))
+    assert r.status == "runtime_error", (r.status, r.error)
+    assert r.error.type == "DiskLimit" and "0.25 GiB" in r.error.message, r.error
+    r = evaluate("L3/1", candidate("disk_filler.py"), cpu_config(cache_dir, disk_limit_gb=4))
+    assert r.status == "correct", r.error  # 1 GiB of honest-looking scratch is within the limit
+
+
+def test_the_disk_limit_counts_files_too(tmp_path):
+    """Empty files take inodes, not space: a tree of too many entries is over the limit even
+    though the free space hardly moved (tmpfs and most filesystems count inodes)."""
+    from evaluator.sandbox import DiskLimit
+
+    limit = DiskLimit(tmp_path, limit=1 << 40, max_files=200)
+    assert not limit.exceeded()
+    for i in range(400):
+        (tmp_path / f"f{i}").touch()
+    assert limit.exceeded()
