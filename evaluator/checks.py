@@ -16,6 +16,7 @@ rule that fires also puts its name in the result's flags, once.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -232,7 +233,31 @@ def implausible_speedup(run: EvalRun) -> None:
                                     f"(bound {run.policy.excessive_speedup:g}x)")))
 
 
-RESULT_CHECKS: list[ResultCheck] = [degenerate_problem, torch_only, implausible_speedup]
+_THROTTLED = {"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"}
+CLOCK_SPREAD = 0.05
+"""How far (relative) the SM clock around a candidate's timing may be from the clock around its
+eager baseline's before the speedup is flagged as measured on two different devices' worth."""
+
+
+# Rationale: users' complaint about timing noise (clocks, throttling): a speedup is a ratio of
+# two timings, and both should be taken on the same clock. Flags only: the numbers stand, the
+# reader is told they rest on a throttled or re-clocked device.
+def gpu_conditions(run: EvalRun) -> None:
+    t, e = run.timing, run.eager
+    if t is None:
+        return
+    mine = [s for s in (t.gpu_before, t.gpu_after) if s is not None]
+    if any(_THROTTLED & set(s.clock_limits or ()) for s in mine):
+        run.record(Flagged(flag="gpu_throttled"))
+    theirs = [s for s in (e.gpu_before, e.gpu_after) if s is not None] if e else []
+    a = [s.sm_clock_mhz for s in mine if s.sm_clock_mhz]
+    b = [s.sm_clock_mhz for s in theirs if s.sm_clock_mhz]
+    if a and b and abs(statistics.median(a) / statistics.median(b) - 1) > CLOCK_SPREAD:
+        run.record(Flagged(flag="gpu_clock_differs"))
+
+
+RESULT_CHECKS: list[ResultCheck] = [degenerate_problem, torch_only, implausible_speedup,
+                                    gpu_conditions]
 
 
 def result_checks(run: EvalRun) -> None:

@@ -39,3 +39,37 @@ def test_each_timing_carries_the_gpu_state_around_its_calls(tmp_path):
             assert s.sm_clock_mhz and s.sm_clock_mhz > 100
             assert s.temperature_c is not None and 5 < s.temperature_c < 110
             assert s.clock_limits is not None
+
+
+def _timed(before: int | None, after: int | None, limits: list[str] | None = None):
+    from evaluator.result import GpuSample, TimingStats
+
+    def s(mhz):
+        return None if mhz is None else GpuSample(sm_clock_mhz=mhz, clock_limits=limits)
+
+    return TimingStats(median_ms=1.0, mean_ms=1.0, std_ms=0.0, min_ms=1.0, max_ms=1.0,
+                       iqr_ms=0.0, n_trials=100, clock="harness", comparable=True,
+                       gpu_before=s(before), gpu_after=s(after))
+
+
+@pytest.mark.parametrize("cand, eager, flags", [
+    (_timed(1980, 1980), _timed(1980, 1965), set()),
+    (_timed(1980, 1980), _timed(1500, 1600), {"gpu_clock_differs"}),
+    (_timed(1980, 1980, ["sw_thermal"]), _timed(1980, 1980), {"gpu_throttled"}),
+    (_timed(1980, 1980, ["gpu_idle"]), None, set()),  # idle before the calls: not throttling
+    (_timed(None, None), _timed(1980, 1980), set()),  # no NVML: nothing to say
+])
+def test_a_speedup_on_two_clocks_or_a_throttled_gpu_is_flagged(tmp_path, cand, eager, flags):
+    from eval_helpers import cpu_config
+
+    from evaluator.checks import gpu_conditions
+    from evaluator.state import EvalRun
+    from problems.registry import get_problem
+
+    run = EvalRun.create(get_problem("L3/1"), "", cpu_config(tmp_path / "cache"))
+    try:
+        run.timing, run.eager = cand, eager
+        gpu_conditions(run)
+        assert set(run.flags) & {"gpu_clock_differs", "gpu_throttled"} == flags
+    finally:
+        run.cleanup()
