@@ -32,6 +32,8 @@ for s in "$@"; do
                 --gap-ms 5 --busy-cycles 0 ;;
     diag) step diag 150 python3 bench/diag_process.py ;;
     diag-uid) step diag-uid 150 python3 bench/diag_uid.py ;;
+    diag-trials) step diag-trials 300 python3 bench/diag_trials.py ;;
+    cupti) step cupti 120 python3 bench/cupti.py ;;
     clock) step clock 300 python3 bench/clock.py --only L3/1-b8,L3/1-b1024,L3/1,L3/4 ;;
     record) step record 420 python3 -m agent.demo.examples record --device cuda \
               --concurrency "${RECORD_CONCURRENCY:-4}"
