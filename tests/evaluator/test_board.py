@@ -12,7 +12,7 @@ from evaluator import board
 from evaluator.pipeline import evaluate_many
 
 
-def test_evaluations_pass_through_build_and_device_and_leave_nothing_behind(tmp_path):
+def test_evaluations_pass_through_build_and_device_and_leave_nothing_behind(cache_dir):
     seen: set[str] = set()
     done = threading.Event()
 
@@ -26,12 +26,13 @@ def test_evaluations_pass_through_build_and_device_and_leave_nothing_behind(tmp_
     try:
         results = evaluate_many([("L3/1", candidate("mlp_cuda_relu.py")),
                                  ("L3/1", candidate("mlp_torch.py"))],
-                                cpu_config(tmp_path / "cache", build_slots=1), max_workers=2)
+                                cpu_config(cache_dir, build_slots=1), max_workers=2)
     finally:
         done.set()
         watcher.join()
     assert results[1].status == "correct", results[1].error
     assert {"build", "device"} <= seen, seen
+    assert results[0].stage_seconds["build_wait"] >= 0 and "compile" in results[0].stage_seconds
     assert board.snapshot() == {}
 
 

@@ -68,5 +68,6 @@ def test_the_demo_page_has_data_in_every_table(tmp_path):
     assert f"{len(checked)}/{len(checked)} verdicts match" in page
     on_gpu = any(t.eval.device.startswith("cuda") for t in picked)
     # Recorded on a CPU, the page says where the H200 numbers will go; on a GPU, it shows them.
-    assert ("Runtimes are CUDA-event medians" in page) == on_gpu
+    assert ("Runtimes are medians by kloop's harness clock on the recording GPU" in page) == on_gpu
+    assert ("(NVIDIA H200)" in page) == on_gpu  # the GPU is named, from the records
     assert ("H200 numbers: not recorded yet" in page) == (not on_gpu)
