@@ -275,7 +275,30 @@ def _num(x: float | None) -> str:
     return f"{x:.3g}" if x is not None else "-"
 
 
+def check_command(
+    device: Annotated[str, typer.Option(help="auto, cuda, cuda:N or cpu.")] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON array on stdout.")] = False,
+) -> None:
+    """What isolation and measurement this machine gives the evaluator. Exit 0 when every
+    isolation row holds (results free of isolation_same_uid), 1 when one does not."""
+    from evaluator.trustcheck import rows
+
+    found = rows(_config(device, "strict", {}), get_problem("L3/1").path)
+    if as_json:
+        typer.echo(json.dumps([r.model_dump() for r in found]))
+    else:
+        table = Table(title="kloop check")
+        for col in ("", "what", "isolation", "detail"):
+            table.add_column(col)
+        for r in found:
+            mark = {True: "[green]ok[/green]", False: "[red]no[/red]", None: "-"}[r.ok]
+            table.add_row(mark, r.name, "yes" if r.trust else "", r.detail)
+        make_console().print(table)
+    raise typer.Exit(0 if all(r.ok for r in found if r.trust) else 1)
+
+
 def register(app: typer.Typer) -> None:
     app.command("eval")(eval_command)
     app.command("baseline")(baseline_command)
+    app.command("check")(check_command)
 

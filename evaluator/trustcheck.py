@@ -1,0 +1,92 @@
+"""`kloop check`: what isolation and measurement this machine gives the evaluator, before an
+experiment runs on it. Each row says whether the protection is in place here and, when not,
+why; the rows marked `trust` must all hold for results to be free of `isolation_same_uid`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from evaluator import devicepool, isolation
+from evaluator.buildslots import default_slots
+from evaluator.config import EvalConfig
+
+
+class CheckRow(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    ok: bool | None
+    """None: does not apply here (e.g. NVML on a machine without a GPU)."""
+    trust: bool
+    """Whether results depend on it for their isolation (the rest is measurement or speed)."""
+    detail: str
+
+
+def _profiling_admin_only() -> bool | None:
+    try:
+        text = Path("/proc/driver/nvidia/params").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("RmProfilingAdminOnly:"):
+            return line.split(":")[1].strip() != "0"
+    return None
+
+
+def rows(config: EvalConfig, problem_path: Path) -> list[CheckRow]:
+    root = isolation.can_change_uid()
+    out = [CheckRow(name="harness identity", ok=root, trust=True,
+                    detail="root: candidates can get another uid and namespaces" if root else
+                    f"uid {os.geteuid()}: candidate code runs under this uid "
+                    "(run as root, e.g. in a container, for the sandbox)")]
+    try:
+        devices = devicepool.pool(config.device)
+    except RuntimeError as e:
+        devices = []
+        out.append(CheckRow(name="devices", ok=False, trust=False, detail=str(e)))
+    else:
+        out.append(CheckRow(name="devices", ok=True, trust=False, detail=", ".join(devices)))
+    on_gpu = any(d != "cpu" for d in devices)
+    plan = isolation.plan_sandbox(config.sandbox_uid, on_gpu, problem_path, config.cache_dir)
+    out.append(CheckRow(
+        name="sandbox uid", ok=not plan.same_uid, trust=True,
+        detail=(f"uids {config.sandbox_uid}.. (one per evaluation in flight)" if not plan.same_uid
+                else f"none: {plan.reason}"
+                + ("; root without capabilities instead" if plan.drop_caps else "")
+                + ("; put kloop and its Python where every uid can read them (e.g. /opt)"
+                   if "cannot reach" in plan.reason else ""))))
+    _, contained = isolation.work_parent(config.work_root)
+    out.append(CheckRow(
+        name="containment", ok=contained, trust=True,
+        detail="mount and PID namespaces: own evaluation dir only, shared scratch read-only"
+        if contained else "needs a root harness"))
+    private = isolation.private_dir(config.cache_dir)
+    st = private.stat()
+    sealed = st.st_uid == isolation.VAULT_UID and st.st_mode & 0o077 == 0
+    out.append(CheckRow(name="private cache", ok=sealed, trust=True,
+                        detail=f"{private}" + ("" if sealed else ": writable by candidate code")))
+    if on_gpu:
+        from evaluator.harness import gpustate
+        from evaluator.sandbox import visible_device
+
+        s = gpustate.sample(visible_device(devices[0]))
+        out.append(CheckRow(name="NVML", ok=s is not None, trust=False,
+                            detail=f"SM clock {s.sm_clock_mhz} MHz" if s else
+                            "no readings: gpu_throttled/gpu_clock_differs cannot be flagged"))
+        ncu, admin = shutil.which("ncu"), _profiling_admin_only()
+        out.append(CheckRow(
+            name="ncu", ok=bool(ncu) and admin is False, trust=False,
+            detail="not installed" if not ncu else
+            "counters restricted to administrators: results would say ncu_unavailable"
+            if admin else f"{ncu}"))
+    else:
+        out.append(CheckRow(name="NVML", ok=None, trust=False, detail="no GPU"))
+    out.append(CheckRow(name="build slots", ok=True, trust=False,
+                        detail=str(config.build_slots or default_slots())))
+    out.append(CheckRow(name="device lock", ok=config.device_lock == "host", trust=False,
+                        detail=config.device_lock))
+    return out
