@@ -143,6 +143,15 @@ class EvalRun:
     @classmethod
     def create(cls, problem: Problem, source: str, config: EvalConfig) -> EvalRun:
         claim = devicepool.claim(config.device)  # first: it raises where there is no such device
+        try:
+            return cls._create(problem, source, config, claim)
+        except BaseException:
+            claim.release()
+            raise
+
+    @classmethod
+    def _create(cls, problem: Problem, source: str, config: EvalConfig,
+                claim: devicepool.Claim) -> EvalRun:
         device = claim.device
         parent, contained = isolation.work_parent(config.work_root)
         root = Path(tempfile.mkdtemp(prefix="kloop-eval-", dir=parent))
@@ -150,11 +159,7 @@ class EvalRun:
             (root / sub).mkdir()
         lease = None
         if config.sandbox_uid is not None and isolation.can_change_uid():
-            try:
-                lease = uidpool.lease(config.sandbox_uid, config.sandbox_uids)
-            except BaseException:
-                claim.release()
-                raise
+            lease = uidpool.lease(config.sandbox_uid, config.sandbox_uids)
         plan = isolation.plan_sandbox(lease.uid if lease else None, device != "cpu",
                                       problem.path, config.cache_dir)
         if lease is not None and plan.uid is None:
