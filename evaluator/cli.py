@@ -278,12 +278,21 @@ def _num(x: float | None) -> str:
 def check_command(
     device: Annotated[str, typer.Option(help="auto, cuda, cuda:N or cpu.")] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="One JSON array on stdout.")] = False,
+    run_probe: Annotated[bool, typer.Option(
+        "--probe/--no-probe", help="Also evaluate a probe that reports what candidate code "
+        "sees from inside (about 10 s).")] = True,
 ) -> None:
     """What isolation and measurement this machine gives the evaluator. Exit 0 when every
     isolation row holds (results free of isolation_same_uid), 1 when one does not."""
-    from evaluator.trustcheck import rows
+    from evaluator.trustcheck import probe, rows
 
-    found = rows(_config(device, "strict", {}), get_problem("L3/1").path)
+    config = _config(device, "strict", {})
+    found = rows(config, get_problem("L3/1").path)
+    if run_probe:
+        logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+        with stage_line("kloop check: probing the sandbox", not as_json):
+            found += probe(config.model_copy(update={
+                "problem_overrides": problem_overrides(get_problem("L3/1"), "small", [])}))
     if as_json:
         typer.echo(json.dumps([r.model_dump() for r in found]))
     else:

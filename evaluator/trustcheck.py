@@ -1,10 +1,16 @@
 """`kloop check`: what isolation and measurement this machine gives the evaluator, before an
 experiment runs on it. Each row says whether the protection is in place here and, when not,
-why; the rows marked `trust` must all hold for results to be free of `isolation_same_uid`."""
+why; the rows marked `trust` must all hold for results to be free of `isolation_same_uid`.
+
+`probe` does not take the configuration's word for it: it evaluates a candidate that reports,
+from inside the candidate process, the identity, capabilities, processes, directories and
+environment it was given, and checks each against what the sandbox promises."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -90,3 +96,77 @@ def rows(config: EvalConfig, problem_path: Path) -> list[CheckRow]:
     out.append(CheckRow(name="device lock", ok=config.device_lock == "host", trust=False,
                         detail=config.device_lock))
     return out
+
+
+PROBE = '''"""kloop check's probe: reports what candidate code sees, from inside its process."""
+import json
+import os
+
+
+def _writable(d):
+    path = os.path.join(d, f".kloop-probe-{os.getpid()}")
+    try:
+        open(path, "w").close()
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+
+
+def _facts():
+    status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+    parent = os.path.dirname(os.path.dirname(os.getcwd()))
+    try:
+        work = sorted(os.listdir(parent))
+    except OSError as e:
+        work = f"not listable (errno {e.errno})"
+    return {"uid": os.getuid(), "cap_eff": status["CapEff"].strip(),
+            "no_new_privs": status["NoNewPrivs"].strip(), "pid": os.getpid(),
+            "processes": sum(p.isdigit() for p in os.listdir("/proc")), "work": work,
+            "tmp_writable": _writable("/tmp"), "home": os.environ.get("HOME", ""),
+            "cwd": os.getcwd(), "env": sorted(os.environ)}
+
+
+class ModelNew:  # never built: constructing it reports what the candidate process sees
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError("KLOOP-PROBE " + json.dumps(_facts()))
+'''
+
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
+
+
+def probe(config: EvalConfig, problem_id: str = "L3/1") -> list[CheckRow]:
+    """One evaluation of `PROBE` on the CPU, under this config's sandbox; rows from what it saw."""
+    from evaluator.pipeline import evaluate
+
+    cfg = config.model_copy(update={"device": "cpu", "policy": "kernelbench",
+                                    "baselines": "none", "profile": False})
+    r = evaluate(problem_id, PROBE, cfg)
+    text = r.error.message if r.error is not None else ""
+    if "KLOOP-PROBE " not in text:
+        return [CheckRow(name="probe", ok=False, trust=True,
+                         detail=f"the probe did not report ({r.status}: {text[:200]})")]
+    seen = json.loads(text.split("KLOOP-PROBE ", 1)[1])
+    me = os.geteuid()
+    other_uid = seen["uid"] != me
+    no_caps = int(seen["cap_eff"], 16) == 0
+    alone = isinstance(seen["work"], list) and len(seen["work"]) == 1
+    secrets = [k for k in seen["env"] if _SECRET.search(k)]
+    home_own = seen["home"].startswith(os.path.dirname(seen["cwd"]))
+    return [
+        CheckRow(name="probe: identity", ok=other_uid or no_caps, trust=True,
+                 detail=f"uid {seen['uid']}, capabilities {seen['cap_eff']}"
+                 + ("" if other_uid else " (the harness's uid)")),
+        CheckRow(name="probe: no_new_privs", ok=seen["no_new_privs"] == "1", trust=True,
+                 detail=seen["no_new_privs"]),
+        CheckRow(name="probe: other evaluations", ok=alone or not isinstance(seen["work"], list),
+                 trust=True, detail=f"work dir shows {seen['work']}"),
+        CheckRow(name="probe: other processes", ok=seen["pid"] == 1, trust=True,
+                 detail=f"pid {seen['pid']}, {seen['processes']} processes visible"),
+        CheckRow(name="probe: shared scratch", ok=not seen["tmp_writable"], trust=True,
+                 detail="/tmp writable" if seen["tmp_writable"] else "/tmp read-only"),
+        CheckRow(name="probe: environment", ok=not secrets and home_own, trust=True,
+                 detail=f"{len(seen['env'])} variables"
+                 + (f"; credential-like: {', '.join(secrets)}" if secrets else "")
+                 + ("" if home_own else f"; HOME {seen['home']} outside its dir")),
+    ]

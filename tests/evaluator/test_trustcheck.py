@@ -18,8 +18,9 @@ from problems.registry import get_problem  # noqa: E402
 
 def test_check_reports_what_the_evaluator_would_apply_here(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))  # the default cache dir is under it
-    res = run_kloop("check", "--device", "cpu", "--json")
+    res = run_kloop("check", "--device", "cpu", "--json", "--no-probe")
     found = {r["name"]: r for r in json.loads(res.stdout)}
+    assert not any(name.startswith("probe") for name in found)
     root = isolation.can_change_uid()
     assert found["harness identity"]["ok"] is root
     assert found["containment"]["ok"] is isolation.work_parent(None)[1]
@@ -37,6 +38,27 @@ def test_check_with_no_such_gpu_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     if os.path.exists("/dev/nvidia0"):
         pytest.skip("a GPU machine may have a cuda:3")
-    res = run_kloop("check", "--device", "cuda:3", "--json")
+    res = run_kloop("check", "--device", "cuda:3", "--json", "--no-probe")
     found = {r["name"]: r for r in json.loads(res.stdout)}
     assert found["devices"]["ok"] is False and "cuda:3" in found["devices"]["detail"]
+
+
+def test_the_probe_reports_from_inside_and_catches_a_sandbox_that_is_not_there(tmp_path):
+    """The probe is an evaluated candidate: what it reports is what candidate code gets. With
+    the template process off there is no containment (namespaces come from the template), and
+    the probe says so instead of trusting the configuration."""
+    from eval_helpers import MLP_SMALL, cpu_config
+
+    from evaluator.trustcheck import probe
+
+    contained = isolation.work_parent(None)[1]
+    found = {r.name: r for r in probe(cpu_config(tmp_path / "cache"))}
+    assert found["probe: no_new_privs"].ok
+    assert found["probe: environment"].ok, found["probe: environment"].detail
+    assert found["probe: other processes"].ok is contained
+    assert found["probe: shared scratch"].ok is contained
+    plain = {r.name: r for r in probe(cpu_config(tmp_path / "cache", template_process=False,
+                                                 problem_overrides=MLP_SMALL))}
+    assert plain["probe: other processes"].ok is False
+    assert plain["probe: other processes"].detail.startswith("pid ")
+    assert plain["probe: identity"].ok  # capabilities are dropped either way
