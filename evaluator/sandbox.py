@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -126,10 +126,14 @@ class Child:
                  sandbox: SandboxPlan | None = None, serves: bool = False,
                  template: bool = False, hide: list[str] | None = None,
                  keep: str | None = None, own_pids: bool = False,
-                 disk: DiskLimit | None = None):
+                 disk: DiskLimit | None = None,
+                 on_uncontained: Callable[[], None] | None = None):
         self.mode, self.workdir, self.env = mode, workdir, env
         self.disk = disk
         """How much the child may write under `disk.root` (its evaluation's dir)."""
+        self.on_uncontained = on_uncontained
+        """Called when `hide`/`keep` were asked for but the child had to start the plain way
+        (no template process): it then runs without them, and the result must say so."""
         self.template = template
         """Fork the child from the template process (`evaluator.forkserver`) when it can."""
         self.hide = hide or []
@@ -174,6 +178,8 @@ class Child:
         try:
             with isolation.SPAWN_LOCK:
                 forked = self._forked(fds, identity) if self.template else None
+                if forked is None and (self.hide or self.keep) and self.on_uncontained:
+                    self.on_uncontained()
                 self.proc = forked or subprocess.Popen(
                     argv, cwd=self.workdir, env=self.env, stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=fds,

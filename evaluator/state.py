@@ -301,7 +301,8 @@ class EvalRun:
             if mode in ("candidate", "compile") else None
         child = Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes, plan,
                       serves=serves, template=c.template_process, hide=hide,
-                      keep=str(self.root) if contain else None, own_pids=contain, disk=disk)
+                      keep=str(self.root) if contain else None, own_pids=contain, disk=disk,
+                      on_uncontained=lambda: self.record(Flagged(flag="isolation_uncontained")))
         if plan is not None:
             isolation.give_to(plan, workdir)
             if plan.same_uid:

@@ -76,6 +76,10 @@ def test_without_the_template_children_start_the_plain_way(tmp_path, drop_box, m
     assert r.status == "correct", r.error
     facts = json.loads(out.read_text())
     assert not facts["template"] and fresh._broken
+    # Started the plain way, a child that should have been contained is not: the result says so.
+    from evaluator import isolation
+
+    assert ("isolation_uncontained" in r.flags) == isolation.work_parent(None)[1], r.flags
 
 
 @pytest.mark.gpu
