@@ -212,14 +212,15 @@ def _contain(req: ForkRequest) -> None:
     os.chdir(req.cwd)  # through the new mounts
 
 
-SHARED_SCRATCH = ("/tmp", "/var/tmp")
+SHARED_SCRATCH = ("/tmp", "/var/tmp", "/run/lock", "/var/crash")
+"""World-writable places found on common hosts (those that exist are made read-only)."""
 SHM_SIZE = b"256m"
 
 
 def _scratch(libc: ctypes.CDLL) -> None:
     """Shared scratch space is neither the child's to fill nor a place to leave something for a
-    later candidate: /tmp and /var/tmp are read-only here (its TMPDIR and HOME are in its own
-    evaluation's dir), /dev/shm a small tmpfs of its own."""
+    later candidate: /tmp, /var/tmp and the like are read-only here (its TMPDIR and HOME are in
+    its own evaluation's dir), /dev/shm a small tmpfs of its own."""
     for path in SHARED_SCRATCH:
         if os.path.isdir(path) and not os.path.islink(path):
             if libc.mount(path.encode(), path.encode(), None, _MS_BIND | _MS_REC, None) != 0 or \
