@@ -40,7 +40,7 @@ ENV_ALLOW = (
 )
 ENV_ALLOW_PREFIXES = ("TRITON_",)
 # Defence in depth: even an allowed name is dropped when it looks like a credential.
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
 _MAX_LINE = 8 << 20
 _POLL_S = 0.05
 
@@ -53,7 +53,7 @@ def child_env(home: Path, device: str, extra: dict[str, str] | None = None) -> d
     env = {
         k: v
         for k, v in os.environ.items()
-        if (k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIXES)) and not _SECRET_NAME.search(k)
+        if (k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIXES)) and not SECRET_NAME.search(k)
     }
     env.pop("TRITON_INTERPRET", None)  # set per child below, never inherited
     tmp = home / "tmp"

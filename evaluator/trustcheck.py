@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -132,12 +131,10 @@ class ModelNew:  # never built: constructing it reports what the candidate proce
         raise RuntimeError("KLOOP-PROBE " + json.dumps(_facts()))
 '''
 
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
-
-
 def probe(config: EvalConfig, problem_id: str = "L3/1") -> list[CheckRow]:
     """One evaluation of `PROBE` on the CPU, under this config's sandbox; rows from what it saw."""
     from evaluator.pipeline import evaluate
+    from evaluator.sandbox import SECRET_NAME
 
     cfg = config.model_copy(update={"device": "cpu", "policy": "kernelbench",
                                     "baselines": "none", "profile": False})
@@ -151,7 +148,7 @@ def probe(config: EvalConfig, problem_id: str = "L3/1") -> list[CheckRow]:
     other_uid = seen["uid"] != me
     no_caps = int(seen["cap_eff"], 16) == 0
     alone = isinstance(seen["work"], list) and len(seen["work"]) == 1
-    secrets = [k for k in seen["env"] if _SECRET.search(k)]
+    secrets = [k for k in seen["env"] if SECRET_NAME.search(k)]
     home_own = seen["home"].startswith(os.path.dirname(seen["cwd"]))
     return [
         CheckRow(name="probe: identity", ok=other_uid or no_caps, trust=True,

@@ -215,7 +215,8 @@ def _cached_run(key: str, cache_dir: Path, run) -> tuple[RawCheck, bool]:
     if not raw.timed_out and None not in raw.returncodes and \
             _missing_infra_header(raw.output) is None:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")  # contained children are all pid 1
+        # Not the pid alone: contained children are all pid 1 in their own namespaces.
+        tmp = path.with_suffix(f".{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
         tmp.write_text(raw.model_dump_json())
         os.replace(tmp, path)
     return raw, False

@@ -5,13 +5,12 @@ itself). Each test plants a probe in the candidate's module and reads what it sa
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
-from eval_helpers import candidate, cpu_config
+from eval_helpers import candidate, cpu_config, drop_rows
 
 from evaluator import isolation
 from evaluator.judge import candidate_job
@@ -48,10 +47,6 @@ def _planted(source: str, log) -> str:
                           f"import torch.nn as nn\n{PROBE}\n_probe({str(log)!r})\n", 1)
 
 
-def _seen(log) -> list[dict]:
-    return [json.loads(f.read_text()) for f in log.parent.glob(f"{log.name}.*")]
-
-
 def test_a_compile_child_runs_idle_and_cannot_leave_it(tmp_path, drop_box):
     """A CUDA candidate's module runs in the compile child (an nvcc check on CPU, a build on a
     GPU host) while other evaluations are timed: every thread of it is SCHED_IDLE, and neither
@@ -59,8 +54,8 @@ def test_a_compile_child_runs_idle_and_cannot_leave_it(tmp_path, drop_box):
     log = drop_box / "compile"
     r = evaluate("L3/1", _planted(candidate("mlp_cuda_relu.py"), log),
                  cpu_config(tmp_path / "cache"))
-    rows = [s for s in _seen(log) if s["child"] == "compile"]
-    assert rows, (r.status, r.error, _seen(log))
+    rows = [s for s in drop_rows(log) if s["child"] == "compile"]
+    assert rows, (r.status, r.error, drop_rows(log))
     for s in rows:
         assert s["policies"] == [os.SCHED_IDLE], s
         assert s["other"] == s["batch"] == "refused", s
@@ -73,7 +68,7 @@ def test_the_candidate_child_is_not_idle(tmp_path, drop_box):
     log = drop_box / "cand"
     r = evaluate("L3/1", _planted(candidate("mlp_torch.py"), log), cpu_config(tmp_path / "cache"))
     assert r.status == "correct", r.error
-    rows = [s for s in _seen(log) if s["child"] == "cand"]
+    rows = [s for s in drop_rows(log) if s["child"] == "cand"]
     assert rows and all(s["policies"] == [os.SCHED_OTHER] for s in rows), rows
 
 
@@ -98,7 +93,7 @@ def test_the_ncu_child_takes_on_the_sandbox_identity(tmp_path, drop_box):
         plan = run.sandbox
     finally:
         run.cleanup()
-    (seen,) = _seen(log)
+    (seen,) = drop_rows(log)
     assert seen["no_new_privs"] == "1", seen
     if plan is not None and plan.uid is not None:
         assert seen["uid"] == plan.uid, seen

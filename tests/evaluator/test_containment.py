@@ -5,11 +5,10 @@ capabilities, where no sandbox uid can reach the interpreter)."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
-from eval_helpers import candidate, cpu_config
+from eval_helpers import candidate, cpu_config, drop_rows
 
 from evaluator import isolation
 from evaluator.pipeline import evaluate_many
@@ -35,11 +34,6 @@ def _look(log):
 '''
 
 
-def _rows(log):
-    return [json.loads(line) for f in log.parent.glob(f"{log.name}.*")
-            for line in f.read_text().splitlines()]
-
-
 def test_candidate_code_sees_no_other_evaluation(tmp_path, drop_box):
     log = drop_box / "seen.jsonl"
     peek = f"import torch.nn as nn\n{LOOK}\n_look({str(log)!r})\n"
@@ -51,7 +45,7 @@ def test_candidate_code_sees_no_other_evaluation(tmp_path, drop_box):
     results = evaluate_many([("L3/1", cuda), ("L3/1", torch_), ("L3/1", honest),
                              ("L3/1", honest)], cpu_config(tmp_path / "cache"), max_workers=4)
     assert [r.status for r in results[1:]] == ["correct"] * 3, [r.error for r in results]
-    rows = _rows(log)
+    rows = drop_rows(log)
     assert {r["child"] for r in rows} >= {"compile", "cand"}, rows
     for r in rows:
         assert len(r["work"]) == 1 and r["work"][0].startswith("kloop-eval-"), r
@@ -102,7 +96,7 @@ def test_candidate_code_cannot_fill_or_litter_shared_scratch(tmp_path, drop_box)
     results = evaluate_many([("L3/1", cuda), ("L3/1", torch_)], cpu_config(tmp_path / "cache"),
                             max_workers=2)
     assert results[1].status == "correct", results[1].error
-    rows = _rows(log)
+    rows = drop_rows(log)
     assert {r["child"] for r in rows} >= {"compile", "cand"}, rows
     for r in rows:
         assert r["/tmp"] == "EROFS" and r["/var/tmp"] in ("EROFS", "ENOENT"), r
@@ -123,7 +117,7 @@ def test_gpu_candidate_code_sees_no_other_evaluation(tmp_path, drop_box):
     results = evaluate_many([("L3/1", triton_), ("L3/1", torch_), ("L3/1", honest)],
                             cpu_config(tmp_path / "cache", device="cuda"), max_workers=3)
     assert [r.status for r in results] == ["correct"] * 3, [r.error for r in results]
-    rows = _rows(log)
+    rows = drop_rows(log)
     assert {r["child"] for r in rows} >= {"cand"}, rows
     for r in rows:
         assert len(r["work"]) == 1 and r["work"][0].startswith("kloop-eval-"), r

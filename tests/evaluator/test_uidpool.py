@@ -4,7 +4,6 @@ processes."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from eval_helpers import candidate, cpu_config
+from eval_helpers import candidate, cpu_config, drop_rows
 
 from evaluator import isolation, uidpool
 from evaluator.pipeline import evaluate_many
@@ -128,8 +127,7 @@ def test_concurrent_candidates_cannot_touch_each_other(tmp_path, drop_box):
     results = evaluate_many([("L3/1", planted(True)), ("L3/1", planted(False)),
                              ("L3/1", planted(False))], cfg, max_workers=3)
     assert [r.status for r in results[1:]] == ["correct", "correct"], [r.error for r in results]
-    rows = [json.loads(line) for f in drop_box.glob(f"{log.name}.*")
-            for line in f.read_text().splitlines()]
+    rows = drop_rows(log)
     cand_uids = {r["uid"] for r in rows if r["child"] == "cand"}
     assert len(cand_uids) == 3 and min(cand_uids) >= 1_000_000_000, rows
     actions = [a for r in rows for a in r["seen"]]
