@@ -110,8 +110,7 @@ def test_candidate_runs_under_the_planned_identity(cache_dir):
 def test_a_child_that_fills_the_shared_disk_is_killed(cache_dir):
     """The evaluation's dir is on the disk every other evaluation builds and writes on: past
     `disk_limit_gb` the child is killed (a runtime error that says so) and its files go."""
-    filler = (Path(__file__).resolve().parents[1] / "exploits" / "candidates"
-              / "s01_fills_the_disk.py").read_text()  # exploit case S1
+    filler = candidate("disk_filler.py")
     r = evaluate("L3/1", filler, cpu_config(cache_dir, disk_limit_gb=0.25))
     assert r.status == "runtime_error", (r.status, r.error)
     assert r.error.type == "DiskLimit" and "0.25 GiB" in r.error.message, r.error

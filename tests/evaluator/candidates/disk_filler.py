@@ -1,5 +1,5 @@
-"""kloop S1 (the disk every evaluation shares), L3/1: writes 16 MiB files into its own TMPDIR
-(the only place it may write) until something stops it, then works as an honest MLP."""
+"""Fills the disk the other evaluations share: writes into its own TMPDIR (the only place it
+may write) until something stops it, in 16 MiB files, then works as an honest MLP."""
 
 import os
 
