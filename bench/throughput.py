@@ -62,8 +62,11 @@ def batch() -> list[dict]:
     return out
 
 
-def run_batch(items: list[dict], device: str, concurrency: int) -> dict:
-    """Evaluate the batch with the evaluator importable here; per-candidate numbers and wall."""
+def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path | None = None) \
+        -> dict:
+    """Evaluate the batch with the evaluator importable here; per-candidate numbers and wall.
+    Each finished row is also appended to `rows_file` (a run cut short by a time limit still
+    leaves what it finished)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from evaluator.config import EvalConfig
@@ -79,13 +82,18 @@ def run_batch(items: list[dict], device: str, concurrency: int) -> dict:
                 status, stages = r.status, dict(r.stage_seconds)
             except Exception as e:  # an evaluator fault is a row too, not the end of the run
                 status, stages = f"error: {type(e).__name__}: {e}"[:120], {}
-            return {"label": item["label"], "status": status, "stages": stages,
-                    "wall_s": time.monotonic() - t0}
+            row = {"label": item["label"], "status": status, "stages": stages,
+                   "wall_s": time.monotonic() - t0, "done_at_s": time.monotonic() - start}
+            if rows_file is not None:
+                with rows_lock, rows_file.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+            return row
 
-        t0 = time.monotonic()
+        rows_lock = threading.Lock()
+        start = time.monotonic()
         with ThreadPoolExecutor(concurrency) as pool:
             rows = list(pool.map(one, items))
-        return {"wall_s": time.monotonic() - t0, "rows": rows}
+        return {"wall_s": time.monotonic() - start, "rows": rows}
 
 
 class GpuSampler:
@@ -154,12 +162,13 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--kloop-root", type=Path, help="another checkout to run the batch through")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--rows", type=Path, help="append each finished candidate's row here")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--inner", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:  # run a batch file with whatever evaluator comes first on sys.path
         items = json.loads(args.inner.read_text())
-        print(json.dumps(run_batch(items, args.device, args.concurrency)))
+        print(json.dumps(run_batch(items, args.device, args.concurrency, args.rows)))
         return 0
     items = batch()
     if args.list:
@@ -177,7 +186,8 @@ def main() -> int:
             with GpuSampler() as gpu:
                 p = subprocess.run(
                     [sys.executable, __file__, "--inner", str(path), "--device", args.device,
-                     "--concurrency", str(args.concurrency)],
+                     "--concurrency", str(args.concurrency),
+                     *(["--rows", str(args.rows.resolve())] if args.rows else [])],
                     capture_output=True, text=True, cwd=root,
                     env={**os.environ, "PYTHONPATH": str(root)})
             if p.returncode != 0:

@@ -38,7 +38,8 @@ for s in "$@"; do
     record) step record 420 python3 -m agent.demo.examples record --device cuda \
               --concurrency "${RECORD_CONCURRENCY:-4}"
             tar czf "$OUT/examples.tgz" runs/examples/suite-* agent/demo/suite ;;  # one file back
-    throughput) step throughput 560 python3 bench/throughput.py --concurrency 4 \
+    throughput) step throughput 560 python3 bench/throughput.py \
+                --concurrency "${THROUGHPUT_CONCURRENCY:-4}" --rows "$OUT/throughput-rows.jsonl" \
                 --json "$OUT/throughput.json" ${THROUGHPUT_ROOT:+--kloop-root "$THROUGHPUT_ROOT"} ;;
     template-bench) step template-bench 150 python3 bench/template.py --device cuda ;;
     pch) step pch 300 python3 bench/pch.py ;;
