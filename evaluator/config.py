@@ -176,6 +176,11 @@ class EvalConfig(BaseModel):
     """Who else's GPU stages wait for ours: `host` (every kloop process on this machine sharing
     `cache_dir`, through a file lock, so timings of concurrent runs never overlap) or `process`
     (only evaluations in this process; concurrent processes then time under each other's load)."""
+    jit_warmup: Literal["auto", "on", "off"] = "auto"
+    """Before the candidate child, run the candidate once in a warm-up child under the *shared*
+    device lock (`stages.warmup_pass`), so that its Triton and inductor JIT compiles fill this
+    evaluation's caches beside other warm-ups instead of inside the exclusive lock. Nothing the
+    warm-up does is judged. `auto`: on a GPU, for sources that use Triton or torch.compile."""
     template_process: bool = True
     """Start reference, candidate and compile children as forks of a template process that has
     imported torch and kloop's worker modules but never touched the device (Linux; elsewhere,

@@ -21,7 +21,7 @@ from evaluator.result import (
     TimingStats,
 )
 
-ChildMode = Literal["reference", "candidate", "compile"]
+ChildMode = Literal["reference", "candidate", "compile", "warmup"]
 
 
 class _Rec(BaseModel):

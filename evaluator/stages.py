@@ -158,7 +158,9 @@ def _build_env(run: EvalRun) -> dict[str, str]:
     env = {"KLOOP_CACHE_DIR": str(run.writable_cache),
            "KLOOP_NVCC_CHECK_CACHE": str(run.root / "compile" / "nvcc_cache"),
            "KLOOP_NVCC_CHECK_VERIFIED": str(run.root / "nvcc_checks"),
-           "TRITON_CACHE_DIR": str(run.root / "triton")}
+           "TRITON_CACHE_DIR": str(run.root / "triton"),
+           # This evaluation's own (the warm-up child fills it for the candidate child).
+           "TORCHINDUCTOR_CACHE_DIR": str(run.root / "inductor")}
     if run.on_cpu:
         return env
     arch = cuda_arch_list(run.device)
@@ -235,6 +237,8 @@ def candidate_stage(run: EvalRun) -> None:
     """Run the candidate child and judge what it produces, trial by trial (evaluator.judge)."""
     run.record(Entered(stage="load"))
     job = candidate_job(run, reference_job(run), build_dir(run))
+    if wants_warmup(run):
+        warmup_pass(run, job)
     seq = Sequence()
     done = False
     with run.timed("candidate"), run.on_device(
@@ -252,6 +256,34 @@ def candidate_stage(run: EvalRun) -> None:
     if run.status == "correct" and run.config.ncu and not run.on_cpu:
         with run.gpu_lock(), run.timed("ncu"):
             _ncu_pass(run, job)
+
+
+_JIT_USE = re.compile(r"\btriton\b|torch\.compile\b|\bcompile\s*\(")
+
+
+def wants_warmup(run: EvalRun) -> bool:
+    mode = run.config.jit_warmup
+    if mode == "off" or (mode == "auto" and run.on_cpu):
+        return False
+    return mode == "on" or bool(_JIT_USE.search(run.source))
+
+
+def warmup_pass(run: EvalRun, job: CandidateJob) -> None:
+    """One forward of the candidate in a child of its own under the *shared* device lock
+    (`evaluator.devicelock`): its JIT compiles run beside other warm-ups, and the candidate
+    child, under the exclusive lock, finds them in this evaluation's caches. The warm-up child
+    is sandboxed and contained like the candidate child, holds its share until it is gone (no
+    device work of its can overlap a timing), and nothing it says is judged: the candidate
+    child does all of it again. Its wall time is `stage_seconds["warmup"]`."""
+    with run.timed("warmup"), run.on_device(
+            "warmup", job, run.root / "warm", ["load", "correctness"], _candidate_env(run),
+            shared=True) as child:
+        for _ in child.messages():
+            pass
+        outcome = child.outcome()
+    if outcome.returncode != 0:
+        log.info("warm-up child of %s ended %s (%s): the candidate child will show it",
+                 run.problem.id, outcome.returncode, outcome.killed_for)
 
 
 def _ncu_pass(run: EvalRun, job: CandidateJob) -> None:

@@ -7,7 +7,6 @@ imports it.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import hashlib
 import logging
@@ -16,7 +15,6 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,6 +23,7 @@ from pathlib import Path
 
 from evaluator import __version__, board, devicepool, isolation, uidpool
 from evaluator.config import EvalConfig, Policy
+from evaluator.devicelock import device_lock
 from evaluator.forkserver import gpu_nodes
 from evaluator.isolation import SandboxPlan
 from evaluator.outcome import Decided, Finding, Flagged, fold
@@ -48,34 +47,6 @@ from evaluator.sandbox import Child, ChildOutcome, DiskLimit, child_env, visible
 from problems.registry import Problem
 
 log = logging.getLogger(__name__)
-
-_device_locks: dict[str, threading.Lock] = {}
-_locks_guard = threading.Lock()
-
-
-@contextlib.contextmanager
-def device_lock(device: str, lock_dir: Path | None = None) -> Iterator[None]:
-    """GPU stages (reference, candidate, ncu) run one at a time per device: always among the
-    evaluations of this process, and with `lock_dir` also among all processes that use it (an
-    exclusive `flock` on `lock_dir/<device>.lock`, released by the kernel if the holder dies).
-    CPU runs are not serialised: their host-clock timings are labelled not comparable anyway."""
-    if device == "cpu":
-        yield
-        return
-    with _locks_guard:
-        lock = _device_locks.setdefault(device, threading.Lock())
-    with lock:
-        if lock_dir is None:
-            yield
-            return
-        lock_dir.mkdir(parents=True, exist_ok=True)
-        with open(lock_dir / f"{device.replace(':', '_')}.lock", "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
-
 
 @functools.lru_cache(maxsize=8)
 def cuda_arch_list(device: str) -> str | None:
@@ -155,7 +126,7 @@ class EvalRun:
         device = claim.device
         parent, contained = isolation.work_parent(config.work_root)
         root = Path(tempfile.mkdtemp(prefix="kloop-eval-", dir=parent))
-        for sub in ("cand", "ref", "compile", "triton"):
+        for sub in ("cand", "warm", "ref", "compile", "triton", "inductor"):
             (root / sub).mkdir()
         lease = None
         if config.sandbox_uid is not None and isolation.can_change_uid():
@@ -169,7 +140,7 @@ class EvalRun:
             # The sandbox uid may pass through the root to its own dirs, never into ref/.
             root.chmod(0o711)
             (root / "ref").chmod(0o700)
-            isolation.give_to(plan, root / "triton")
+            isolation.give_to(plan, root / "triton", root / "inductor")
         return cls(
             problem=problem, source=source, config=config, policy=config.resolved_policy(),
             device=device, root=root, salt=config.salt or secrets.token_hex(16),
@@ -198,13 +169,14 @@ class EvalRun:
         """A verdict (`Decided`: the first one stands)."""
         self.record(Decided(status=status, stage=stage, error=error))
 
-    def gpu_lock(self) -> contextlib.AbstractContextManager[None]:
-        """The device lock of this evaluation's GPU stages (see `device_lock`); its file lives in
-        the harness-private cache, where candidate code cannot hold it."""
+    def gpu_lock(self, shared: bool = False) -> contextlib.AbstractContextManager[None]:
+        """The device lock of this evaluation's GPU stages (`evaluator.devicelock`); its files
+        live in the harness-private cache, where candidate code cannot hold them."""
         from evaluator.isolation import private_dir
 
         host = self.config.device_lock == "host"
-        return device_lock(self.device, private_dir(self.config.cache_dir) / "locks" if host else None)
+        return device_lock(self.device, private_dir(self.config.cache_dir) / "locks" if host
+                           else None, shared=shared)
 
     @contextlib.contextmanager
     def timed(self, name: str) -> Iterator[None]:
@@ -221,12 +193,14 @@ class EvalRun:
 
     @contextlib.contextmanager
     def on_device(self, mode, job, workdir: Path, stages: list[str],
-                  extra_env: dict[str, str] | None = None, serves: bool = False) -> Iterator[Child]:
+                  extra_env: dict[str, str] | None = None, serves: bool = False,
+                  shared: bool = False) -> Iterator[Child]:
         """A child that uses the device. Its start and imports run outside the device lock; the
         lock is taken when the child says it is ready (its time limits stand still meanwhile),
         and given back only once the child is gone: the device work of two children never
-        overlaps, and no process start holds the device."""
-        lock = self.gpu_lock()
+        overlaps (`shared`: never overlaps an exclusive holder's), and no process start holds
+        the device."""
+        lock = self.gpu_lock(shared)
         with contextlib.ExitStack() as held:  # outside the child's block: kept till it is gone
             with self.spawn(mode, job, workdir, stages, extra_env, serves=serves) as child:
                 if child.wait_ready():
@@ -288,17 +262,18 @@ class EvalRun:
             extra.setdefault("OMP_NUM_THREADS", str(c.cpu_threads))
         env = child_env(workdir / "home", device or self.device, extra)
         rss = int(c.host_rss_limit_gb * (1 << 30))
-        # Candidate code runs in the candidate and compile children (importing it builds).
-        plan = self.sandbox if mode in ("candidate", "compile") else None
+        # Candidate code runs in the candidate, warm-up and compile children (importing it
+        # builds).
+        plan = self.sandbox if mode in ("candidate", "compile", "warmup") else None
         # Compile children run candidate code outside the device lock: no GPU for them.
         hide = gpu_nodes() + list(c.hidden_from_builds) if mode == "compile" else []
         # Contained (a root harness): only its own evaluation's dir is visible, and no process
         # outside its own PID namespace (the reference worker, the flusher, other evaluations).
         # A PID namespace leaves the GPU reachable: CUDA needs only the device nodes and
         # /proc/driver/nvidia, which the remounted /proc still shows.
-        contain = self.contained and mode in ("compile", "candidate")
+        contain = self.contained and mode in ("compile", "candidate", "warmup")
         disk = DiskLimit(self.root, int(c.disk_limit_gb * (1 << 30))) \
-            if mode in ("candidate", "compile") else None
+            if mode in ("candidate", "compile", "warmup") else None
         child = Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes, plan,
                       serves=serves, template=c.template_process, hide=hide,
                       keep=str(self.root) if contain else None, own_pids=contain, disk=disk,

@@ -150,6 +150,26 @@ def run_forward(job: CandidateJob, ch: Channel, calls: int = 2) -> None:
     ch.send(DoneMsg())
 
 
+def run_warmup(job: CandidateJob, ch: Channel) -> None:
+    """The JIT warm-up pass (`stages.warmup_pass`): once the harness says go (under the shared
+    device lock), build the candidate and call it once on the timing inputs, so that its JIT
+    compilers (Triton, inductor) fill this evaluation's caches outside the exclusive device
+    lock. Nothing it does is judged or believed; the candidate child repeats all of it."""
+    if not wait_for_device(ch):
+        return
+    apply_numerics(job.problem.allow_tf32)
+    ch.stage("load")
+    loaded = _load(job, ch)
+    if loaded is None:
+        return
+    ch.stage("correctness")
+    inputs = draw_inputs(load_problem(job.problem), 0, job.problem)
+    with torch.no_grad():
+        loaded.model(*inputs)
+    sync(job.problem.device)
+    ch.send(DoneMsg())
+
+
 def _load(job: CandidateJob, ch: Channel) -> Loaded | None:
     spec, path = job.problem, job.candidate_path
     _install_build_cache(job.build_dir, path, check_only=False)

@@ -16,7 +16,7 @@ from evaluator.config import EvalConfig
 _HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from evaluator.state import device_lock
+    from evaluator.devicelock import device_lock
     lock_dir = Path(sys.argv[2]) if sys.argv[2] != "-" else None
     with device_lock("cuda:0", lock_dir):
         start = time.time()
@@ -65,7 +65,8 @@ def _observed(monkeypatch, lock_dir: Path):
     import threading
     import time
 
-    from evaluator.state import EvalRun, device_lock
+    from evaluator.devicelock import device_lock
+    from evaluator.state import EvalRun
 
     record: list[dict] = []
     spawn = EvalRun.spawn
@@ -76,12 +77,13 @@ def _observed(monkeypatch, lock_dir: Path):
         self._observed_child = child
         return child
 
-    def observed_lock(self):
+    def observed_lock(self, shared=False):
         @contextlib.contextmanager
         def held():
-            with device_lock("cuda:9", lock_dir):
+            with device_lock("cuda:9", lock_dir, shared=shared):
                 child = self._observed_child
-                entry = {"mode": child.mode, "ready_at": child.ready_at, "locked": time.monotonic()}
+                entry = {"mode": child.mode, "ready_at": child.ready_at, "locked": time.monotonic(),
+                         "shared": shared}
                 try:
                     yield
                 finally:
@@ -128,3 +130,27 @@ def test_two_evaluations_start_their_processes_while_the_other_holds_the_device(
     # ...but some child got ready while another held the lock: starts ran beside device work.
     assert any(a["locked"] < b["ready_at"] < a["released"]
                for a in record for b in record if a is not b), record
+
+
+def test_the_jit_warmup_runs_under_the_shared_lock_and_never_beside_an_exclusive_holder(
+        monkeypatch, tmp_path):
+    """`jit_warmup`: a Triton candidate first runs once in a warm-up child under the shared
+    lock (its JIT fills this evaluation's cache); the warm-up is gone before any exclusive
+    holder starts, and the verdict is the candidate child's."""
+    from eval_helpers import candidate, cpu_config
+
+    from evaluator.pipeline import evaluate_many
+
+    record = _observed(monkeypatch, tmp_path / "locks")
+    results = evaluate_many([("L3/1", candidate("mlp_triton.py")),
+                             ("L3/1", candidate("mlp_torch.py"))],
+                            cpu_config(tmp_path / "cache", jit_warmup="on"), max_workers=2)
+    assert [r.status for r in results] == ["correct", "correct"], [r.error for r in results]
+    assert "warmup" in results[0].stage_seconds and "warmup" in results[1].stage_seconds
+    modes = sorted(e["mode"] for e in record)
+    assert modes == ["candidate", "candidate", "reference", "reference", "warmup", "warmup"]
+    assert all(e["shared"] == (e["mode"] == "warmup") and e["child_gone"] for e in record)
+    for a in record:
+        for b in record:
+            if a is not b and not (a["shared"] and b["shared"]):
+                assert a["released"] <= b["locked"] or b["released"] <= a["locked"], (a, b)
