@@ -100,6 +100,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="comma-separated labels")
     ap.add_argument("--cache-dir", type=Path, default=Path("/tmp/kloop-bench-clock"))
+    ap.add_argument("--quick", action="store_true",
+                    help="the strict evaluation and the in-process events only (the kernelbench, "
+                         "fair and trusted-flush columns read 0)")
     args = ap.parse_args()
     wanted = set(args.only.split(",")) if args.only else None
     print(f"{'model':<12} {'events med':>10} {'trusted':>9} {'ratio':>6} {'handshake':>9} "
@@ -113,12 +116,18 @@ def main() -> int:
         cfg = EvalConfig(device="cuda", baselines="eager", profile=False, cache_dir=args.cache_dir,
                          problem_overrides=overrides)
         strict = evaluate(pid, honest_source(pid), cfg)
-        kb = evaluate(pid, honest_source(pid), cfg.model_copy(update={"policy": "kernelbench"}))
-        # The same code against an eager baseline measured as a candidate (evaluator.fair_baseline).
-        fair = evaluate(pid, honest_source(pid),
-                        cfg.model_copy(update={"eager_baseline_from": "candidate"}))
-        # The L2 flushed by the harness's own flusher process too (evaluator.harness.flusher).
-        flushed = evaluate(pid, honest_source(pid), cfg.model_copy(update={"l2_flush": "trusted"}))
+        if args.quick:
+            kb = fair = flushed = strict.model_copy(update={"eager": None, "timing": None,
+                                                            "speedup_vs_eager": None})
+        else:
+            kb = evaluate(pid, honest_source(pid), cfg.model_copy(update={"policy": "kernelbench"}))
+            # The same code against an eager baseline measured as a candidate
+            # (evaluator.fair_baseline).
+            fair = evaluate(pid, honest_source(pid),
+                            cfg.model_copy(update={"eager_baseline_from": "candidate"}))
+            # The L2 flushed by the harness's own flusher process too (evaluator.harness.flusher).
+            flushed = evaluate(pid, honest_source(pid),
+                               cfg.model_copy(update={"l2_flush": "trusted"}))
         ev_med, ev_mean = kernelbench_events(pid, overrides)
         t = strict.timing
         if strict.status != "correct" or t is None:

@@ -299,6 +299,31 @@ def work_parent(base: Path | None) -> tuple[Path, bool]:
     return path, root
 
 
+PAGE_LOCK_BYTES = 1 << 30
+"""Locked memory a child may hold (RLIMIT_MEMLOCK): room to page-lock its served outputs."""
+
+
+def allow_page_locked_outputs() -> None:
+    """Raise the locked-memory limit that children inherit to `PAGE_LOCK_BYTES`, where this
+    process may (root). Both serving processes page-lock the shared output memory
+    (`serve._pin`): the reference worker runs as the harness and is never held to the limit,
+    a candidate child (a uid without CAP_IPC_LOCK) is, and at the usual 8 MiB a candidate with
+    larger outputs paid pageable copies inside the clock that its baseline did not. The
+    watchdog still counts locked pages as the child's memory."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    inf = resource.RLIM_INFINITY
+    if soft == inf or soft >= PAGE_LOCK_BYTES:
+        return
+    new_hard = hard if hard == inf or hard >= PAGE_LOCK_BYTES else PAGE_LOCK_BYTES
+    try:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (PAGE_LOCK_BYTES, new_hard))
+    except (ValueError, OSError):  # not root: as far as the hard limit goes
+        try:
+            resource.setrlimit(resource.RLIMIT_MEMLOCK, (hard, hard))
+        except (ValueError, OSError):
+            pass
+
+
 def can_change_uid() -> bool:
     """Whether children can be started under another uid (a root harness on Linux)."""
     return _libc() is not None and os.geteuid() == 0

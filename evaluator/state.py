@@ -124,6 +124,7 @@ class EvalRun:
     def _create(cls, problem: Problem, source: str, config: EvalConfig,
                 claim: devicepool.Claim) -> EvalRun:
         device = claim.device
+        isolation.allow_page_locked_outputs()  # before any child (or the template) starts
         parent, contained = isolation.work_parent(config.work_root)
         root = Path(tempfile.mkdtemp(prefix="kloop-eval-", dir=parent))
         for sub in ("cand", "warm", "ref", "compile", "triton", "inductor"):

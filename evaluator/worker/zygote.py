@@ -175,6 +175,7 @@ def _become_child(req: ForkRequest, fds: list[int], sock: socket.socket) -> None
 
 
 _CLONE_NEWNS, _CLONE_NEWPID = 0x00020000, 0x20000000
+_CLONE_NEWNET, _CLONE_NEWIPC = 0x40000000, 0x08000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x2, 0x4, 0x8
 _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 0x40000
 _MS_RDONLY, _MS_REMOUNT = 0x1, 0x20
@@ -185,7 +186,7 @@ def _libc() -> ctypes.CDLL:
 
 
 def _contain(req: ForkRequest) -> None:
-    """A mount namespace of our own (before dropping root): each `hide` path is /dev/null, the
+    """Mount, network and IPC namespaces of our own (before dropping root): each `hide` path is /dev/null, the
     work parent is empty but for our own evaluation's dir, /proc is our PID namespace's. What
     cannot be done is said on stderr; the child runs either way (the harness flags it)."""
     libc = _libc()
@@ -194,6 +195,13 @@ def _contain(req: ForkRequest) -> None:
         print(f"kloop: no mount namespace for the child: errno {ctypes.get_errno()}",
               file=sys.stderr)
         return
+    # No network and no System V / POSIX IPC shared with anyone: nothing listening on the host
+    # (a local service, a cluster's head node, another evaluation's candidate) can be reached,
+    # and nothing can be sent out. Loopback inside is down; CUDA and Triton need neither.
+    for flag, what in ((_CLONE_NEWNET, "network"), (_CLONE_NEWIPC, "IPC")):
+        if libc.unshare(flag) != 0:
+            print(f"kloop: no {what} namespace for the child: errno {ctypes.get_errno()}",
+                  file=sys.stderr)
     for path in req.hide:
         if libc.mount(b"/dev/null", path.encode(), None, _MS_BIND, None) != 0:
             print(f"kloop: could not hide {path}: errno {ctypes.get_errno()}", file=sys.stderr)
