@@ -90,11 +90,28 @@ def rows(config: EvalConfig, problem_path: Path) -> list[CheckRow]:
             if admin else f"{ncu}"))
     else:
         out.append(CheckRow(name="NVML", ok=None, trust=False, detail="no GPU"))
+    out.append(_page_lock_row())
     out.append(CheckRow(name="build slots", ok=True, trust=False,
                         detail=str(config.build_slots or default_slots())))
     out.append(CheckRow(name="device lock", ok=config.device_lock == "host", trust=False,
                         detail=config.device_lock))
     return out
+
+
+def _page_lock_row() -> CheckRow:
+    """Whether candidate children can page-lock their served outputs as the reference worker
+    does (`isolation.allow_page_locked_outputs`); without it, a candidate with outputs past the
+    limit pays pageable copies inside the clock that its baseline does not."""
+    import resource
+
+    isolation.allow_page_locked_outputs()
+    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    big = soft == resource.RLIM_INFINITY or soft >= isolation.PAGE_LOCK_BYTES
+    shown = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft >> 20} MiB"
+    return CheckRow(name="page-locked outputs", ok=big, trust=False,
+                    detail=f"children may lock {shown}" + ("" if big else
+                    ": outputs larger than that are copied pageable inside the clock (give the "
+                    "harness CAP_SYS_RESOURCE or a higher memlock limit)"))
 
 
 PROBE = '''"""kloop check's probe: reports what candidate code sees, from inside its process."""

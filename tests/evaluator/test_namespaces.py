@@ -6,7 +6,6 @@ reaches all three from a plain process (the control) and none from a candidate c
 from __future__ import annotations
 
 import ctypes
-import json
 import socket
 import subprocess
 import sys
