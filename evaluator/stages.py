@@ -12,6 +12,7 @@ import ast
 import contextlib
 import logging
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -275,8 +276,17 @@ def warmup_pass(run: EvalRun, job: CandidateJob) -> None:
     is sandboxed and contained like the candidate child, holds its share until it is gone (no
     device work of its can overlap a timing), and nothing it says is judged: the candidate
     child does all of it again. Its wall time is `stage_seconds["warmup"]`."""
+    # Its own copy of the source, in its own dir: the warm-up gets no write access to the
+    # candidate child's dir (it could rewrite the source the static rules judged, or the
+    # trials' inputs). It builds the model without the reference's fills (shapes, not values,
+    # decide what the JIT compiles).
+    warm = run.root / "warm"
+    src = Path(job.candidate_path)
+    shutil.copyfile(src, warm / src.name)
+    job = job.model_copy(update={"candidate_path": str(warm / src.name), "fills_path": None,
+                                 "trials": []})
     with run.timed("warmup"), run.on_device(
-            "warmup", job, run.root / "warm", ["load", "correctness"], _candidate_env(run),
+            "warmup", job, warm, ["load", "correctness"], _candidate_env(run),
             shared=True) as child:
         for _ in child.messages():
             pass

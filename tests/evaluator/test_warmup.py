@@ -52,7 +52,9 @@ def test_the_warmup_child_is_contained_like_the_candidate_child(tmp_path, drop_b
     body = ("import json as _j\n"
             f"with open({str(log)!r} + '.' + _o.path.basename(_o.getcwd()), 'a') as _f:\n"
             "    _f.write(_j.dumps({'pid': _o.getpid(), 'uid': _o.getuid(),\n"
-            "                       'tmp_writable': _o.access('/tmp', _o.W_OK)}) + '\\n')\n")
+            "                       'tmp_writable': _o.access('/tmp', _o.W_OK),\n"
+            "                       'cand_writable': _o.access(_o.path.join(\n"
+            "                           _o.path.dirname(_o.getcwd()), 'cand'), _o.W_OK)}) + '\\n')\n")
     r = evaluate("L3/1", _in_warmup(body), _short(tmp_path))
     assert r.status == "correct", r.error
     import json
@@ -60,8 +62,12 @@ def test_the_warmup_child_is_contained_like_the_candidate_child(tmp_path, drop_b
     rows = {f.name.rsplit(".", 1)[1]: json.loads(f.read_text().splitlines()[0])
             for f in drop_box.glob("seen.*")}
     assert set(rows) >= {"warm", "cand"}, rows
-    assert rows["warm"] == rows["cand"], rows  # same identity, same view
+    same = ("pid", "uid", "tmp_writable")
+    assert [rows["warm"][k] for k in same] == [rows["cand"][k] for k in same], rows
     assert rows["warm"]["pid"] == 1 and not rows["warm"]["tmp_writable"], rows
+    # Under a uid of its own (not root without capabilities, the owner of every dir here) the
+    # warm-up cannot write the candidate child's dir: not its source, not the trials' inputs.
+    assert rows["warm"]["uid"] == 0 or not rows["warm"]["cand_writable"], rows
 
 
 def test_auto_warms_up_jit_sources_on_a_gpu_only():
