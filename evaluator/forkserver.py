@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -28,6 +29,18 @@ from evaluator import isolation
 from evaluator.worker.zygote import ForkRequest
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """What a template-forked child is confined to (`zygote.ForkRequest` says each)."""
+
+    hide: list[str] = field(default_factory=list)
+    keep: str | None = None
+    own_pids: bool = False
+    mask: list[str] = field(default_factory=list)
+    userns: bool = False
+    writable: list[str] = field(default_factory=list)
 
 _START_TIMEOUT_S = 120.0
 _REPLY_TIMEOUT_S = 30.0
@@ -74,16 +87,17 @@ class ForkServer:
 
     def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, fds: list[int],
               targets: list[int], uid: int | None, gid: int | None,
-              hide: list[str] | None = None, keep: str | None = None,
-              own_pids: bool = False) -> int | None:
+              confine: Confinement | None = None) -> int | None:
         """Fork a child (the caller holds `isolation.SPAWN_LOCK` and registers the pid); None
         when the template cannot do it."""
         with self._lock:
             sock = self._started()
             if sock is None:
                 return None
+            c = confine or Confinement()
             req = ForkRequest(argv=argv, env=env, cwd=str(cwd), fd_targets=targets, uid=uid,
-                              gid=gid, hide=hide or [], keep=keep, own_pids=own_pids)
+                              gid=gid, hide=c.hide, keep=c.keep, own_pids=c.own_pids,
+                              mask=c.mask, userns=c.userns, writable=c.writable)
             try:
                 socket.send_fds(sock, [req.model_dump_json().encode()], fds)
                 sock.settimeout(_REPLY_TIMEOUT_S)

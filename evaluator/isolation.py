@@ -46,6 +46,16 @@ PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _CAP_VERSION_3 = 0x20080522
 CONFINE_ENV = "KLOOP_CONFINE"
+NO_USERNS_ENV = "KLOOP_NO_USERNS"
+"""Set (to anything) in a non-root harness's environment: do not contain children in user
+namespaces (they then run uncontained and flagged, as before session 7)."""
+FORCE_USERNS_ENV = "KLOOP_FORCE_USERNS"
+"""Set in a root harness's environment (with `sandbox_uid: null`): contain children the way a
+non-root harness does, in a user namespace (how the CPU tests exercise that path as root)."""
+
+
+def force_userns() -> bool:
+    return bool(os.environ.get(FORCE_USERNS_ENV))
 """Set by the harness in a sandboxed child's environment: `caps` = drop all capabilities."""
 BECOME_ENV = "KLOOP_BECOME"
 """`uid:gid` for a child that another program starts as root (the ncu pass: ncu starts it),
@@ -278,6 +288,7 @@ def work_parent(base: Path | None) -> tuple[Path, bool]:
     process makes one of its own (and other harnesses' dirs are not hidden from its children)."""
     top = base if base is not None else Path(tempfile.gettempdir())
     root = can_change_uid()
+    contained = root or userns_works()
     path = top / (WORK_DIR if root else f"{WORK_DIR}-{os.geteuid()}")
     mode = 0o711 if root else 0o700
     try:
@@ -293,10 +304,40 @@ def work_parent(base: Path | None) -> tuple[Path, bool]:
                         path)
             _own_parents[top] = Path(tempfile.mkdtemp(prefix=f"{WORK_DIR}-", dir=top))
             _own_parents[top].chmod(mode)
-        return _own_parents[top], root
+        return _own_parents[top], contained
     if stat.S_IMODE(st.st_mode) != mode:
         path.chmod(mode)
-    return path, root
+    return path, contained
+
+
+_USERNS_PROBE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+uid, gid = os.getuid(), os.getgid()
+assert libc.unshare(0x10000000) == 0
+for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+    with open(f"/proc/self/{name}", "w") as f:
+        f.write(text)
+assert libc.unshare(0x00020000 | 0x20000000 | 0x40000000 | 0x08000000) == 0
+assert libc.mount(b"none", b"/", None, 0x4000 | 0x40000, None) == 0
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def userns_works() -> bool:
+    """Whether a harness that is not root can contain its children anyway: an unprivileged
+    user namespace with mount, PID, network and IPC namespaces inside (some hosts forbid them:
+    `kernel.apparmor_restrict_unprivileged_userns`, `user.max_user_namespaces` 0)."""
+    if _libc() is None or (os.geteuid() == 0 and not force_userns()) or \
+            os.environ.get(NO_USERNS_ENV):
+        return False
+    import subprocess
+
+    try:
+        return subprocess.run([sys.executable, "-c", _USERNS_PROBE], capture_output=True,
+                              timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 PAGE_LOCK_BYTES = 1 << 30

@@ -26,6 +26,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from evaluator import isolation
+from evaluator.forkserver import Confinement
 from evaluator.harness.clock import CallChannel
 from evaluator.isolation import SandboxPlan
 from evaluator.protocol import MESSAGE, ChildMessage, ChildMode, Control, ReadyMsg, StageMsg
@@ -124,8 +125,7 @@ class Child:
     def __init__(self, mode: ChildMode, job: BaseModel, workdir: Path, env: dict[str, str],
                  timeouts: dict[str, float], rss_limit_bytes: int | None, tail_bytes: int,
                  sandbox: SandboxPlan | None = None, serves: bool = False,
-                 template: bool = False, hide: list[str] | None = None,
-                 keep: str | None = None, own_pids: bool = False,
+                 template: bool = False, confine: Confinement | None = None,
                  disk: DiskLimit | None = None,
                  on_uncontained: Callable[[], None] | None = None):
         self.mode, self.workdir, self.env = mode, workdir, env
@@ -136,13 +136,11 @@ class Child:
         (no template process): it then runs without them, and the result must say so."""
         self.template = template
         """Fork the child from the template process (`evaluator.forkserver`) when it can."""
-        self.hide = hide or []
-        """Paths the child cannot open (a template-forked child only): a compile child runs
-        candidate code outside the device lock, so the GPU's device nodes are hidden from it
-        and it cannot load the GPU while another evaluation is timed."""
-        self.keep, self.own_pids = keep, own_pids
-        """Containment (a template-forked child of a root harness, `zygote.ForkRequest`): the
-        only evaluation dir it can see, and whether it gets a PID namespace of its own."""
+        self.confine = confine or Confinement()
+        """Namespaces and mounts of a template-forked child (`zygote.ForkRequest`): a compile
+        child runs candidate code outside the device lock, so the GPU's device nodes are hidden
+        from it; a contained child sees only its own evaluation's dir, in a PID namespace of
+        its own."""
         self.calls: CallChannel | None = CallChannel.open() if serves else None
         """The trusted clock's call channel (`evaluator.harness.clock`) when the child serves."""
         self.sandbox = sandbox
@@ -178,7 +176,8 @@ class Child:
         try:
             with isolation.SPAWN_LOCK:
                 forked = self._forked(fds, identity) if self.template else None
-                if forked is None and (self.hide or self.keep) and self.on_uncontained:
+                if forked is None and (self.confine.hide or self.confine.keep) and \
+                        self.on_uncontained:
                     self.on_uncontained()
                 self.proc = forked or subprocess.Popen(
                     argv, cwd=self.workdir, env=self.env, stdin=subprocess.PIPE,
@@ -210,8 +209,7 @@ class Child:
         try:
             pid = forkserver.server().spawn(
                 argv, self.env, self.workdir, theirs + list(fds), [0, 1, 2] + numbers,
-                identity.get("user"), identity.get("group"), self.hide, self.keep,
-                self.own_pids)
+                identity.get("user"), identity.get("group"), self.confine)
         finally:
             for fd in theirs:
                 os.close(fd)

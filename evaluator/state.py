@@ -24,7 +24,7 @@ from pathlib import Path
 from evaluator import __version__, board, devicepool, isolation, uidpool
 from evaluator.config import EvalConfig, Policy
 from evaluator.devicelock import device_lock
-from evaluator.forkserver import gpu_nodes
+from evaluator.forkserver import Confinement, gpu_nodes
 from evaluator.isolation import SandboxPlan
 from evaluator.outcome import Decided, Finding, Flagged, fold
 from evaluator.protocol import Control, ProblemSpec, TimingSpec
@@ -275,9 +275,20 @@ class EvalRun:
         contain = self.contained and mode in ("compile", "candidate", "warmup")
         disk = DiskLimit(self.root, int(c.disk_limit_gb * (1 << 30))) \
             if mode in ("candidate", "compile", "warmup") else None
+        # The reference worker's dir and the harness's private cache are covered: modes keep
+        # a pool uid out of them, not root without capabilities or the harness's own uid.
+        # A harness that is not root contains through a user namespace, where the child acts
+        # as the harness's uid: everything but its evaluation's dir and its cache is read-only.
+        from evaluator.isolation import private_dir
+
+        confine = Confinement(
+            hide=hide, keep=str(self.root) if contain else None, own_pids=contain,
+            mask=[str(self.root / "ref"), str(private_dir(c.cache_dir))] if contain else [],
+            userns=bool(contain or hide) and isolation.userns_works() and
+            (isolation.force_userns() or not isolation.can_change_uid()),
+            writable=[str(self.writable_cache)] if contain else [])
         child = Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes, plan,
-                      serves=serves, template=c.template_process, hide=hide,
-                      keep=str(self.root) if contain else None, own_pids=contain, disk=disk,
+                      serves=serves, template=c.template_process, confine=confine, disk=disk,
                       on_uncontained=lambda: self.record(Flagged(flag="isolation_uncontained")))
         if plan is not None:
             isolation.give_to(plan, workdir)

@@ -65,15 +65,20 @@ def rows(config: EvalConfig, problem_path: Path) -> list[CheckRow]:
                 + ("; put kloop and its Python where every uid can read them (e.g. /opt)"
                    if "cannot reach" in plan.reason else ""))))
     _, contained = isolation.work_parent(config.work_root)
+    userns = contained and not isolation.can_change_uid()
     out.append(CheckRow(
         name="containment", ok=contained, trust=True,
-        detail="mount and PID namespaces: own evaluation dir only, shared scratch read-only"
-        if contained else "needs a root harness"))
+        detail="mount, PID, network and IPC namespaces: own evaluation dir only, shared scratch "
+        "read-only" + ("; through a user namespace, the rest of the file tree read-only"
+                       if userns else "")
+        if contained else "needs a root harness or unprivileged user namespaces"))
     private = isolation.private_dir(config.cache_dir)
     st = private.stat()
     sealed = st.st_uid == isolation.VAULT_UID and st.st_mode & 0o077 == 0
-    out.append(CheckRow(name="private cache", ok=sealed, trust=True,
-                        detail=f"{private}" + ("" if sealed else ": writable by candidate code")))
+    out.append(CheckRow(name="private cache", ok=sealed or userns, trust=True,
+                        detail=f"{private}" + ("" if sealed else
+                                               ": hidden from contained children" if userns else
+                                               ": writable by candidate code")))
     if on_gpu:
         from evaluator.harness import gpustate
         from evaluator.sandbox import visible_device

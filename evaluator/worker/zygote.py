@@ -61,6 +61,17 @@ class ForkRequest(BaseModel):
     """Also a PID namespace of its own, with /proc remounted: it can neither see nor signal
     any process outside it (children that never use the GPU), and when it exits everything it
     started is killed."""
+    mask: list[str] = []
+    """Directories covered by an empty tmpfs in the child's mount namespace (the reference
+    worker's dir, the harness's private cache): where the child runs under the harness's own
+    uid or as root without capabilities, file modes alone do not keep it out of them."""
+    userns: bool = False
+    """Enter a user namespace first (a harness that is not root): the namespaces above then
+    need no privilege. The child is root only inside it and drops those capabilities before
+    any candidate code runs; since it still acts as the harness's uid on every file, the whole
+    tree is made read-only for it but `keep` and `writable` (`_readonly_but`)."""
+    writable: list[str] = []
+    """With `userns`: directories besides `keep` that stay writable (the children's cache)."""
 
 
 def preload() -> None:
@@ -102,6 +113,8 @@ def _fork(req: ForkRequest, fds: list[int], sock: socket.socket) -> int:
     if middle == 0:  # the middle process: fork the child and leave at once
         try:
             os.close(r)
+            if req.userns and not _enter_userns():
+                os._exit(0)  # no pid: the harness starts it the plain way and flags it
             if req.own_pids and _libc().unshare(_CLONE_NEWPID) != 0:
                 print(f"kloop: no PID namespace for the child: errno {ctypes.get_errno()}",
                       file=sys.stderr)
@@ -148,6 +161,10 @@ def _become_child(req: ForkRequest, fds: list[int], sock: socket.socket) -> None
         _libc_dumpable(1)  # the template is not dumpable; its children are, as if exec'd
         if req.hide or req.keep:
             _contain(req)
+        if req.userns:  # root in its own user namespace only: give that up too
+            from evaluator.isolation import CONFINE_ENV
+
+            os.environ[CONFINE_ENV] = "caps"
         if req.gid is not None:
             os.setgroups([])
             os.setgid(req.gid)
@@ -176,6 +193,54 @@ def _become_child(req: ForkRequest, fds: list[int], sock: socket.socket) -> None
 
 _CLONE_NEWNS, _CLONE_NEWPID = 0x00020000, 0x20000000
 _CLONE_NEWNET, _CLONE_NEWIPC = 0x40000000, 0x08000000
+_CLONE_NEWUSER = 0x10000000
+_SYS_MOUNT_SETATTR = 442  # the same number on x86_64 and aarch64
+_AT_FDCWD, _AT_RECURSIVE = -100, 0x8000
+_MOUNT_ATTR_RDONLY = 0x1
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def _enter_userns() -> bool:
+    """A user namespace in which this process's uid and gid are 0 (what `unshare -r` does)."""
+    uid, gid = os.getuid(), os.getgid()
+    if _libc().unshare(_CLONE_NEWUSER) != 0:
+        print(f"kloop: no user namespace for the child: errno {ctypes.get_errno()}",
+              file=sys.stderr)
+        return False
+    try:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"),
+                           ("gid_map", f"0 {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    except OSError as e:
+        print(f"kloop: user namespace not mapped: {e}", file=sys.stderr)
+        return False
+    return True
+
+
+def _set_readonly(libc: ctypes.CDLL, path: str, readonly: bool, recursive: bool) -> bool:
+    attr = _MountAttr(_MOUNT_ATTR_RDONLY if readonly else 0, 0 if readonly else _MOUNT_ATTR_RDONLY,
+                      0, 0)
+    return libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, path.encode(),
+                        _AT_RECURSIVE if recursive else 0, ctypes.byref(attr),
+                        ctypes.sizeof(attr)) == 0
+
+
+def _readonly_but(libc: ctypes.CDLL, writable: list[str]) -> None:
+    """Every mount read-only, then `writable` (mount points) writable again: a child that acts
+    as the harness's uid can then change nothing of the user's, of kloop's caches or of the run
+    records outside its own evaluation's dir."""
+    if not _set_readonly(libc, "/", True, True):
+        print(f"kloop: the file tree left writable: errno {ctypes.get_errno()}", file=sys.stderr)
+        return
+    for path in writable:
+        if not _set_readonly(libc, path, False, True):
+            print(f"kloop: {path} left read-only: errno {ctypes.get_errno()}", file=sys.stderr)
+
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x2, 0x4, 0x8
 _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 0x40000
 _MS_RDONLY, _MS_REMOUNT = 0x1, 0x20
@@ -214,6 +279,17 @@ def _contain(req: ForkRequest) -> None:
             _keep_only(libc, req.keep, fd)
         finally:
             os.close(fd)
+    for path in req.mask:
+        if os.path.isdir(path) and libc.mount(b"tmpfs", path.encode(), b"tmpfs",
+                                              _MS_NOSUID | _MS_NODEV, b"mode=000,size=4k") != 0:
+            print(f"kloop: {path} not masked: errno {ctypes.get_errno()}", file=sys.stderr)
+    if req.userns and req.keep:
+        binds = []
+        for path in req.writable:  # their own mounts, so they can be writable again below
+            if os.path.isdir(path) and libc.mount(path.encode(), path.encode(), None,
+                                                  _MS_BIND | _MS_REC, None) == 0:
+                binds.append(path)
+        _readonly_but(libc, [p for p in (req.keep, "/dev/shm", *binds) if p])
     if req.own_pids and os.getpid() == 1 and \
             libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None):
         print(f"kloop: /proc not remounted: errno {ctypes.get_errno()}", file=sys.stderr)
