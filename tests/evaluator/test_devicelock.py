@@ -54,11 +54,41 @@ def test_shared_holders_overlap_and_an_exclusive_one_runs_alone(tmp_path):
     assert not _overlap(spans["x"], spans["s1"]) and not _overlap(spans["x"], spans["s2"]), spans
 
 
+_ORDERED = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from evaluator.devicelock import device_lock
+    out, lock_dir, shared = sys.argv[1:4]
+    Path(out + ".asking").write_text("")
+    with device_lock("cuda:0", Path(lock_dir), shared=shared == "1"):
+        start = time.time()
+        while not Path(out + ".release").exists() and Path(out).name == "s1":
+            time.sleep(0.01)
+    Path(out).write_text(f"{start} {time.time()}")
+""")
+
+
+def _wait_for(path: Path, timeout: float = 60) -> None:
+    end = time.time() + timeout
+    while not path.exists():
+        assert time.time() < end, f"{path} never appeared"
+        time.sleep(0.01)
+
+
 def test_a_waiting_exclusive_holder_lets_no_new_shared_holder_in(tmp_path):
-    # s1 holds; x asks at 0.5 s and waits for s1; s2 asks at 1.0 s: it must wait for x too,
-    # or a stream of shared holders would keep the clock out for ever.
-    spans = _run(tmp_path, str(tmp_path / "locks"),
-                 [("s1", True, 2.0, 0), ("x", False, 0.5, 0.5), ("s2", True, 0.2, 1.0)])
+    # s1 holds (until told); x asks and waits for it; s2 asks after x: it must wait for x too,
+    # or a stream of shared holders would keep the clock out for ever. Each asks only once
+    # the one before is blocked in its lock call (0.5 s after saying it asks: nothing else
+    # lies between), so no timing of process starts decides the order.
+    procs = {}
+    for name, shared in (("s1", True), ("x", False), ("s2", True)):
+        procs[name] = subprocess.Popen([sys.executable, "-c", _ORDERED, str(tmp_path / name),
+                                        str(tmp_path / "locks"), "1" if shared else "0"])
+        _wait_for(tmp_path / f"{name}.asking")
+        time.sleep(0.5)
+    (tmp_path / "s1.release").write_text("")
+    assert [p.wait(timeout=60) for p in procs.values()] == [0, 0, 0]
+    spans = {n: tuple(map(float, (tmp_path / n).read_text().split())) for n in procs}
     assert spans["s1"][1] <= spans["x"][0] + 0.01, spans
     assert spans["x"][1] <= spans["s2"][0] + 0.01, spans
 
@@ -82,19 +112,23 @@ def test_a_holder_that_dies_gives_the_lock_back(tmp_path, shared):
 
 def test_threads_of_one_process_follow_the_same_rules():
     spans: dict[str, tuple[float, float]] = {}
+    release = threading.Event()
 
-    def hold(name: str, shared: bool, seconds: float, delay: float) -> None:
-        time.sleep(delay)
+    def hold(name: str, shared: bool, seconds: float) -> None:
         with device_lock("cuda:7", None, shared=shared):
             start = time.time()
+            if name == "s1":
+                release.wait(30)
             time.sleep(seconds)
         spans[name] = (start, time.time())
 
-    threads = [threading.Thread(target=hold, args=a) for a in
-               [("s1", True, 1.0, 0), ("s2", True, 1.0, 0), ("x", False, 0.3, 0.3),
-                ("s3", True, 0.1, 0.6)]]
-    for t in threads:
+    threads = []
+    for args in [("s1", True, 0.0), ("s2", True, 0.3), ("x", False, 0.2), ("s3", True, 0.1)]:
+        t = threading.Thread(target=hold, args=args)
         t.start()
+        threads.append(t)
+        time.sleep(0.3)  # each asks after the one before is holding or blocked
+    release.set()
     for t in threads:
         t.join(timeout=30)
     assert _overlap(spans["s1"], spans["s2"]), spans
