@@ -275,15 +275,19 @@ class EvalRun:
         contain = self.contained and mode in ("compile", "candidate", "warmup")
         disk = DiskLimit(self.root, int(c.disk_limit_gb * (1 << 30))) \
             if mode in ("candidate", "compile", "warmup") else None
-        # The reference worker's dir and the harness's private cache are covered: modes keep
-        # a pool uid out of them, not root without capabilities or the harness's own uid.
+        # Covered by an empty tmpfs: the reference worker's dir and the harness's private cache
+        # for every child that runs candidate code, and the candidate child's dir for those that
+        # run before it (compile, warm-up: they must not rewrite the source the static rules
+        # judged, or the trials' inputs). Modes keep a pool uid out of them, but not root
+        # without capabilities or a non-root harness's own uid.
         # A harness that is not root contains through a user namespace, where the child acts
         # as the harness's uid: everything but its evaluation's dir and its cache is read-only.
         from evaluator.isolation import private_dir
 
         confine = Confinement(
             hide=hide, keep=str(self.root) if contain else None, own_pids=contain,
-            mask=[str(self.root / "ref"), str(private_dir(c.cache_dir))] if contain else [],
+            mask=[str(self.root / "ref"), str(private_dir(c.cache_dir))]
+            + ([str(self.root / "cand")] if mode != "candidate" else []) if contain else [],
             userns=bool(contain or hide) and isolation.userns_works() and
             (isolation.force_userns() or not isolation.can_change_uid()),
             writable=[str(self.writable_cache)] if contain else [])

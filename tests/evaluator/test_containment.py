@@ -141,3 +141,48 @@ def test_a_work_parent_someone_else_made_is_not_used(tmp_path):
     assert contained and os.stat(path).st_mode & 0o777 == 0o711
     fine, _ = isolation.work_parent(tmp_path / "clean")
     assert fine == tmp_path / "clean" / isolation.WORK_DIR
+
+
+REWRITE = '''
+import errno as _e, json as _j, os as _o
+def _rewrite(log):
+    me = _o.path.basename(_o.getcwd())
+    seen = {"child": me}
+    root = _o.path.dirname(_o.getcwd())
+    for name, path in (("cand", _o.path.join(root, "cand", "candidate.py")),
+                       ("ref", _o.path.join(root, "ref"))):
+        try:
+            if name == "cand" and me != "cand":
+                with open(path, "a") as f:
+                    f.write("\\nKLOOP_REWRITTEN = True\\n")
+            else:
+                _o.listdir(path)
+            seen[name] = "ok"
+        except OSError as x:
+            seen[name] = _e.errorcode.get(x.errno, str(x.errno))
+    with open(__file__) as f:  # the source this child imported
+        seen["rewritten"] = "\\nKLOOP_REWRITTEN = True\\n" in f.read()
+    with open(f"{log}.{_o.getpid()}.{me}", "w") as f:
+        f.write(_j.dumps(seen) + "\\n")
+'''
+
+
+def test_children_before_the_candidate_child_cannot_rewrite_its_source(tmp_path, drop_box):
+    """The compile child and the warm-up child run candidate code before the candidate child:
+    its dir (the source the static rules judged, the trials' inputs) is covered for them, and
+    the reference worker's dir for all three, even where modes cannot keep them out (root
+    without capabilities owns every dir here)."""
+    log = drop_box / "rewrite"
+    peek = f"import torch.nn as nn\n{REWRITE}\n_rewrite({str(log)!r})\n"
+    cuda = candidate("mlp_cuda_relu.py").replace("import torch.nn as nn", peek, 1)
+    triton_ = candidate("mlp_triton.py").replace("import torch.nn as nn", peek, 1)
+    results = evaluate_many([("L3/1", cuda), ("L3/1", triton_)],
+                            cpu_config(tmp_path / "cache", jit_warmup="on"), max_workers=2)
+    assert results[1].status == "correct", results[1].error
+    rows = drop_rows(log)
+    assert {r["child"] for r in rows} >= {"compile", "warm", "cand"}, rows
+    for r in rows:
+        assert r["ref"] in ("EACCES", "ENOENT"), r
+        assert not r["rewritten"], r
+        if r["child"] != "cand":
+            assert r["cand"] in ("EACCES", "ENOENT", "EROFS"), r
