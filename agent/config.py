@@ -184,7 +184,8 @@ _EVAL_ADDED = {"eager_baseline_from": "reference", "l2_flush": "worker", "disk_l
 _OPERATIONAL = {"problems", "level", "problems_dir", "concurrency", "runs_dir", "run_id"}
 # The evaluator's machine-local knobs: where caches and work dirs live, what is kept for debugging.
 _EVAL_OPERATIONAL = {"cache_dir", "work_root", "keep_workdir", "device_lock", "output_tail_bytes",
-                     "template_process", "hidden_from_builds", "build_slots", "jit_warmup"}
+                     "template_process", "hidden_from_builds", "build_slots", "jit_warmup",
+                     "child_writable"}
 
 
 def merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:

@@ -192,6 +192,10 @@ class EvalConfig(BaseModel):
     hidden_from_builds: list[str] = []
     """More paths a compile child cannot open, besides the GPU's device nodes (which are always
     hidden from it where the harness can: a root harness and the template process)."""
+    child_writable: list[str] = []
+    """Directories that children running candidate code may still write where the rest of the
+    file tree is read-only for them (root without capabilities, a non-root harness): the
+    tests' drop boxes. Never put anything here that the harness reads as trusted."""
     ncu: bool = False
     """Also collect Nsight Compute metrics for the top custom kernel (GPU with ncu only)."""
     triton_aot: bool = True

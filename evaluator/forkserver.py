@@ -40,6 +40,7 @@ class Confinement:
     own_pids: bool = False
     mask: list[str] = field(default_factory=list)
     userns: bool = False
+    readonly: bool = False
     writable: list[str] = field(default_factory=list)
 
 _START_TIMEOUT_S = 120.0
@@ -97,7 +98,8 @@ class ForkServer:
             c = confine or Confinement()
             req = ForkRequest(argv=argv, env=env, cwd=str(cwd), fd_targets=targets, uid=uid,
                               gid=gid, hide=c.hide, keep=c.keep, own_pids=c.own_pids,
-                              mask=c.mask, userns=c.userns, writable=c.writable)
+                              mask=c.mask, userns=c.userns, readonly=c.readonly,
+                              writable=c.writable)
             try:
                 socket.send_fds(sock, [req.model_dump_json().encode()], fds)
                 sock.settimeout(_REPLY_TIMEOUT_S)

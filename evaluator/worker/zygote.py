@@ -68,10 +68,13 @@ class ForkRequest(BaseModel):
     userns: bool = False
     """Enter a user namespace first (a harness that is not root): the namespaces above then
     need no privilege. The child is root only inside it and drops those capabilities before
-    any candidate code runs; since it still acts as the harness's uid on every file, the whole
-    tree is made read-only for it but `keep` and `writable` (`_readonly_but`)."""
+    any candidate code runs."""
+    readonly: bool = False
+    """With `keep`: the whole tree read-only for the child but `keep`, /dev/shm and `writable`
+    (`_readonly_but`), for a child that acts as an identity owning files outside its
+    evaluation (root without capabilities, or the harness's own uid in a user namespace)."""
     writable: list[str] = []
-    """With `userns`: directories besides `keep` that stay writable (the children's cache)."""
+    """With `readonly`: directories besides `keep` that stay writable (the children's cache)."""
 
 
 def preload() -> None:
@@ -283,7 +286,7 @@ def _contain(req: ForkRequest) -> None:
         if os.path.isdir(path) and libc.mount(b"tmpfs", path.encode(), b"tmpfs",
                                               _MS_NOSUID | _MS_NODEV, b"mode=000,size=4k") != 0:
             print(f"kloop: {path} not masked: errno {ctypes.get_errno()}", file=sys.stderr)
-    if req.userns and req.keep:
+    if req.readonly and req.keep:
         binds = []
         for path in req.writable:  # their own mounts, so they can be writable again below
             if os.path.isdir(path) and libc.mount(path.encode(), path.encode(), None,

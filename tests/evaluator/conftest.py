@@ -22,6 +22,8 @@ def drop_box():
     import shutil
     import tempfile
 
+    import eval_helpers
+
     from evaluator.worker.zygote import SHARED_SCRATCH
 
     top = None
@@ -30,5 +32,9 @@ def drop_box():
                     and not any(d == s or d.startswith(s + "/") for s in SHARED_SCRATCH)), None)
     drop = Path(tempfile.mkdtemp(prefix="kloop-drop-", dir=top))
     drop.chmod(0o777)
+    # Where the tree is read-only for children (root without capabilities), `cpu_config`
+    # lets them write here (`EvalConfig.child_writable`).
+    eval_helpers.DROP_BOXES.append(str(drop))
     yield drop
+    eval_helpers.DROP_BOXES.remove(str(drop))
     shutil.rmtree(drop, ignore_errors=True)

@@ -27,6 +27,10 @@ def drop_rows(log: Path) -> list[dict]:
             for line in f.read_text().splitlines() if line.strip()]
 
 
+DROP_BOXES: list[str] = []
+"""The drop boxes of the running test (`conftest.drop_box`), writable for its children."""
+
+
 def cpu_config(cache_dir: Path, **overrides) -> EvalConfig:
     """A CPU config with short limits; baselines, profiling and AOT checks off unless asked."""
     fields = dict(
@@ -36,4 +40,5 @@ def cpu_config(cache_dir: Path, **overrides) -> EvalConfig:
                                compile=300, reference=180, baselines=300),
     )
     fields.update(overrides)
+    fields.setdefault("child_writable", list(DROP_BOXES))
     return EvalConfig(**fields)

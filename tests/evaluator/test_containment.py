@@ -6,12 +6,13 @@ capabilities, where no sandbox uid can reach the interpreter)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from eval_helpers import candidate, cpu_config, drop_rows
 
 from evaluator import isolation
-from evaluator.pipeline import evaluate_many
+from evaluator.pipeline import evaluate, evaluate_many
 
 pytestmark = pytest.mark.skipif(not isolation.can_change_uid(), reason="needs a root harness")
 
@@ -186,3 +187,35 @@ def test_children_before_the_candidate_child_cannot_rewrite_its_source(tmp_path,
         assert not r["rewritten"], r
         if r["child"] != "cand":
             assert r["cand"] in ("EACCES", "ENOENT", "EROFS"), r
+
+
+def test_root_without_capabilities_cannot_write_root_files_outside_its_evaluation(
+        tmp_path, drop_box):
+    """Root without capabilities still owns root's files (run records, kloop's caches): for it
+    the whole tree is read-only but its own evaluation's dir and its cache."""
+    import json
+    import tempfile
+
+    victim_dir = Path(tempfile.mkdtemp(prefix="kloop-victim-", dir=drop_box.parent))
+    try:
+        victim = victim_dir / "turns.jsonl"
+        victim.write_text("")
+        probe = ("import errno as _e, json as _j, os as _o\n"
+                 "try:\n"
+                 f"    open({str(victim)!r}, 'a').write('forged')\n"
+                 "    _r = 'ok'\n"
+                 "except OSError as _x:\n"
+                 "    _r = _e.errorcode.get(_x.errno)\n"
+                 f"open({str(drop_box / 'victim')!r} + '.' + str(_o.getpid()), 'w')"
+                 ".write(_j.dumps({'victim': _r, 'uid': _o.getuid()}))\n")
+        src = candidate("mlp_torch.py").replace("import torch.nn as nn",
+                                                f"import torch.nn as nn\n{probe}", 1)
+        r = evaluate("L3/1", src, cpu_config(tmp_path / "cache", sandbox_uid=None))
+        assert r.status == "correct", r.error
+        rows = [json.loads(f.read_text()) for f in drop_box.glob("victim.*")]
+        assert rows and all(row == {"victim": "EROFS", "uid": 0} for row in rows), rows
+        assert victim.read_text() == ""
+    finally:
+        import shutil
+
+        shutil.rmtree(victim_dir, ignore_errors=True)
