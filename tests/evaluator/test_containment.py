@@ -219,3 +219,89 @@ def test_root_without_capabilities_cannot_write_root_files_outside_its_evaluatio
         import shutil
 
         shutil.rmtree(victim_dir, ignore_errors=True)
+
+
+ESCAPE = '''
+import ctypes as _c, errno as _e, json as _j, os as _o
+def _escape(victim, mask, log):
+    """From a user namespace of its own (in a forked child: a threaded process cannot enter
+    one), try to lift the read-only tree and the masks."""
+    r, w = _o.pipe()
+    pid = _c.CDLL(None).fork()  # libc's: the static rules would reject os.fork (not the point)
+    if pid == 0:
+        out = {}
+        try:
+            libc = _c.CDLL(None, use_errno=True)
+            uid, gid = _o.getuid(), _o.getgid()
+            out["unshare"] = libc.unshare(0x10000000 | 0x00020000) == 0 or _c.get_errno()
+            for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"),
+                               ("gid_map", f"0 {gid} 1")):
+                try:
+                    with open(f"/proc/self/{name}", "w") as f:
+                        f.write(text)
+                except OSError as x:
+                    out[name] = x.errno
+            out["umount_mask"] = libc.umount2(mask.encode(), 2) == 0 or _c.get_errno()
+            class A(_c.Structure):
+                _fields_ = [(n, _c.c_uint64) for n in ("s", "c", "p", "u")]
+            a = A(0, 1, 0, 0)
+            out["rw_again"] = libc.syscall(442, -100, b"/", 0x8000, _c.byref(a),
+                                           _c.sizeof(a)) == 0 or _c.get_errno()
+            try:
+                with open(victim, "a") as f:
+                    f.write("forged")
+                out["victim"] = "ok"
+            except OSError as x:
+                out["victim"] = _e.errorcode.get(x.errno)
+            try:
+                out["mask_listing"] = _o.listdir(mask)
+            except OSError as x:
+                out["mask_listing"] = _e.errorcode.get(x.errno)
+        finally:
+            _o.write(w, _j.dumps(out).encode())
+            _o._exit(0)
+    _o.close(w)
+    _o.waitpid(pid, 0)
+    data = _o.read(r, 65536).decode()
+    with open(f"{log}.{_o.getpid()}", "w") as f:
+        f.write(data)
+'''
+
+
+@pytest.mark.skipif(not isolation.can_change_uid(), reason="needs a root harness")
+def test_a_user_namespace_of_its_own_does_not_lift_the_read_only_tree_or_the_masks(
+        tmp_path, drop_box):
+    """The cheapest attack on both: candidate code makes a user namespace of its own (no
+    privilege needed), where it holds every capability over a copy of its mounts, and tries to
+    unmount the mask over the reference worker's dir and to make the tree writable. The kernel
+    locks mounts inherited from a more privileged namespace: both fail, the victim is intact."""
+    import json
+    import tempfile
+
+    victim_dir = Path(tempfile.mkdtemp(prefix="kloop-victim-", dir=drop_box.parent))
+    try:
+        victim = victim_dir / "turns.jsonl"
+        victim.write_text("")
+        log = drop_box / "escape"
+        # The mask over ref/: the child's cwd is <evaluation>/cand.
+        call = (f"_escape({str(victim)!r}, _o.path.join(_o.path.dirname(_o.getcwd()), 'ref'), "
+                f"{str(log)!r})\n")
+        src = candidate("mlp_torch.py").replace("import torch.nn as nn",
+                                                f"import torch.nn as nn\n{ESCAPE}\n{call}", 1)
+        r = evaluate("L3/1", src, cpu_config(tmp_path / "cache", sandbox_uid=None))
+        assert r.status == "correct", r.error
+        rows = [json.loads(f.read_text()) for f in drop_box.glob("escape.*")]
+        assert rows, "the probe never ran"
+        for row in rows:
+            assert row["victim"] == "EROFS", row
+            assert row["umount_mask"] is not True and row["rw_again"] is not True, row
+            assert row["mask_listing"] in ([], "EACCES"), row  # still the empty cover
+            # The attack really ran: it got its namespace and every capability in it (with or
+            # without a uid map: root may not map uid 0 without CAP_SETFCAP), so what stopped
+            # it is the kernel's lock on inherited mounts (EINVAL, EPERM), not a missing right.
+            assert row["unshare"] is True, row
+        assert victim.read_text() == ""
+    finally:
+        import shutil
+
+        shutil.rmtree(victim_dir, ignore_errors=True)
