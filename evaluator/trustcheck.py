@@ -134,7 +134,20 @@ def _writable(d):
         return False
 
 
+def _route_out():
+    import socket
+    k = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        k.connect(("192.0.2.1", 9))  # UDP: no packet is sent, only a route is looked up
+        return True
+    except OSError:
+        return False
+    finally:
+        k.close()
+
+
 def _facts():
+    import socket
     status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
     parent = os.path.dirname(os.path.dirname(os.getcwd()))
     try:
@@ -145,6 +158,8 @@ def _facts():
             "no_new_privs": status["NoNewPrivs"].strip(), "pid": os.getpid(),
             "processes": sum(p.isdigit() for p in os.listdir("/proc")), "work": work,
             "tmp_writable": _writable("/tmp"), "home": os.environ.get("HOME", ""),
+            "stdlib_writable": _writable(os.path.dirname(os.__file__)),
+            "route_out": _route_out(), "interfaces": [n for _, n in socket.if_nameindex()],
             "cwd": os.getcwd(), "env": sorted(os.environ)}
 
 
@@ -184,6 +199,12 @@ def probe(config: EvalConfig, problem_id: str = "L3/1") -> list[CheckRow]:
                  detail=f"pid {seen['pid']}, {seen['processes']} processes visible"),
         CheckRow(name="probe: shared scratch", ok=not seen["tmp_writable"], trust=True,
                  detail="/tmp writable" if seen["tmp_writable"] else "/tmp read-only"),
+        CheckRow(name="probe: network", ok=not seen["route_out"], trust=True,
+                 detail=f"interfaces {', '.join(seen['interfaces']) or 'none'}; "
+                 + ("a route out" if seen["route_out"] else "no route out")),
+        CheckRow(name="probe: file tree", ok=not seen["stdlib_writable"], trust=True,
+                 detail="Python's own library writable" if seen["stdlib_writable"] else
+                 "read-only outside its evaluation's dir and cache"),
         CheckRow(name="probe: environment", ok=not secrets and home_own, trust=True,
                  detail=f"{len(seen['env'])} variables"
                  + (f"; credential-like: {', '.join(secrets)}" if secrets else "")

@@ -57,8 +57,19 @@ def test_the_probe_reports_from_inside_and_catches_a_sandbox_that_is_not_there(t
     assert found["probe: environment"].ok, found["probe: environment"].detail
     assert found["probe: other processes"].ok is contained
     assert found["probe: shared scratch"].ok is contained
+    assert found["probe: network"].ok is contained, found["probe: network"].detail
+    assert found["probe: file tree"].ok is contained, found["probe: file tree"].detail
     plain = {r.name: r for r in probe(cpu_config(tmp_path / "cache", template_process=False,
                                                  problem_overrides=MLP_SMALL))}
     assert plain["probe: other processes"].ok is False
     assert plain["probe: other processes"].detail.startswith("pid ")
     assert plain["probe: identity"].ok  # capabilities are dropped either way
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as k:  # the host's own answer
+        try:
+            k.connect(("192.0.2.1", 9))
+            host_route = True
+        except OSError:
+            host_route = False
+    assert plain["probe: network"].ok is (not host_route)
