@@ -1,6 +1,7 @@
 """Evaluator throughput on a fixed batch of fresh candidates (the throughput issue's benchmark).
 
     python bench/throughput.py [--device cuda] [--concurrency 4] [--kloop-root PATH] [--json F]
+                               [--compare-warmup] [--first N]
     python bench/throughput.py --list
 
 The batch, all from files in this repo (30 candidates, 7 problems): the bundled examples'
@@ -14,7 +15,10 @@ Printed: candidates per GPU-hour (batch size over the wall time of `evaluate_man
 concurrency), the GPU's busy fraction (`nvidia-smi` utilisation sampled every 0.5 s while the
 batch runs), per-stage p50/p90 and the statuses. With `--kloop-root`, the same batch is run
 first through that checkout's evaluator (for example `git worktree add /tmp/old <commit>`) in a
-fresh process, under the same load, and the ratios are printed.
+fresh process, under the same load, and the ratios are printed. With `--compare-warmup`, the
+batch runs through this checkout twice, first with `jit_warmup: off` and then with the default
+(the JIT warm-up pass under the shared device lock), and the ratio is printed. `--first N`
+takes only the first N candidates (a smoke run).
 """
 
 from __future__ import annotations
@@ -62,8 +66,8 @@ def batch() -> list[dict]:
     return out
 
 
-def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path | None = None) \
-        -> dict:
+def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path | None = None,
+              jit_warmup: str = "auto") -> dict:
     """Evaluate the batch with the evaluator importable here; per-candidate numbers and wall.
     Each finished row is also appended to `rows_file` (a run cut short by a time limit still
     leaves what it finished)."""
@@ -75,7 +79,7 @@ def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path 
     with tempfile.TemporaryDirectory(prefix="kloop-throughput-") as cache:
         def one(item: dict) -> dict:
             cfg = EvalConfig(device=device, cache_dir=Path(cache),
-                             problem_overrides=item["overrides"])
+                             problem_overrides=item["overrides"], jit_warmup=jit_warmup)
             t0 = time.monotonic()
             try:
                 r = evaluate(item["problem"], item["source"], cfg)
@@ -164,13 +168,18 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--rows", type=Path, help="append each finished candidate's row here")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--compare-warmup", action="store_true",
+                    help="run the batch with jit_warmup off, then on, and print the ratio")
+    ap.add_argument("--first", type=int, help="only the first N candidates")
+    ap.add_argument("--jit-warmup", default="auto", help=argparse.SUPPRESS)
     ap.add_argument("--inner", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:  # run a batch file with whatever evaluator comes first on sys.path
         items = json.loads(args.inner.read_text())
-        print(json.dumps(run_batch(items, args.device, args.concurrency, args.rows)))
+        print(json.dumps(run_batch(items, args.device, args.concurrency, args.rows,
+                                   args.jit_warmup)))
         return 0
-    items = batch()
+    items = batch()[:args.first] if args.first else batch()
     if args.list:
         for it in items:
             print(f"{it['label']:42} {it['overrides']}")
@@ -180,13 +189,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "batch.json"
         path.write_text(json.dumps(items))
-        roots = ([("baseline", args.kloop_root.resolve())] if args.kloop_root else []) + \
-            [("this checkout", REPO)]
-        for name, root in roots:
+        roots = ([("baseline", args.kloop_root.resolve(), "auto")] if args.kloop_root else []) + \
+            ([("warm-up off", REPO, "off")] if args.compare_warmup else []) + \
+            [("this checkout", REPO, "auto")]
+        for name, root, warmup in roots:
             with GpuSampler() as gpu:
                 p = subprocess.run(
                     [sys.executable, __file__, "--inner", str(path), "--device", args.device,
                      "--concurrency", str(args.concurrency),
+                     *(["--jit-warmup", warmup] if root == REPO else []),
                      *(["--rows", str(args.rows.resolve())] if args.rows else [])],
                     capture_output=True, text=True, cwd=root,
                     env={**os.environ, "PYTHONPATH": str(root)})
@@ -196,10 +207,11 @@ def main() -> int:
             res = json.loads(p.stdout.strip().splitlines()[-1])
             res["gpu_busy"] = gpu.busy()
             results[name] = report(name, res, len(items))
-    if "baseline" in results:
-        b, t = results["baseline"], results["this checkout"]
-        print(f"\nthis checkout / baseline: {t['per_hour'] / b['per_hour']:.2f}x candidates per "
-              f"GPU-hour")
+    for other in ("baseline", "warm-up off"):
+        if other in results:
+            b, t = results[other], results["this checkout"]
+            print(f"\nthis checkout / {other}: {t['per_hour'] / b['per_hour']:.2f}x candidates "
+                  f"per GPU-hour")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

@@ -42,7 +42,8 @@ for s in "$@"; do
             tar czf "$OUT/examples.tgz" runs/examples/suite-* agent/demo/suite ;;  # one file back
     throughput) step throughput 560 python3 bench/throughput.py \
                 --concurrency "${THROUGHPUT_CONCURRENCY:-4}" --rows "$OUT/throughput-rows.jsonl" \
-                --json "$OUT/throughput.json" ${THROUGHPUT_ROOT:+--kloop-root "$THROUGHPUT_ROOT"} ;;
+                --json "$OUT/throughput.json" ${THROUGHPUT_ROOT:+--kloop-root "$THROUGHPUT_ROOT"} \
+                ${THROUGHPUT_ARGS:-} ;;
     template-bench) step template-bench 150 python3 bench/template.py --device cuda ;;
     pch) step pch 300 python3 bench/pch.py ;;
     # Tests that assert on measured times run after the rest, one at a time (`alone`).
