@@ -46,16 +46,6 @@ PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _CAP_VERSION_3 = 0x20080522
 CONFINE_ENV = "KLOOP_CONFINE"
-NO_USERNS_ENV = "KLOOP_NO_USERNS"
-"""Set (to anything) in a non-root harness's environment: do not contain children in user
-namespaces (they then run uncontained and flagged, as before session 7)."""
-FORCE_USERNS_ENV = "KLOOP_FORCE_USERNS"
-"""Set in a root harness's environment (with `sandbox_uid: null`): contain children the way a
-non-root harness does, in a user namespace (how the CPU tests exercise that path as root)."""
-
-
-def force_userns() -> bool:
-    return bool(os.environ.get(FORCE_USERNS_ENV))
 """Set by the harness in a sandboxed child's environment: `caps` = drop all capabilities."""
 BECOME_ENV = "KLOOP_BECOME"
 """`uid:gid` for a child that another program starts as root (the ncu pass: ncu starts it),
@@ -63,6 +53,12 @@ so the harness cannot give it the sandbox identity itself: it takes it on, first
 BACKGROUND_ENV = "KLOOP_BACKGROUND"
 """Set for children that run candidate code outside the device lock (compile children): they
 run SCHED_IDLE and cannot leave it, so they get no CPU time a timed process wants."""
+NO_USERNS_ENV = "KLOOP_NO_USERNS"
+"""Set (to anything) in a non-root harness's environment: do not contain children in user
+namespaces (they then run uncontained and flagged, as before session 7)."""
+FORCE_USERNS_ENV = "KLOOP_FORCE_USERNS"
+"""Set in a root harness's environment (with `sandbox_uid: null`): contain children the way a
+non-root harness does, in a user namespace (how the CPU tests exercise that path as root)."""
 _R, _W, _X = 4, 2, 1
 VAULT_UID = 65533
 """Owner of the harness-private cache dir; any uid that runs nothing will do."""
@@ -310,19 +306,6 @@ def work_parent(base: Path | None) -> tuple[Path, bool]:
     return path, contained
 
 
-_USERNS_PROBE = """
-import ctypes, os
-libc = ctypes.CDLL(None, use_errno=True)
-uid, gid = os.getuid(), os.getgid()
-assert libc.unshare(0x10000000) == 0
-for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
-    with open(f"/proc/self/{name}", "w") as f:
-        f.write(text)
-assert libc.unshare(0x00020000 | 0x20000000 | 0x40000000 | 0x08000000) == 0
-assert libc.mount(b"none", b"/", None, 0x4000 | 0x40000, None) == 0
-"""
-
-
 @functools.lru_cache(maxsize=1)
 def userns_works() -> bool:
     """Whether a harness that is not root can contain its children anyway: an unprivileged
@@ -333,11 +316,17 @@ def userns_works() -> bool:
         return False
     import subprocess
 
+    # In a process of its own: a threaded process (this one) cannot enter a user namespace.
+    probe = "from evaluator.worker.zygote import userns_usable as u; raise SystemExit(not u())"
     try:
-        return subprocess.run([sys.executable, "-c", _USERNS_PROBE], capture_output=True,
-                              timeout=30).returncode == 0
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True,
+                              timeout=60).returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
+
+
+def force_userns() -> bool:
+    return bool(os.environ.get(FORCE_USERNS_ENV))
 
 
 PAGE_LOCK_BYTES = 1 << 30

@@ -283,16 +283,19 @@ class EvalRun:
         # A harness that is not root contains through a user namespace. Where the child acts
         # as an identity that owns files elsewhere (the harness's uid there, or root without
         # capabilities), everything but its evaluation's dir and its cache is read-only.
-        from evaluator.isolation import private_dir
-
         userns = bool(contain or hide) and isolation.userns_works() and \
             (isolation.force_userns() or not isolation.can_change_uid())
+        mask, writable = [], []
+        if contain:
+            mask = [self.root / "ref", isolation.private_dir(c.cache_dir)]
+            if mode != "candidate":
+                mask.append(self.root / "cand")
+            writable = [self.writable_cache, *c.child_writable]
         confine = Confinement(
             hide=hide, keep=str(self.root) if contain else None, own_pids=contain,
-            mask=[str(self.root / "ref"), str(private_dir(c.cache_dir))]
-            + ([str(self.root / "cand")] if mode != "candidate" else []) if contain else [],
-            userns=userns, readonly=contain and (userns or (plan is not None and plan.same_uid)),
-            writable=[str(self.writable_cache), *c.child_writable] if contain else [])
+            mask=[str(p) for p in mask], userns=userns,
+            readonly=contain and (userns or (plan is not None and plan.same_uid)),
+            writable=[str(p) for p in writable])
         child = Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes, plan,
                       serves=serves, template=c.template_process, confine=confine, disk=disk,
                       on_uncontained=lambda: self.record(Flagged(flag="isolation_uncontained")))

@@ -122,6 +122,7 @@ def _page_lock_row() -> CheckRow:
 PROBE = '''"""kloop check's probe: reports what candidate code sees, from inside its process."""
 import json
 import os
+import socket
 
 
 def _writable(d):
@@ -135,7 +136,6 @@ def _writable(d):
 
 
 def _route_out():
-    import socket
     k = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         k.connect(("192.0.2.1", 9))  # UDP: no packet is sent, only a route is looked up
@@ -147,7 +147,6 @@ def _route_out():
 
 
 def _facts():
-    import socket
     status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
     parent = os.path.dirname(os.path.dirname(os.getcwd()))
     try:

@@ -137,11 +137,14 @@ def _trial(loaded: Loaded, trial: CandTrial, job: CandidateJob, ch: Channel) -> 
 
 
 def run_forward(job: CandidateJob, ch: Channel, calls: int = 2) -> None:
-    """Build the candidate and call it a few times on timing inputs (replayed under ncu)."""
+    """Build the candidate and call it a few times on timing inputs (replayed under ncu; once
+    in the warm-up child, whose time limits follow the stages named here)."""
     apply_numerics(job.problem.allow_tf32)
+    ch.stage("load")
     loaded = _load(job, ch)
     if loaded is None:
         return
+    ch.stage("correctness")
     inputs = draw_inputs(load_problem(job.problem), 0, job.problem)
     with torch.no_grad():
         for _ in range(calls):
@@ -155,19 +158,8 @@ def run_warmup(job: CandidateJob, ch: Channel) -> None:
     device lock), build the candidate and call it once on the timing inputs, so that its JIT
     compilers (Triton, inductor) fill this evaluation's caches outside the exclusive device
     lock. Nothing it does is judged or believed; the candidate child repeats all of it."""
-    if not wait_for_device(ch):
-        return
-    apply_numerics(job.problem.allow_tf32)
-    ch.stage("load")
-    loaded = _load(job, ch)
-    if loaded is None:
-        return
-    ch.stage("correctness")
-    inputs = draw_inputs(load_problem(job.problem), 0, job.problem)
-    with torch.no_grad():
-        loaded.model(*inputs)
-    sync(job.problem.device)
-    ch.send(DoneMsg())
+    if wait_for_device(ch):
+        run_forward(job, ch, calls=1)
 
 
 def _load(job: CandidateJob, ch: Channel) -> Loaded | None:

@@ -200,6 +200,9 @@ _CLONE_NEWUSER = 0x10000000
 _SYS_MOUNT_SETATTR = 442  # the same number on x86_64 and aarch64
 _AT_FDCWD, _AT_RECURSIVE = -100, 0x8000
 _MOUNT_ATTR_RDONLY = 0x1
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x2, 0x4, 0x8
+_MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 0x40000
+_MS_RDONLY, _MS_REMOUNT = 0x1, 0x20
 
 
 class _MountAttr(ctypes.Structure):
@@ -225,6 +228,16 @@ def _enter_userns() -> bool:
     return True
 
 
+def userns_usable() -> bool:
+    """Whether this (single-threaded, throwaway) process can enter a user namespace and make
+    the namespaces `_contain` needs inside it (`isolation.userns_works` asks in a subprocess)."""
+    if not _enter_userns():
+        return False
+    libc = _libc()
+    return libc.unshare(_CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWNET | _CLONE_NEWIPC) == 0 and \
+        libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) == 0
+
+
 def _set_readonly(libc: ctypes.CDLL, path: str, readonly: bool, recursive: bool) -> bool:
     attr = _MountAttr(_MOUNT_ATTR_RDONLY if readonly else 0, 0 if readonly else _MOUNT_ATTR_RDONLY,
                       0, 0)
@@ -244,9 +257,6 @@ def _readonly_but(libc: ctypes.CDLL, writable: list[str]) -> None:
         if not _set_readonly(libc, path, False, True):
             print(f"kloop: {path} left read-only: errno {ctypes.get_errno()}", file=sys.stderr)
 
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x2, 0x4, 0x8
-_MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 0x40000
-_MS_RDONLY, _MS_REMOUNT = 0x1, 0x20
 
 
 def _libc() -> ctypes.CDLL:
@@ -254,9 +264,10 @@ def _libc() -> ctypes.CDLL:
 
 
 def _contain(req: ForkRequest) -> None:
-    """Mount, network and IPC namespaces of our own (before dropping root): each `hide` path is /dev/null, the
-    work parent is empty but for our own evaluation's dir, /proc is our PID namespace's. What
-    cannot be done is said on stderr; the child runs either way (the harness flags it)."""
+    """Mount, network and IPC namespaces of our own (before dropping root): each `hide` path
+    is /dev/null, the work parent is empty but for our own evaluation's dir, `mask` paths are
+    empty, /proc is our PID namespace's. What cannot be done is said on stderr; the child runs
+    either way (the harness flags it)."""
     libc = _libc()
     if libc.unshare(_CLONE_NEWNS) != 0 or \
             libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
