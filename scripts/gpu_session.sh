@@ -33,6 +33,8 @@ for s in "$@"; do
     diag) step diag 150 python3 bench/diag_process.py ;;
     diag-uid) step diag-uid 150 python3 bench/diag_uid.py ;;
     diag-trials) step diag-trials 300 python3 bench/diag_trials.py ;;
+    diag-threads) step diag-threads 300 python3 bench/diag_threads.py \
+                --only "${DIAG_ONLY:-L3/1-b8,L3/1-b1024,L3/4}" --repeats "${DIAG_REPEATS:-1}" ;;
     cupti) step cupti 120 python3 bench/cupti.py ;;
     clock) step clock 300 python3 bench/clock.py ${CLOCK_QUICK:+--quick} --only "${CLOCK_ONLY:-L3/1-b8,L3/1-b1024,L3/1,L3/4}" ;;
     # Tests that need no GPU, run on the GPU host: a real pool uid and root harness there.

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from evaluator.harness import gpustate
+from evaluator.harness.cputhreads import one_cpu_thread
 from evaluator.harness.clock import CallChannel, CallResult, ChannelBroken
 from evaluator.harness.flusher import flusher
 from evaluator.result import GpuSample, TimingStats
@@ -76,7 +77,13 @@ def decode(layout: ServeLayout, data: bytes) -> list[torch.Tensor]:
 
 
 def run_plan(ch: CallChannel, plan: CallPlan, budget_s: float, on_output: OnOutput) -> Served:
-    """Run the plan; raises `ChannelBroken` (timeout, protocol, closed)."""
+    """Run the plan; raises `ChannelBroken` (timeout, protocol, closed). `on_output` runs on one
+    CPU thread, whoever calls (`evaluator.harness.cputhreads`)."""
+    with one_cpu_thread():
+        return _run_plan(ch, plan, budget_s, on_output)
+
+
+def _run_plan(ch: CallChannel, plan: CallPlan, budget_s: float, on_output: OnOutput) -> Served:
     deadline = time.monotonic() + budget_s
     out = Served()
 

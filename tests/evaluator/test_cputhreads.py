@@ -1,0 +1,72 @@
+"""The harness judges timed outputs on one CPU thread (`evaluator.harness.cputhreads`): a
+spinning OpenMP team left by its comparisons would compete with the worker it times."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import torch
+from test_trusted_clock import LAYOUT, WORKER
+
+from evaluator.harness import cputhreads
+from evaluator.harness.clock import CallChannel
+from evaluator.harness.served import CallPlan, run_plan
+
+
+def _in_thread(fn):
+    """fn() in a fresh thread that first ran a parallel op with two intra-op threads (so its
+    OpenMP thread count is its own, as a long-lived harness thread's is)."""
+    out: list = []
+
+    def body():
+        torch.set_num_threads(2)
+        (torch.randn(1 << 20).abs() - 1).max()
+        out.append(fn())
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    return out[0]
+
+
+def test_one_cpu_thread_inside_the_block_and_the_callers_setting_after():
+    def fn():
+        with cputhreads.one_cpu_thread():
+            inside = torch.get_num_threads()
+        return inside, torch.get_num_threads()
+
+    assert _in_thread(fn) == (1, 2)
+
+
+def test_every_timed_output_is_judged_on_one_cpu_thread():
+    seen: list[int] = []
+
+    def serve():
+        ch = CallChannel.open()
+        ch.set_layout(LAYOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WORKER, ",".join(map(str, ch.child_fds())),
+             LAYOUT.model_dump_json(), "honest"],
+            pass_fds=ch.child_fds(), stdout=subprocess.PIPE, text=True)
+        ch.spawned()
+        assert proc.stdout is not None
+        proc.stdout.readline()
+
+        def on_output(i, r):
+            seen.append(torch.get_num_threads())
+            return True
+
+        try:
+            run_plan(ch, CallPlan(seeds=[1, 2, 3], warmup_calls=1, warmup_ms=0.0), 30.0,
+                     on_output)
+        finally:
+            ch.stop()
+            proc.communicate(timeout=30)
+            ch.close()
+        return torch.get_num_threads()
+
+    after = _in_thread(serve)
+    assert seen == [1, 1, 1]
+    assert after == 2
