@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from evaluator.harness import gpustate
-from evaluator.harness.cputhreads import one_cpu_thread
 from evaluator.harness.clock import CallChannel, CallResult, ChannelBroken
+from evaluator.harness.cputhreads import one_cpu_thread
 from evaluator.harness.flusher import flusher
 from evaluator.result import GpuSample, TimingStats
 from evaluator.worker.serve import DTYPES, OK, ServeLayout
