@@ -8,7 +8,7 @@ reference on the H200 (4x for a launch-bound model), by the candidate process's 
 too. Between two timed calls of a candidate the harness compares the last output (a parallel
 torch op); the reference's outputs are only stored. libgomp's threads spin after each parallel
 op, so on a 16-core host the harness's team competes with the worker that launches the next
-call. `evaluator.harness.cputhreads.one_cpu_thread` keeps the harness's work on one thread.
+call. `evaluator.harness.cputhreads.one_cpu_thread` keeps the served-call loop on one thread.
 
 `--cpu`: a child process pinned to one core runs a fixed Python loop right after this process
 ran a parallel op (and, as control, after it stayed idle), with N intra-op threads and with
@@ -76,7 +76,7 @@ def gpu(only: list[str], repeats: int) -> None:
     from evaluator.config import EvalConfig
     from evaluator.harness import served
 
-    one = pipeline.one_cpu_thread
+    one = served.one_cpu_thread
     print(f"{'model':<12} {'harness':>8} {'cand ev':>8} {'trusted':>8} {'ref ev':>8} "
           f"{'cand/ref ev':>11} {'speedup':>8}", flush=True)
     for label, pid, overrides in MODELS:
@@ -88,11 +88,11 @@ def gpu(only: list[str], repeats: int) -> None:
         for _ in range(repeats):
             for mode in ratios:
                 patch = one if mode == "1 thread" else contextlib.nullcontext
-                pipeline.one_cpu_thread = served.one_cpu_thread = patch
+                served.one_cpu_thread = patch
                 try:
                     r = pipeline.evaluate(pid, honest_source(pid), cfg)
                 finally:
-                    pipeline.one_cpu_thread = served.one_cpu_thread = one
+                    served.one_cpu_thread = one
                 t, e = r.timing, r.eager
                 if r.status != "correct" or t is None or e is None:
                     print(f"{label:<12} {mode:>8} {r.status}: {r.error}", flush=True)

@@ -16,7 +16,7 @@ concurrency), the GPU's busy fraction (`nvidia-smi` utilisation sampled every 0.
 batch runs), per-stage p50/p90 and the statuses. With `--kloop-root`, the same batch is run
 first through that checkout's evaluator (for example `git worktree add /tmp/old <commit>`) in a
 fresh process, under the same load, and the ratios are printed. With `--compare-warmup`, the
-batch runs through this checkout twice, first with `jit_warmup: off` and then with the default
+batch runs through this checkout twice, first with `jit_warmup: off` and then with `auto`
 (the JIT warm-up pass under the shared device lock), and the ratio is printed. `--first N`
 takes only the first N candidates (a smoke run).
 """
@@ -40,8 +40,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 MLP_MEDIUM = {"batch_size": 64, "input_size": 4096, "layer_sizes": [4096, 4096],
               "output_size": 2048}
-STAGES = ["static", "build_wait", "compile", "reference", "device_wait", "load", "correctness",
-          "timing", "profile", "candidate"]
+STAGES = ["static", "build_wait", "compile", "reference", "device_wait", "warmup", "load",
+          "correctness", "timing", "profile", "candidate"]
 
 
 def batch() -> list[dict]:
@@ -67,7 +67,7 @@ def batch() -> list[dict]:
 
 
 def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path | None = None,
-              jit_warmup: str = "auto") -> dict:
+              jit_warmup: str = "off") -> dict:
     """Evaluate the batch with the evaluator importable here; per-candidate numbers and wall.
     Each finished row is also appended to `rows_file` (a run cut short by a time limit still
     leaves what it finished)."""
@@ -171,7 +171,7 @@ def main() -> int:
     ap.add_argument("--compare-warmup", action="store_true",
                     help="run the batch with jit_warmup off, then on, and print the ratio")
     ap.add_argument("--first", type=int, help="only the first N candidates")
-    ap.add_argument("--jit-warmup", default="auto", help=argparse.SUPPRESS)
+    ap.add_argument("--jit-warmup", default="off", help=argparse.SUPPRESS)
     ap.add_argument("--inner", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:  # run a batch file with whatever evaluator comes first on sys.path
@@ -189,9 +189,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "batch.json"
         path.write_text(json.dumps(items))
-        roots = ([("baseline", args.kloop_root.resolve(), "auto")] if args.kloop_root else []) + \
+        # The inner run passes --jit-warmup only to this checkout (a baseline checkout runs its
+        # own defaults); with --compare-warmup the second pass turns the warm-up on.
+        roots = ([("baseline", args.kloop_root.resolve(), "")] if args.kloop_root else []) + \
             ([("warm-up off", REPO, "off")] if args.compare_warmup else []) + \
-            [("this checkout", REPO, "auto")]
+            [("this checkout", REPO, "auto" if args.compare_warmup else args.jit_warmup)]
         for name, root, warmup in roots:
             with GpuSampler() as gpu:
                 p = subprocess.run(

@@ -176,11 +176,15 @@ class EvalConfig(BaseModel):
     """Who else's GPU stages wait for ours: `host` (every kloop process on this machine sharing
     `cache_dir`, through a file lock, so timings of concurrent runs never overlap) or `process`
     (only evaluations in this process; concurrent processes then time under each other's load)."""
-    jit_warmup: Literal["auto", "on", "off"] = "auto"
+    jit_warmup: Literal["auto", "on", "off"] = "off"
     """Before the candidate child, run the candidate once in a warm-up child under the *shared*
     device lock (`stages.warmup_pass`), so that its Triton and inductor JIT compiles fill this
     evaluation's caches beside other warm-ups instead of inside the exclusive lock. Nothing the
-    warm-up does is judged. `auto`: on a GPU, for sources that use Triton or torch.compile."""
+    warm-up does is judged. `auto`: on a GPU, for sources that use Triton or torch.compile.
+    Off by default: on the H200 it bought nothing (16 Triton candidates, 8 at once: 0.90x
+    candidates per GPU-hour with it; `correctness` under the exclusive lock stayed 4-6 s,
+    although the candidate child compiled no kernel: JIT compiles were not what filled it;
+    GPU_VALIDATION.md, session 8)."""
     template_process: bool = True
     """Start reference, candidate and compile children as forks of a template process that has
     imported torch and kloop's worker modules but never touched the device (Linux; elsewhere,

@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 from evaluator.checks import result_checks
 from evaluator.config import EvalConfig
 from evaluator.fair_baseline import eager_as_candidate_stage
-from evaluator.harness.cputhreads import one_cpu_thread
 from evaluator.outcome import Flagged
 from evaluator.reference import ReferenceOutput
 from evaluator.result import EvalResult
@@ -44,13 +43,7 @@ def evaluate(problem: Problem | str, candidate_source: str,
     Candidate faults (compile errors, crashes, hangs, wrong outputs) come back as the result's
     status. Faults of the evaluator or the reference itself raise (`ReferenceFailure`, ...).
     """
-    # The harness's own tensor work (output comparisons between timed calls) on one CPU
-    # thread: a spinning OpenMP team slows the worker it times (evaluator.harness.cputhreads).
-    with one_cpu_thread():
-        return _evaluate(problem, candidate_source, config or EvalConfig())
-
-
-def _evaluate(problem: Problem | str, candidate_source: str, config: EvalConfig) -> EvalResult:
+    config = config or EvalConfig()
     if isinstance(problem, str):
         problem = get_problem(problem)
     run = EvalRun.create(problem, candidate_source, config)
@@ -91,8 +84,7 @@ def build_baselines(problem: Problem | str, config: EvalConfig | None = None,
     run = EvalRun.create(problem, "", config)
     try:
         job = reference_job(run).model_copy(update={"trials": []})
-        with one_cpu_thread():
-            reference_stage(run, job, reference_serving(run, rebuild=rebuild))
+        reference_stage(run, job, reference_serving(run, rebuild=rebuild))
     finally:
         run.cleanup()
     assert run.reference is not None

@@ -46,10 +46,12 @@ def render() -> str:
     ]
     for c in EXPLOITS:
         where = " + ".join(d.upper() for d in c.devices)
-        kb = str(c.kernelbench)
+        kb, strict = str(c.kernelbench), str(c.strict)
         if c.gpu_kernelbench is not None:
             kb += f" (GPU: {c.gpu_kernelbench})"
-        out.append(f"| {c.id} | {_cell(c.why)} | {_cell(str(c.strict))} | "
+        if c.gpu_strict is not None:
+            strict += f" (GPU: {c.gpu_strict})"
+        out.append(f"| {c.id} | {_cell(c.why)} | {_cell(strict)} | "
                    f"{_cell(kb)} | {where} |")
     out += ["", "Not catchable by a single-candidate evaluator (asserted as documented verdicts):",
             ", ".join(c.id for c in EXPLOITS if not c.catchable) + ". "

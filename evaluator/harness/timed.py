@@ -57,11 +57,13 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
             return False
         if r.data is None:
             return fail(i, "the shared output memory was cut short")
-        diffs = store.compare(i, decode(layout, r.data), tol)
-        if not all(d.ok for d in diffs):
-            bad = next(d for d in diffs if not d.ok)
-            return fail(i, f"timed call {i}: {bad.message}", diffs)
-        return True
+        got = decode(layout, r.data)
+        if store.passes(i, got, tol):
+            return True
+        # The full comparison decides (the quick test only ever answers "passes" early).
+        diffs = store.compare(i, got, tol)
+        bad = next((d for d in diffs if not d.ok), None)
+        return True if bad is None else fail(i, f"timed call {i}: {bad.message}", diffs)
 
     t = run.timing_spec()
     plan = CallPlan(seeds=seeds, warmup_calls=t.warmup_calls, warmup_ms=t.warmup_ms,
