@@ -41,7 +41,11 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 MLP_MEDIUM = {"batch_size": 64, "input_size": 4096, "layer_sizes": [4096, 4096],
               "output_size": 2048}
 STAGES = ["static", "build_wait", "compile", "reference", "device_wait", "warmup", "load",
-          "correctness", "timing", "profile", "candidate"]
+          "correctness", "first_trial", "timing", "profile", "candidate", "reference_start",
+          "reference_held", "candidate_start", "candidate_held"]
+"""`<mode>_held`: lock taken -> child gone (start-up on the device and exit included);
+`<mode>_start`: spawn -> ready, before the lock; `first_trial`: the part of `correctness` up to
+the first trial's result (on a GPU the trial that counts launches under the profiler)."""
 
 
 def batch() -> list[dict]:

@@ -203,16 +203,28 @@ class EvalRun:
         the device."""
         lock = self.gpu_lock(shared)
         with contextlib.ExitStack() as held:  # outside the child's block: kept till it is gone
+            spawned = time.monotonic()
             with self.spawn(mode, job, workdir, stages, extra_env, serves=serves) as child:
                 if child.wait_ready():
                     t0 = time.monotonic()
+                    self._add(f"{mode}_start", t0 - spawned)
                     with child.paused(), board.phase("device_wait"):
                         held.enter_context(lock)
                     held.enter_context(board.phase("device"))
-                    self.stage_seconds["device_wait"] = round(
-                        self.stage_seconds.get("device_wait", 0.0) + time.monotonic() - t0, 3)
+                    got = time.monotonic()
+                    self._add("device_wait", got - t0)
+                    # Unwound first (the child is gone, the lock still held): the time this
+                    # child kept the device, start-up and exit included, beside its stages.
+                    held.callback(lambda: self._add(f"{mode}_held", time.monotonic() - got))
                     child.send(Control(next="go"))
                 yield child
+
+    def _add(self, name: str, seconds: float) -> None:
+        self.stage_seconds[name] = round(self.stage_seconds.get(name, 0.0) + seconds, 3)
+
+    def since_mark(self, name: str) -> float | None:
+        """Seconds since the child stage `name` began, while it is the running one."""
+        return time.monotonic() - self._mark[1] if self._mark and self._mark[0] == name else None
 
     def mark(self, name: str | None) -> None:
         """Close the running child stage's wall time (if any) and start timing `name`."""

@@ -154,3 +154,21 @@ def test_the_jit_warmup_runs_under_the_shared_lock_and_never_beside_an_exclusive
         for b in record:
             if a is not b and not (a["shared"] and b["shared"]):
                 assert a["released"] <= b["locked"] or b["released"] <= a["locked"], (a, b)
+
+
+def test_each_device_child_reports_how_long_it_held_the_device(tmp_path):
+    """`<mode>_held` (lock taken -> child gone) covers the child's own stages, start-up and exit
+    included; `<mode>_start` is the start before the lock; `first_trial` is part of
+    `correctness`: the breakdown bench/throughput.py prints."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from eval_helpers import candidate, cpu_config
+
+    from evaluator.pipeline import evaluate
+
+    r = evaluate("L3/1", candidate("mlp_torch.py"), cpu_config(tmp_path / "c", baselines="eager"))
+    s = r.stage_seconds
+    assert r.status == "correct", r.error
+    assert s["reference_held"] >= s["ref_reference"] + s["ref_baselines"]
+    assert s["candidate_held"] >= s["load"] + s["correctness"] + s["timing"]
+    assert s["reference_start"] > 0 and s["candidate_start"] > 0
+    assert 0 <= s["first_trial"] <= s["correctness"]
