@@ -15,10 +15,9 @@ ran a parallel op (and, as control, after it stayed idle), with N intra-op threa
 one, alternating; printed: the
 median loop time after the op over the idle one (1.00: no interference).
 
-GPU: each model is evaluated (strict, eager baseline) with the harness on one thread and, in
-this bench only, with the setting left to torch's default, alternating, `--repeats` times.
-Printed per run: the candidate's own event median and trusted median, the reference worker's
-event median, their ratio and the speedup of identical code (1.000 is fair). Diagnostic only.
+GPU: each model is evaluated (strict, eager baseline) with the served-call loop on one thread
+and, in this bench only, at torch's default, alternating, `--repeats` times
+(bench/same_code_ab.py prints the columns). Diagnostic only.
 """
 
 from __future__ import annotations
@@ -69,44 +68,24 @@ def cpu_mechanism(threads: int, rounds: int = 60) -> float:
     return statistics.median(times["op"]) / statistics.median(times["idle"])
 
 
-def gpu(only: list[str], repeats: int) -> None:
-    from clock import MODELS, honest_source
-
-    from evaluator import pipeline
-    from evaluator.config import EvalConfig
+@contextlib.contextmanager
+def _default_threads():
+    """The served-call loop left at torch's default thread count (this process only)."""
     from evaluator.harness import served
 
     one = served.one_cpu_thread
-    print(f"{'model':<12} {'harness':>8} {'cand ev':>8} {'trusted':>8} {'ref ev':>8} "
-          f"{'cand/ref ev':>11} {'speedup':>8}", flush=True)
-    for label, pid, overrides in MODELS:
-        if label not in only:
-            continue
-        cfg = EvalConfig(device="cuda", baselines="eager", profile=False,
-                         cache_dir=Path("/tmp/kloop-bench-threads"), problem_overrides=overrides)
-        ratios: dict[str, list[float]] = {"1 thread": [], "default": []}
-        for _ in range(repeats):
-            for mode in ratios:
-                patch = one if mode == "1 thread" else contextlib.nullcontext
-                served.one_cpu_thread = patch
-                try:
-                    r = pipeline.evaluate(pid, honest_source(pid), cfg)
-                finally:
-                    served.one_cpu_thread = one
-                t, e = r.timing, r.eager
-                if r.status != "correct" or t is None or e is None:
-                    print(f"{label:<12} {mode:>8} {r.status}: {r.error}", flush=True)
-                    continue
-                cand, ref = t.worker_event_median_ms, e.worker_event_median_ms
-                ratio = cand / ref if cand and ref else float("nan")
-                ratios[mode].append(ratio)
-                print(f"{label:<12} {mode:>8} {cand or 0:>8.4f} {t.median_ms:>8.4f} "
-                      f"{ref or 0:>8.4f} {ratio:>11.3f} {r.speedup_vs_eager or 0:>8.3f}",
-                      flush=True)
-        for mode, vals in ratios.items():
-            if vals:
-                print(f"{label:<12} {mode:>8} median cand/ref events "
-                      f"{statistics.median(vals):.3f}", flush=True)
+    served.one_cpu_thread = contextlib.nullcontext
+    try:
+        yield
+    finally:
+        served.one_cpu_thread = one
+
+
+def gpu(only: list[str], repeats: int) -> None:
+    import same_code_ab
+
+    same_code_ab.run({"1 thread": contextlib.nullcontext, "default": _default_threads}, only,
+                     repeats, "cuda", Path("/tmp/kloop-bench-threads"))
 
 
 def main() -> int:
