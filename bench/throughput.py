@@ -152,13 +152,22 @@ def report(name: str, res: dict, n: int) -> dict:
     busy = res.get("gpu_busy")
     print(f"\n== {name}: {n} candidates in {res['wall_s']:.1f} s = {per_hour:.0f} per GPU-hour; "
           f"GPU busy {'-' if busy is None else f'{busy:.0%}'} of 0.5 s samples ==")
-    print(f"{'stage':12} {'p50 s':>7} {'p90 s':>7} {'n':>3}")
+    print(f"{'stage':16} {'p50 s':>7} {'p90 s':>7} {'n':>3}")
     for s in STAGES:
         v = [r["stages"][s] for r in rows if s in r["stages"]]
         if v:
-            print(f"{s:12} {statistics.median(v):7.2f} {_pct(v, 0.9):7.2f} {len(v):3}")
+            print(f"{s:16} {statistics.median(v):7.2f} {_pct(v, 0.9):7.2f} {len(v):3}")
     walls = [r["wall_s"] for r in rows]
-    print(f"{'end to end':12} {statistics.median(walls):7.2f} {_pct(walls, 0.9):7.2f} {len(walls):3}")
+    print(f"{'end to end':16} {statistics.median(walls):7.2f} {_pct(walls, 0.9):7.2f} {len(walls):3}")
+    # The exclusive lock is the queue: what each candidate held it for bounds the rate.
+    held = [sum(v for k, v in r["stages"].items() if k in ("reference_held", "candidate_held"))
+            for r in rows]
+    held = [h for h in held if h > 0]
+    if held:
+        total = sum(held)
+        print(f"{'held excl.':16} {statistics.median(held):7.2f} {_pct(held, 0.9):7.2f} "
+              f"{len(held):3}   sum {total:.1f} s of {res['wall_s']:.1f} s wall: at most "
+              f"{n / total * 3600:.0f} per GPU-hour while the lock is the queue")
     for r in rows:
         print(f"  {r['label']:42} {r['status']:16} {r['wall_s']:6.1f} s")
     return {"per_hour": per_hour, "busy": busy, "wall_s": res["wall_s"]}
