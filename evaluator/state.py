@@ -189,8 +189,7 @@ class EvalRun:
             yield
         finally:
             waited = self.stage_seconds.get("device_wait", 0.0) - w0
-            self.stage_seconds[name] = round(
-                self.stage_seconds.get(name, 0.0) + time.monotonic() - t0 - waited, 3)
+            self._add(name, time.monotonic() - t0 - waited)
 
     @contextlib.contextmanager
     def on_device(self, mode, job, workdir: Path, stages: list[str],
@@ -231,7 +230,7 @@ class EvalRun:
         now = time.monotonic()
         if self._mark is not None:
             prev, t0 = self._mark
-            self.stage_seconds[prev] = round(self.stage_seconds.get(prev, 0.0) + now - t0, 3)
+            self._add(prev, now - t0)
         self._mark = (name, now) if name is not None else None
 
     def problem_spec(self) -> ProblemSpec:
