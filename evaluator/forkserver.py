@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Confinement:
-    """What a template-forked child is confined to (`zygote.ForkRequest` says each)."""
+    """What a template-forked child is confined to: `zygote.ForkRequest`'s fields of the same
+    names (which say what each does), passed through as they are."""
 
     hide: list[str] = field(default_factory=list)
     keep: str | None = None
@@ -95,11 +96,8 @@ class ForkServer:
             sock = self._started()
             if sock is None:
                 return None
-            c = confine or Confinement()
             req = ForkRequest(argv=argv, env=env, cwd=str(cwd), fd_targets=targets, uid=uid,
-                              gid=gid, hide=c.hide, keep=c.keep, own_pids=c.own_pids,
-                              mask=c.mask, userns=c.userns, readonly=c.readonly,
-                              writable=c.writable)
+                              gid=gid, **asdict(confine or Confinement()))
             try:
                 socket.send_fds(sock, [req.model_dump_json().encode()], fds)
                 sock.settimeout(_REPLY_TIMEOUT_S)

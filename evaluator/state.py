@@ -276,16 +276,16 @@ class EvalRun:
         rss = int(c.host_rss_limit_gb * (1 << 30))
         # Candidate code runs in the candidate, warm-up and compile children (importing it
         # builds).
-        plan = self.sandbox if mode in ("candidate", "compile", "warmup") else None
+        runs_candidate = mode in ("candidate", "compile", "warmup")
+        plan = self.sandbox if runs_candidate else None
         # Compile children run candidate code outside the device lock: no GPU for them.
         hide = gpu_nodes() + list(c.hidden_from_builds) if mode == "compile" else []
         # Contained (a root harness): only its own evaluation's dir is visible, and no process
         # outside its own PID namespace (the reference worker, the flusher, other evaluations).
         # A PID namespace leaves the GPU reachable: CUDA needs only the device nodes and
         # /proc/driver/nvidia, which the remounted /proc still shows.
-        contain = self.contained and mode in ("compile", "candidate", "warmup")
-        disk = DiskLimit(self.root, int(c.disk_limit_gb * (1 << 30))) \
-            if mode in ("candidate", "compile", "warmup") else None
+        contain = self.contained and runs_candidate
+        disk = DiskLimit(self.root, int(c.disk_limit_gb * (1 << 30))) if runs_candidate else None
         # Covered by an empty tmpfs: the reference worker's dir and the harness's private cache
         # for every child that runs candidate code, and the candidate child's dir for those that
         # run before it (compile, warm-up: they must not rewrite the source the static rules

@@ -258,7 +258,6 @@ def _readonly_but(libc: ctypes.CDLL, writable: list[str]) -> None:
             print(f"kloop: {path} left read-only: errno {ctypes.get_errno()}", file=sys.stderr)
 
 
-
 def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 

@@ -3,16 +3,12 @@ spinning OpenMP team left by its comparisons would compete with the worker it ti
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 
 import torch
-from test_trusted_clock import LAYOUT, WORKER
+from test_trusted_clock import _serve
 
 from evaluator.harness import cputhreads
-from evaluator.harness.clock import CallChannel
-from evaluator.harness.served import CallPlan, run_plan
 
 
 def _in_thread(fn):
@@ -44,27 +40,9 @@ def test_every_timed_output_is_judged_on_one_cpu_thread():
     seen: list[int] = []
 
     def serve():
-        ch = CallChannel.open()
-        ch.set_layout(LAYOUT)
-        proc = subprocess.Popen(
-            [sys.executable, "-c", WORKER, ",".join(map(str, ch.child_fds())),
-             LAYOUT.model_dump_json(), "honest"],
-            pass_fds=ch.child_fds(), stdout=subprocess.PIPE, text=True)
-        ch.spawned()
-        assert proc.stdout is not None
-        proc.stdout.readline()
-
-        def on_output(i, r):
-            seen.append(torch.get_num_threads())
-            return True
-
-        try:
-            run_plan(ch, CallPlan(seeds=[1, 2, 3], warmup_calls=1, warmup_ms=0.0), 30.0,
-                     on_output)
-        finally:
-            ch.stop()
-            proc.communicate(timeout=30)
-            ch.close()
+        _, judged, _ = _serve("honest", [1, 2, 3],
+                              observe=lambda i: seen.append(torch.get_num_threads()))
+        assert judged == [True] * 3
         return torch.get_num_threads()
 
     after = _in_thread(serve)

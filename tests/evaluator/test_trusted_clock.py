@@ -103,7 +103,9 @@ def _expected(seed: int, n: int = N) -> torch.Tensor:
 
 
 def _serve(mode: str, seeds: list[int], budget_s: float = 30.0, layout: ServeLayout = LAYOUT,
-           channel: type[CallChannel] = CallChannel):
+           channel: type[CallChannel] = CallChannel, observe=None):
+    """Serve `seeds` from a worker in `mode`; `observe(i)` (if given) runs as each output is
+    judged, in the harness's judging code."""
     ch = channel.open()
     ch.set_layout(layout)
     n = layout.slots[0].nbytes // 4
@@ -118,6 +120,8 @@ def _serve(mode: str, seeds: list[int], budget_s: float = 30.0, layout: ServeLay
     judged: list[bool] = []
 
     def on_output(i, r):
+        if observe is not None:
+            observe(i)
         ok = r.status == OK and r.data is not None and torch.allclose(
             decode(layout, r.data)[0], _expected(seeds[i], n))
         judged.append(ok)
