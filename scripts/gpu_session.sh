@@ -35,6 +35,7 @@ for s in "$@"; do
     diag-trials) step diag-trials 300 python3 bench/diag_trials.py ;;
     diag-threads) step diag-threads 300 python3 bench/diag_threads.py \
                 --only "${DIAG_ONLY:-L3/1-b8,L3/1-b1024,L3/4}" --repeats "${DIAG_REPEATS:-1}" ;;
+    first-trial) step first-trial 90 python3 bench/first_trial.py --repeats "${DIAG_REPEATS:-1}" ;;
     cupti) step cupti 120 python3 bench/cupti.py ;;
     clock) step clock 300 python3 bench/clock.py ${CLOCK_QUICK:+--quick} --only "${CLOCK_ONLY:-L3/1-b8,L3/1-b1024,L3/1,L3/4}" ;;
     # Tests that need no GPU, run on the GPU host: a real pool uid and root harness there.

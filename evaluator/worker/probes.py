@@ -10,6 +10,9 @@
   functions, first watched to learn what they return, then replaced by stubs that launch
   nothing and return NaN of that layout.
 - `custom_launches()`: the candidate's own kernels in a profiled call (GPU).
+- `hooked_triton_launches()`: the candidate's own Triton kernels launched on the GPU, seen by
+  Triton's launch hook (no profiler: its first session costs seconds; a count of zero is
+  confirmed under the profiler by the caller, so the hook can only spare work, never convict).
 
 They share the candidate's address space, so a determined candidate could defeat them; they back
 up the static rules and the harness-side checks, which do not depend on the candidate process.
@@ -357,3 +360,55 @@ def custom_launches(call: Callable[[], Any], names: set[str]) -> tuple[Any, int 
         torch.cuda.synchronize()
     return result, sum(calls for name, _, calls in _rows(prof, "cuda")
                        if classify(name, names) == "custom")
+
+
+@contextlib.contextmanager
+def hooked_triton_launches(names: set[str]) -> Iterator[Launches]:
+    """Count the launches of Triton kernels named in `names` that go through Triton's launcher
+    (every path of a compiled kernel does: `kernel[grid]`, autotuners, kept `CompiledKernel`s),
+    with Triton's launch-enter hook. Launches it cannot see (a CUDA graph replay, a launch from
+    native code) leave the count at zero: callers confirm a zero with the profiler. A hook the
+    candidate set itself is still called."""
+    seen = Launches()
+    knobs = _launch_knobs()
+    if knobs is None:
+        yield seen
+        return
+
+    def enter(metadata: Any) -> None:
+        data = getattr(metadata, "data", None)
+        if isinstance(data, dict) and data.get("name") in names:
+            seen.count += 1
+
+    hooks = knobs.launch_enter_hook
+    if hasattr(hooks, "add"):  # a chain of hooks (Triton 3.7)
+        hooks.add(enter)
+        try:
+            yield seen
+        finally:
+            hooks.remove(enter)
+        return
+    outer = hooks  # one hook (Triton 3.4-3.6): ours calls the candidate's, if it set one
+
+    def chained(metadata: Any) -> Any:
+        enter(metadata)
+        return outer(metadata) if outer is not None else None
+
+    knobs.launch_enter_hook = chained
+    try:
+        yield seen
+    finally:
+        if knobs.launch_enter_hook is chained:  # unless the candidate replaced it meanwhile
+            knobs.launch_enter_hook = outer
+
+
+def _launch_knobs() -> Any:
+    """Where this Triton keeps its launch hooks (`triton.knobs.runtime`, 3.4 and later)."""
+    if "triton" not in sys.modules:
+        return None
+    try:
+        from triton import knobs
+    except ImportError:
+        return None
+    runtime = getattr(knobs, "runtime", None)
+    return runtime if hasattr(runtime, "launch_enter_hook") else None

@@ -10,6 +10,7 @@ on a second ModelNew built like the reference's second model (the reparam trial)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -31,6 +32,7 @@ from evaluator.worker.construct import (
 from evaluator.worker.probes import (
     custom_launches,
     ghost_extensions,
+    hooked_triton_launches,
     os_threads,
     record_extension_outputs,
     triton_launches,
@@ -68,6 +70,30 @@ _PREVIOUS = _Previous()
 class _Ghost:
     outs: list[Any] | None
     detail: str
+    recheck: Callable[[], int | None] | None = None
+    """Launches of the candidate's kernels that bypassed the stubs, counted under the profiler:
+    run only when the cheap count (Triton's launch hook) found none and the output did not
+    change, i.e. before a rejection, never before a pass."""
+
+
+def _hook_counts(loaded: Loaded, job: CandidateJob) -> bool:
+    """Triton kernels only (no CUDA source): their launches can be counted by Triton's launch
+    hook; the profiler's first session in a process costs seconds of exclusive GPU time."""
+    return job.backend == "triton" and bool(loaded.kernel_names)
+
+
+def _gpu_launches(loaded: Loaded, job: CandidateJob, call: Callable[[], _Call],
+                  again: Callable[[], _Call]) -> tuple[_Call, int | None]:
+    """(the call, launches of the candidate's own kernels on the GPU during it). A hook count of
+    zero is not believed: `again` is counted under the profiler, which also sees launches the
+    hook cannot (CUDA graph replays, native launches), so no verdict rests on the hook alone."""
+    if _hook_counts(loaded, job):
+        with hooked_triton_launches(loaded.kernel_names) as seen:
+            result = call()
+        if seen.count:
+            return result, seen.count
+        return result, custom_launches(again, loaded.kernel_names)[1]
+    return custom_launches(call, loaded.kernel_names)
 
 
 def run_trial(loaded: Loaded, trial: CandTrial, job: CandidateJob) -> list[BaseModel]:
@@ -81,8 +107,9 @@ def run_trial(loaded: Loaded, trial: CandTrial, job: CandidateJob) -> list[BaseM
     launches: int | None = None
     if trial.count_launches and device == "cuda":
         with record_extension_outputs(_holders(loaded, model)):
-            call, launches = custom_launches(lambda: _call(model, args, trial, device),
-                                             loaded.kernel_names)
+            call, launches = _gpu_launches(
+                loaded, job, lambda: _call(model, args, trial, device),
+                lambda: _call(model, clone_all(inputs), trial, device))
     elif trial.count_launches:
         with triton_launches() as seen:
             call = _call(model, args, trial, device)
@@ -103,7 +130,10 @@ def run_trial(loaded: Loaded, trial: CandTrial, job: CandidateJob) -> list[BaseM
                              conclusive=launches is not None,
                              detail="" if launches is not None else "no kernel names to count"))
     if ghost is not None:
-        msgs.append(_ghost_verdict(ghost, saved, previous, job.tolerance))
+        verdict = _ghost_verdict(ghost, saved, previous, job.tolerance)
+        if verdict.value == 1.0 and ghost.recheck is not None:
+            verdict = _rechecked(verdict, ghost.recheck())
+        msgs.append(verdict)
     if trial.repeat_output_path is not None:
         again = _call(model, clone_all(inputs), trial, device)
         torch.save([_saved(o) for o in again.outs], trial.repeat_output_path)
@@ -181,20 +211,30 @@ def _ghost_call(loaded: Loaded, model: torch.nn.Module, inputs: list[Any], trial
     """One call with every kernel of the candidate's replaced by a no-op, made before the real
     call on these inputs: memory left over from earlier calls holds other inputs' values."""
     device = job.problem.device
-    args = clone_all(inputs)
     holders = _holders(loaded, model)
+    names = loaded.kernel_names
 
     def call() -> Any:
+        args = clone_all(inputs)
         torch.manual_seed(trial.forward_seed)
         with torch.no_grad():
             out = model(*args)
         sync(device)
         return out
 
+    def profiled() -> int | None:
+        with triton_launches(noop=True), ghost_extensions(holders):
+            return custom_launches(call, names)[1]
+
+    hooked = device == "cuda" and _hook_counts(loaded, job)
     try:
         with triton_launches(noop=True) as tri, ghost_extensions(holders) as ext:
-            if device == "cuda":
-                out, real = custom_launches(call, loaded.kernel_names)
+            if hooked:
+                with hooked_triton_launches(names) as bypassed:
+                    out = call()
+                real: int | None = bypassed.count
+            elif device == "cuda":
+                out, real = custom_launches(call, names)
             else:
                 out, real = call(), 0
     except Exception as e:  # the stubs broke the forward: nothing to conclude
@@ -206,7 +246,17 @@ def _ghost_call(loaded: Loaded, model: torch.nn.Module, inputs: list[Any], trial
     if real > 0:
         return _Ghost(None, f"{real} launches of the candidate's kernels bypassed the stubs")
     outs = [o.detach().cpu() if type(o) is torch.Tensor else None for o in as_output_list(out)]
-    return _Ghost(outs, f"{tri.count + ext.count} kernel calls stubbed")
+    return _Ghost(outs, f"{tri.count + ext.count} kernel calls stubbed",
+                  recheck=profiled if hooked else None)
+
+
+def _rechecked(verdict: ProbeMsg, bypassed: int | None) -> ProbeMsg:
+    """A ghost verdict of the hook's count, confirmed (or not) by the profiler's."""
+    if not bypassed:
+        return verdict
+    return ProbeMsg(probe="ghost", conclusive=False,
+                    detail=f"{bypassed} launches of the candidate's kernels bypassed the stubs "
+                           "(seen by the profiler, not by Triton's launch hook)")
 
 
 def _ghost_verdict(ghost: _Ghost, real: list[Any], previous: list[Any] | None,

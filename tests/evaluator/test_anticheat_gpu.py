@@ -53,16 +53,19 @@ def test_switching_to_a_side_stream_in_the_timing_loop_is_caught_there(cache_dir
 
 
 def test_ghost_and_unlaunched_kernels_on_the_gpu(cache_dir):
-    names = ["ghost_cuda.py", "unlaunched_cuda.py", "ghost_triton.py", "empty_output.py"]
+    names = ["ghost_cuda.py", "unlaunched_cuda.py", "ghost_triton.py", "unlaunched_triton.py",
+             "empty_output.py"]
     results = dict(zip(names, evaluate_many([("L3/1", candidate(n)) for n in names],
                                             gpu_config(cache_dir), max_workers=2), strict=True))
-    for name in names[:3]:
+    for name in names[:4]:
         r = results[name]
         assert (r.status, _rejected_by(r)) == ("rejected", {"no_custom_kernel"}), (
             name, r.violations, r.flags, r.error)
     assert "ghost kernels" in results["ghost_cuda.py"].violations[0].message
     assert "launched" in results["unlaunched_cuda.py"].violations[0].message
     assert "ghost kernels" in results["ghost_triton.py"].violations[0].message
+    # Triton's launch hook saw no launch and the profiler confirmed it.
+    assert "launched" in results["unlaunched_triton.py"].violations[0].message
     # An uninitialised output never holds a reference result: it was never in this process.
     assert results["empty_output.py"].status == "incorrect"
 
@@ -95,3 +98,59 @@ def test_identity_and_probes_with_a_small_problem(cache_dir):
     r = evaluate("L3/1", candidate("mlp_triton.py"),
                  gpu_config(cache_dir, problem_overrides=MLP_SMALL, baselines="none"))
     assert r.status == "correct" and not SUSPICIOUS & set(r.flags), (r.flags, r.violations)
+
+
+_ADD_ONE = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_one(X, Y, N, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + i, tl.load(X + i, mask=i < N) + 1.0, mask=i < N)
+'''
+
+
+def test_triton_launches_are_counted_by_the_hook_and_a_zero_by_the_profiler(tmp_path):
+    """A Triton-only candidate's first trial counts its launches with Triton's launch hook (the
+    profiler's first session costs seconds of exclusive GPU time). A CUDA graph replay goes past
+    the hook: the zero it leaves is counted again under the profiler, which sees the launches,
+    so an honest candidate is never rejected on the hook's word."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    import torch
+
+    from evaluator.worker.probes import custom_launches, hooked_triton_launches
+    from evaluator.worker.trials import Loaded, _gpu_launches
+
+    path = tmp_path / "add_one_kernel.py"
+    path.write_text(_ADD_ONE)
+    spec = importlib.util.spec_from_file_location("add_one_kernel", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    x = torch.randn(4096, device="cuda")
+    y = torch.empty_like(x)
+
+    def launch():
+        mod.add_one[(4,)](x, y, x.numel(), BLOCK=1024)
+
+    launch()  # compiled before the graph capture
+    with hooked_triton_launches({"add_one"}) as seen:
+        launch()
+        launch()
+    assert seen.count == 2
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch()
+    with hooked_triton_launches({"add_one"}) as missed:
+        graph.replay()
+    assert missed.count == 0  # the premise: the hook cannot see a replay
+    assert custom_launches(graph.replay, {"add_one"})[1] == 1
+    loaded = Loaded(module=mod, model=torch.nn.Identity(), kernel_names={"add_one"})
+    job = SimpleNamespace(backend="triton")
+    assert _gpu_launches(loaded, job, launch, launch)[1] == 1  # the hook's count
+    assert _gpu_launches(loaded, job, graph.replay, graph.replay)[1] == 1  # the profiler's
+    torch.cuda.synchronize()
+    assert torch.allclose(y, x + 1.0)

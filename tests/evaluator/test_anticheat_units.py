@@ -222,3 +222,59 @@ def test_a_ready_message_from_candidate_code_is_out_of_sequence():
     from evaluator.protocol import ReadyMsg
 
     assert "ready" in (_out_of_sequence(Sequence(), ReadyMsg(), None) or "")
+
+
+def test_the_launch_hook_counts_only_the_candidates_kernels_and_leaves_other_hooks_alone():
+    """The hook count that spares Triton candidates the profiler, against Triton's real hook
+    object: launches (as the launcher reports them) of the candidate's kernels count, others
+    (torch.compile's, say) do not; a hook the candidate set still runs; nothing is left behind."""
+    import triton  # noqa: F401  (the probe looks for an imported Triton)
+    from triton.compiler.compiler import LazyDict
+
+    from evaluator.worker.probes import _launch_knobs, hooked_triton_launches
+
+    knobs = _launch_knobs()
+    assert knobs is not None
+    theirs: list[str] = []
+
+    def candidate_hook(md):
+        theirs.append(md.data["name"])
+
+    def fire(name: str) -> None:
+        hook = knobs.launch_enter_hook
+        if hook is not None:
+            hook(LazyDict({"name": name}))
+
+    chain = hasattr(knobs.launch_enter_hook, "add")
+    saved = knobs.launch_enter_hook
+    if chain:
+        knobs.launch_enter_hook.add(candidate_hook)
+    else:
+        knobs.launch_enter_hook = candidate_hook
+    try:
+        with hooked_triton_launches({"linear_kernel", "relu_kernel"}) as seen:
+            for name in ["linear_kernel", "triton_poi_fused_relu_0", "relu_kernel", "linear_kernel"]:
+                fire(name)
+        assert seen.count == 3
+        assert theirs == ["linear_kernel", "triton_poi_fused_relu_0", "relu_kernel",
+                          "linear_kernel"]
+        fire("relu_kernel")  # after the block: the candidate's hook only
+        assert seen.count == 3 and len(theirs) == 5
+    finally:
+        if chain:
+            knobs.launch_enter_hook.remove(candidate_hook)
+        else:
+            knobs.launch_enter_hook = saved
+
+
+def test_a_ghost_verdict_of_the_hook_count_is_dropped_when_the_profiler_saw_bypasses():
+    from evaluator.worker.trials import _Ghost, _ghost_verdict, _rechecked
+
+    out = [torch.linspace(0, 1, 16)]
+    ghost = _Ghost([out[0].clone()], "2 kernel calls stubbed", recheck=lambda: 4)
+    verdict = _ghost_verdict(ghost, out, [out[0] + 1.0], 1e-4)
+    assert verdict.value == 1.0
+    assert ghost.recheck is not None
+    dropped = _rechecked(verdict, ghost.recheck())
+    assert not dropped.conclusive and "4 launches" in dropped.detail
+    assert _rechecked(verdict, 0) is verdict  # confirmed: the kernels were decorative

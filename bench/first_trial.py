@@ -1,0 +1,93 @@
+"""Where does a Triton candidate's first correctness trial spend its 5-7 s (GPU machine)?
+
+    python bench/first_trial.py [--repeats 2]
+
+On the H200 (session 9) the first trial was most of a Triton candidate's time under the
+exclusive device lock, with or without the JIT warm-up. It runs the candidate's first call
+under torch.profiler (launch counting) and compiles its Triton kernels. This times the parts in
+a fresh process each (fresh Triton cache, the children's TEARDOWN_CUPTI): CUDA init, the first
+and a second profiler session around one small op, the first (cold JIT) and a later launch of a
+Triton kernel, and a launch counted by Triton's launch hook instead of the profiler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+CHILD = r'''
+import json, time
+t = {}
+t0 = time.perf_counter()
+import torch
+t["import_torch"] = time.perf_counter() - t0
+
+def lap(name, fn):
+    s = time.perf_counter(); fn(); torch.cuda.synchronize(); t[name] = time.perf_counter() - s
+
+x = None
+def init():
+    global x
+    x = torch.randn(1024, 1024, device="cuda")
+lap("cuda_init", init)
+
+def profiled():
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        y = x @ x
+        torch.cuda.synchronize()
+    prof.key_averages()
+lap("profiler_1st", profiled)
+lap("profiler_2nd", profiled)
+
+s = time.perf_counter()
+import triton, triton.language as tl
+t["import_triton"] = time.perf_counter() - s
+
+@triton.jit
+def add_one(X, Y, N, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + i, tl.load(X + i, mask=i < N) + 1.0, mask=i < N)
+
+y = torch.empty_like(x)
+n = x.numel()
+launch = lambda: add_one[(triton.cdiv(n, 1024),)](x, y, n, BLOCK=1024)
+lap("triton_jit_1st", launch)
+lap("triton_launch_2nd", launch)
+
+from evaluator.worker.probes import hooked_triton_launches
+with hooked_triton_launches({"add_one"}) as seen:
+    lap("triton_launch_hooked", launch)
+t["hook_count"] = seen.count
+t["triton"] = triton.__version__
+print(json.dumps(t))
+'''
+
+
+def one() -> dict:
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "TRITON_CACHE_DIR": cache, "TEARDOWN_CUPTI": "1"}
+        out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
+                             text=True, timeout=300)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise RuntimeError(out.stderr[-3000:])
+    return json.loads(lines[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    for i in range(args.repeats):
+        r = one()
+        print(f"run {i}: " + "  ".join(f"{k} {v:.3f}s" if isinstance(v, float) else f"{k} {v}"
+                                       for k, v in r.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
