@@ -184,10 +184,20 @@ def main() -> int:
     ap.add_argument("--compare-warmup", action="store_true",
                     help="run the batch with jit_warmup off, then on, and print the ratio")
     ap.add_argument("--first", type=int, help="only the first N candidates")
+    ap.add_argument("--trace", type=Path, help="append each candidate child's messages (arrival "
+                    "and judging time, `evaluator.stages` debug log) here")
     ap.add_argument("--jit-warmup", default="off", help=argparse.SUPPRESS)
     ap.add_argument("--inner", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:  # run a batch file with whatever evaluator comes first on sys.path
+        if args.trace:
+            import logging
+
+            handler = logging.FileHandler(args.trace)
+            handler.setFormatter(logging.Formatter("%(relativeCreated)d ms %(message)s"))
+            logger = logging.getLogger("evaluator.stages")
+            logger.setLevel(logging.DEBUG)
+            logger.addHandler(handler)
         items = json.loads(args.inner.read_text())
         print(json.dumps(run_batch(items, args.device, args.concurrency, args.rows,
                                    args.jit_warmup)))
@@ -213,7 +223,8 @@ def main() -> int:
                     [sys.executable, __file__, "--inner", str(path), "--device", args.device,
                      "--concurrency", str(args.concurrency),
                      *(["--jit-warmup", warmup] if root == REPO else []),
-                     *(["--rows", str(args.rows.resolve())] if args.rows else [])],
+                     *(["--rows", str(args.rows.resolve())] if args.rows else []),
+                     *(["--trace", str(args.trace.resolve())] if args.trace else [])],
                     capture_output=True, text=True, cwd=root,
                     env={**os.environ, "PYTHONPATH": str(root)})
             if p.returncode != 0:

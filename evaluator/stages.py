@@ -246,8 +246,16 @@ def candidate_stage(run: EvalRun) -> None:
             "candidate", job, run.root / "cand",
             ["load", "correctness", "timing", "profile", "compile"], _candidate_env(run),
             serves=True) as child:
+        t0 = time.monotonic()
         for msg in child.messages():
+            got = time.monotonic()
             done = on_message(run, job, seq, child, msg) or done
+            # Where a candidate's time under the lock goes, message by message: when each
+            # arrived and how long judging it took (bench/throughput.py --trace).
+            what = next((getattr(msg, a) for a in ("stage", "probe", "index")
+                         if getattr(msg, a, None) is not None), "")
+            log.debug("%s %s %s %s: at %.3f s, judged in %.3f s", run.root.name, run.problem.id,
+                      type(msg).__name__, what, got - t0, time.monotonic() - got)
         outcome = child.outcome()
     run.mark(None)
     if run.status is None and not done:
