@@ -10,9 +10,10 @@
   functions, first watched to learn what they return, then replaced by stubs that launch
   nothing and return NaN of that layout.
 - `custom_launches()`: the candidate's own kernels in a profiled call (GPU).
-- `hooked_triton_launches()`: the candidate's own Triton kernels launched on the GPU, seen by
-  Triton's launch hook (no profiler: its first session costs seconds; a count of zero is
-  confirmed under the profiler by the caller, so the hook can only spare work, never convict).
+- `hooked_triton_launches()`: the candidate's own Triton kernels launched on the GPU, by name,
+  seen by Triton's launch hook (no profiler: its first session costs seconds). A candidate can
+  call the hook itself, so the caller believes it only beside `triton_launches()` (a real launch
+  went through Triton's JIT entry) and counts anything else under the profiler.
 
 They share the candidate's address space, so a determined candidate could defeat them; they back
 up the static rules and the harness-side checks, which do not depend on the candidate process.
@@ -367,8 +368,9 @@ def hooked_triton_launches(names: set[str]) -> Iterator[Launches]:
     """Count the launches of Triton kernels named in `names` that go through Triton's launcher
     (every path of a compiled kernel does: `kernel[grid]`, autotuners, kept `CompiledKernel`s),
     with Triton's launch-enter hook. Launches it cannot see (a CUDA graph replay, a launch from
-    native code) leave the count at zero: callers confirm a zero with the profiler. A hook the
-    candidate set itself is still called."""
+    native code) leave the count at zero, and a candidate can call the hook with any name:
+    never believe it alone (`trials._gpu_launches`). A hook the candidate set itself is still
+    called."""
     seen = Launches()
     knobs = _launch_knobs()
     if knobs is None:

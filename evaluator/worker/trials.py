@@ -71,29 +71,37 @@ class _Ghost:
     outs: list[Any] | None
     detail: str
     recheck: Callable[[], int | None] | None = None
-    """Launches of the candidate's kernels that bypassed the stubs, counted under the profiler:
-    run only when the cheap count (Triton's launch hook) found none and the output did not
-    change, i.e. before a rejection, never before a pass."""
+    """Launches of the candidate's kernels that went past the stubs, counted under the profiler:
+    run only when the stubbed call ran without it and its output did not change, i.e. before
+    a conviction, never before a pass."""
 
 
 def _hook_counts(loaded: Loaded, job: CandidateJob) -> bool:
-    """Triton kernels only (no CUDA source): their launches can be counted by Triton's launch
-    hook; the profiler's first session in a process costs seconds of exclusive GPU time."""
+    """Triton kernels only (no CUDA source): their launches can be counted without the
+    profiler, whose first session in a process costs seconds of exclusive GPU time."""
     return job.backend == "triton" and bool(loaded.kernel_names)
 
 
 def _gpu_launches(loaded: Loaded, job: CandidateJob, call: Callable[[], _Call],
                   again: Callable[[], _Call]) -> tuple[_Call, int | None]:
-    """(the call, launches of the candidate's own kernels on the GPU during it). A hook count of
-    zero is not believed: `again` is counted under the profiler, which also sees launches the
-    hook cannot (CUDA graph replays, native launches), so no verdict rests on the hook alone."""
+    """(the call, launches of the candidate's own kernels on the GPU during it).
+
+    Triton-only candidates: two counts without the profiler must both see launches: Triton's
+    JIT entry (`triton_launches`: a call that returned launched something real) and Triton's
+    launch hook (the kernel's name). The hook alone is cheap to fool (a candidate can call it
+    with any name), the JIT entry alone does not know names; together a candidate must launch
+    a Triton kernel for real, which is what the profiler would have seen, and the ghost trial
+    still decides whether its kernels matter. Anything else (either count zero: a kept
+    `CompiledKernel`, a CUDA graph replay, a native launch) is counted again on `again` under
+    the profiler, so no verdict rests on the cheap counts alone."""
+    names = loaded.kernel_names
     if _hook_counts(loaded, job):
-        with hooked_triton_launches(loaded.kernel_names) as seen:
+        with triton_launches() as entered, hooked_triton_launches(names) as seen:
             result = call()
-        if seen.count:
+        if entered.count and seen.count:
             return result, seen.count
-        return result, custom_launches(again, loaded.kernel_names)[1]
-    return custom_launches(call, loaded.kernel_names)
+        return result, custom_launches(again, names)[1]
+    return custom_launches(call, names)
 
 
 def run_trial(loaded: Loaded, trial: CandTrial, job: CandidateJob) -> list[BaseModel]:
@@ -226,14 +234,13 @@ def _ghost_call(loaded: Loaded, model: torch.nn.Module, inputs: list[Any], trial
         with triton_launches(noop=True), ghost_extensions(holders):
             return custom_launches(call, names)[1]
 
-    hooked = device == "cuda" and _hook_counts(loaded, job)
+    # Triton-only candidates on a GPU: the stubbed call runs without the profiler; only an
+    # output that did not change (a conviction to come) is checked for launches that went past
+    # the stubs, under the profiler (`recheck`).
+    cheap = device == "cuda" and _hook_counts(loaded, job)
     try:
         with triton_launches(noop=True) as tri, ghost_extensions(holders) as ext:
-            if hooked:
-                with hooked_triton_launches(names) as bypassed:
-                    out = call()
-                real: int | None = bypassed.count
-            elif device == "cuda":
+            if device == "cuda" and not cheap:
                 out, real = custom_launches(call, names)
             else:
                 out, real = call(), 0
@@ -247,7 +254,7 @@ def _ghost_call(loaded: Loaded, model: torch.nn.Module, inputs: list[Any], trial
         return _Ghost(None, f"{real} launches of the candidate's kernels bypassed the stubs")
     outs = [o.detach().cpu() if type(o) is torch.Tensor else None for o in as_output_list(out)]
     return _Ghost(outs, f"{tri.count + ext.count} kernel calls stubbed",
-                  recheck=profiled if hooked else None)
+                  recheck=profiled if cheap else None)
 
 
 def _rechecked(verdict: ProbeMsg, bypassed: int | None) -> ProbeMsg:
@@ -255,8 +262,7 @@ def _rechecked(verdict: ProbeMsg, bypassed: int | None) -> ProbeMsg:
     if not bypassed:
         return verdict
     return ProbeMsg(probe="ghost", conclusive=False,
-                    detail=f"{bypassed} launches of the candidate's kernels bypassed the stubs "
-                           "(seen by the profiler, not by Triton's launch hook)")
+                    detail=f"{bypassed} launches of the candidate's kernels bypassed the stubs")
 
 
 def _ghost_verdict(ghost: _Ghost, real: list[Any], previous: list[Any] | None,

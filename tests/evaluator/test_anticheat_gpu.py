@@ -112,16 +112,19 @@ def add_one(X, Y, N, BLOCK: tl.constexpr):
 '''
 
 
-def test_triton_launches_are_counted_by_the_hook_and_a_zero_by_the_profiler(tmp_path):
+def test_triton_launches_are_counted_by_the_hook_and_a_zero_by_the_profiler(tmp_path,
+                                                                            monkeypatch):
     """A Triton-only candidate's first trial counts its launches with Triton's launch hook (the
     profiler's first session costs seconds of exclusive GPU time). A CUDA graph replay goes past
     the hook: the zero it leaves is counted again under the profiler, which sees the launches,
-    so an honest candidate is never rejected on the hook's word."""
+    so an honest candidate is never rejected on the hook's word; a candidate that calls the
+    hook itself without launching is counted by the profiler too (zero)."""
     import importlib.util
     from types import SimpleNamespace
 
     import torch
 
+    from evaluator.worker import trials
     from evaluator.worker.probes import custom_launches, hooked_triton_launches
     from evaluator.worker.trials import Loaded, _gpu_launches
 
@@ -150,7 +153,21 @@ def test_triton_launches_are_counted_by_the_hook_and_a_zero_by_the_profiler(tmp_
     assert custom_launches(graph.replay, {"add_one"})[1] == 1
     loaded = Loaded(module=mod, model=torch.nn.Identity(), kernel_names={"add_one"})
     job = SimpleNamespace(backend="triton")
-    assert _gpu_launches(loaded, job, launch, launch)[1] == 1  # the hook's count
     assert _gpu_launches(loaded, job, graph.replay, graph.replay)[1] == 1  # the profiler's
+
+    def no_profiler(*_a, **_k):
+        raise AssertionError("a real launch through Triton's JIT needs no profiler")
+
+    monkeypatch.setattr(trials, "custom_launches", no_profiler)
+    assert _gpu_launches(loaded, job, launch, launch)[1] == 1  # the hook's count
+    monkeypatch.undo()
+    from triton.compiler.compiler import LazyDict
+
+    from evaluator.worker.probes import _launch_knobs
+
+    def fake() -> None:  # launches nothing, calls the hook with the kernel's name
+        _launch_knobs().launch_enter_hook(LazyDict({"name": "add_one"}))
+
+    assert _gpu_launches(loaded, job, fake, fake)[1] == 0
     torch.cuda.synchronize()
     assert torch.allclose(y, x + 1.0)

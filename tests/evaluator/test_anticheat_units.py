@@ -278,3 +278,39 @@ def test_a_ghost_verdict_of_the_hook_count_is_dropped_when_the_profiler_saw_bypa
     dropped = _rechecked(verdict, ghost.recheck())
     assert not dropped.conclusive and "4 launches" in dropped.detail
     assert _rechecked(verdict, 0) is verdict  # confirmed: the kernels were decorative
+
+
+def test_a_launch_hook_the_candidate_calls_itself_is_no_launch(monkeypatch):
+    """The cheapest attack on the hook count: a forward that launches nothing but calls
+    Triton's launch hook with its kernel's name. No real launch went through Triton's JIT entry,
+    so the count comes from the profiler (here a stand-in that launches nothing: 0)."""
+    import triton  # noqa: F401  (the probe looks for an imported Triton)
+    from triton.compiler.compiler import LazyDict
+
+    from evaluator.worker import trials
+    from evaluator.worker.probes import _launch_knobs
+
+    knobs = _launch_knobs()
+    assert knobs is not None
+    profiled: list[set[str]] = []
+
+    def profiler_count(call, names):
+        profiled.append(names)
+        return call(), 0
+
+    monkeypatch.setattr(trials, "custom_launches", profiler_count)
+
+    def fake_launch() -> str:
+        knobs.launch_enter_hook(LazyDict({"name": "relu_kernel"}))
+        return "out"
+
+    loaded = trials.Loaded(module=types.ModuleType("c"), model=nn.Identity(),
+                           kernel_names={"relu_kernel"})
+    result, launches = trials._gpu_launches(loaded, SimpleNamespace(backend="triton"),
+                                            fake_launch, fake_launch)
+    assert (result, launches) == ("out", 0)
+    assert profiled == [{"relu_kernel"}]
+    # A CUDA source is always counted by the profiler.
+    assert trials._gpu_launches(loaded, SimpleNamespace(backend="cuda"), fake_launch,
+                                fake_launch) == ("out", 0)
+    assert len(profiled) == 2
