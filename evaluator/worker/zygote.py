@@ -82,6 +82,11 @@ def preload() -> None:
     import numpy  # noqa: F401
     import torch  # noqa: F401
 
+    # torch.profiler's first session (the candidate's profile stage, launch counts) and
+    # torch.compile import it, with sympy: 3-7 s on the H200, else paid in every child, under
+    # the exclusive device lock. Imports touch no device (`_driver_initialised` checks).
+    import torch._dynamo  # noqa: F401
+
     import evaluator.worker.candidate  # noqa: F401
     import evaluator.worker.child  # noqa: F401
     import evaluator.worker.reference_worker  # noqa: F401

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.skipif(not forkserver.usable(), reason="needs Linux and
 
 PROBE = '''
 import json, os, sys
+_DYNAMO_AT_IMPORT = "torch._dynamo" in sys.modules
 def _facts(path):
     fds = {}
     for name in os.listdir("/proc/self/fd"):
@@ -29,7 +30,7 @@ def _facts(path):
             pass
     facts = dict(pid=os.getpid(), ppid=os.getppid(), sid=os.getsid(0), cwd=os.getcwd(),
                  path0=sys.path[0], env=sorted(os.environ), home=os.environ.get("HOME"),
-                 fds=fds, template=getattr(getattr(sys.modules["__main__"], "__spec__", None),
+                 fds=fds, dynamo=_DYNAMO_AT_IMPORT, template=getattr(getattr(sys.modules["__main__"], "__spec__", None),
                                            "name", None) == "evaluator.worker.zygote")
     with open(path, "w") as f:
         json.dump(facts, f)
@@ -51,6 +52,9 @@ def test_a_forked_child_has_only_its_own_session_fds_environment_and_directory(
     assert r.status == "correct", r.error
     facts = json.loads(out.read_text())
     assert facts["template"], "the child was not forked from the template"
+    # Imported once in the template: the profiler's first session (and torch.compile) would
+    # otherwise import it in every child, seconds under the exclusive device lock.
+    assert facts["dynamo"]
     if os.geteuid() == 0:  # contained: the first process of a PID namespace of its own
         assert (facts["pid"], facts["ppid"]) == (1, 0)
     else:
