@@ -81,7 +81,9 @@ class ForkedProcess:
 
 
 class ForkServer:
-    def __init__(self) -> None:
+    def __init__(self, interpret: bool = False) -> None:
+        self.interpret = interpret
+        """Its children run Triton under the interpreter (`TRITON_INTERPRET=1`, CPU)."""
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
@@ -128,6 +130,8 @@ class ForkServer:
         env.update(PYTHONPATH=str(Path(__file__).resolve().parent.parent), PYTHONUNBUFFERED="1",
                    PYTHONDONTWRITEBYTECODE="1", CUDA_VISIBLE_DEVICES="",
                    OPENBLAS_NUM_THREADS="1")
+        if self.interpret:
+            env["TRITON_INTERPRET"] = "1"
         errors = tempfile.TemporaryFile()  # read only if it fails to start
         try:
             self._proc = subprocess.Popen(
@@ -189,8 +193,12 @@ def usable() -> bool:
     return isolation.is_subreaper()
 
 
-_SERVER = ForkServer()
+# Two templates: Triton is imported in the template (torch._dynamo imports it), and whether its
+# own @jit functions (tl.sigmoid, tl.cdiv, ...) are compiled or interpreted is decided at that
+# import; children on a GPU need the one, children under TRITON_INTERPRET=1 the other.
+_SERVERS = {False: ForkServer(), True: ForkServer(interpret=True)}
 
 
-def server() -> ForkServer:
-    return _SERVER
+def server(interpret: bool = False) -> ForkServer:
+    """The template for children that run Triton natively, or under its interpreter."""
+    return _SERVERS[interpret]

@@ -68,18 +68,19 @@ def test_a_forked_child_has_only_its_own_session_fds_environment_and_directory(
 
 
 def test_without_the_template_children_start_the_plain_way(tmp_path, drop_box, monkeypatch):
-    fresh = forkserver.ForkServer()
-    monkeypatch.setattr(forkserver, "_SERVER", fresh)
+    fresh = {k: forkserver.ForkServer(interpret=k) for k in (False, True)}
+    monkeypatch.setattr(forkserver, "_SERVERS", fresh)
     cfg = cpu_config(tmp_path / "cache", problem_overrides=MLP_SMALL)
     assert evaluate("L3/1", candidate("mlp_torch.py"), cfg).status == "correct"
-    assert fresh._proc is not None and fresh._proc.poll() is None
-    os.kill(fresh._proc.pid, signal.SIGKILL)  # the template dies
-    fresh._proc.wait()
+    for server in fresh.values():  # the reference's (native Triton), the candidate's (interpreted)
+        assert server._proc is not None and server._proc.poll() is None
+        os.kill(server._proc.pid, signal.SIGKILL)  # the template dies
+        server._proc.wait()
     out = drop_box / "facts.json"
     r = evaluate("L3/1", _probe_source(out), cpu_config(tmp_path / "cache", policy="kernelbench"))
     assert r.status == "correct", r.error
     facts = json.loads(out.read_text())
-    assert not facts["template"] and fresh._broken
+    assert not facts["template"] and fresh[True]._broken
     # Started the plain way, a child that should have been contained is not: the result says so.
     from evaluator import isolation
 
