@@ -165,9 +165,10 @@ class TimingStats(_Record):
     """`harness` clock: the median before the handshake was taken off."""
     handshake_ms: float | None = None
     """`harness` clock: taken off every call: the fastest null call (same request, input draw
-    and output copy, no model) in the trusted reference worker, a lower bound of what serving a
-    call costs. The numbers of record are therefore never smaller than the work, and may be
-    larger by the rest of the clock's overhead (GPU_VALIDATION.md has its size on the H200)."""
+    and output copy, no model) in the trusted reference worker's session (for a candidate: or
+    in its own session, whichever is faster), a lower bound of what serving a call costs. The
+    numbers of record are therefore never smaller than the work, and may be larger by the rest
+    of the clock's overhead (GPU_VALIDATION.md has its size on the H200)."""
     null_call_ms: float | None = None
     """`harness` clock: the median of those null calls."""
     calibrated_median_ms: float | None = None

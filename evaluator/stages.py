@@ -21,6 +21,7 @@ from evaluator import board
 from evaluator.build import buildstore
 from evaluator.buildslots import build_slot, default_slots
 from evaluator.checks import STATIC_CHECKS
+from evaluator.harness.served import null_call_count
 from evaluator.isolation import identity_env, private_dir
 from evaluator.judge import (
     STAGE_OF_CHILD,
@@ -217,7 +218,7 @@ def reference_serving(run: EvalRun, rebuild: bool = False) -> Serving:
     return Serving(
         seeds=seeds, timing=run.timing_spec(), on_cuda=not run.on_cpu,
         budget_s=run.config.timeouts.baselines,
-        null_calls=3 if run.on_cpu else max(10, len(seeds) // 4),
+        null_calls=null_call_count(run.on_cpu, len(seeds)),
         cache_dir=private_dir(run.config.cache_dir) / "baselines", rebuild=rebuild,
         key_extra={"policy": run.policy.name, "problem_sha256": spec.sha256,
                    "overrides": spec.overrides, "precision": spec.precision,

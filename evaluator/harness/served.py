@@ -34,7 +34,7 @@ class CallPlan:
     warmup_calls: int
     warmup_ms: float
     null_calls: int = 0
-    """Handshake calls first (the trusted reference worker only)."""
+    """Handshake calls first (`null_call_count`)."""
     prep: bool = True
     """Flush the L2 before each call (GPU)."""
     flusher: str | None = None
@@ -42,6 +42,11 @@ class CallPlan:
     gpu: str | None = None
     """Read the GPU's clocks and temperature (NVML) around the timed calls: the device as
     `CUDA_VISIBLE_DEVICES` names it (`evaluator.harness.gpustate`)."""
+
+
+def null_call_count(on_cpu: bool, calls: int) -> int:
+    """How many null calls open a served session (their fastest is the handshake)."""
+    return 3 if on_cpu else max(10, calls // 4)
 
 
 @dataclass

@@ -206,3 +206,30 @@ def test_a_worker_that_finishes_its_output_after_answering_never_passes():
         assert e.kind == "protocol"
     else:  # or the snapshot held its incomplete output
         assert not any(judged)
+
+
+def test_a_handshake_measured_under_load_never_takes_a_call_below_its_work(tmp_path,
+                                                                           monkeypatch):
+    """The reference's null calls ran while the host was busy (modelled: its handshake reads
+    15 ms): taking that off a candidate's 20 ms calls would record 5 ms of work that took 20.
+    The candidate's own session's null calls bound the handshake, so the record stays >= 20."""
+    from eval_helpers import candidate, cpu_config
+
+    from evaluator import stages
+    from evaluator.pipeline import evaluate
+
+    real = stages.collect_reference
+
+    def busy_host(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out.handshake_ms = 15.0
+        return out
+
+    monkeypatch.setattr(stages, "collect_reference", busy_host)
+    source = "import time\n" + candidate("mlp_torch.py").replace(
+        "    def forward(self, x):", "    def forward(self, x):\n        time.sleep(0.02)", 1)
+    r = evaluate("L3/1", source, cpu_config(tmp_path / "cache", cpu_timing_trials=3))
+    assert r.status == "correct", (r.error, r.violations)
+    t = r.timing
+    assert t is not None and t.handshake_ms is not None and t.handshake_ms < 15.0
+    assert t.min_ms >= 20.0, t
