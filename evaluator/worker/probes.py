@@ -234,11 +234,16 @@ _MISSING = object()
 
 
 @contextlib.contextmanager
-def triton_launches(noop: bool = False) -> Iterator[Launches]:
-    """Count every Triton kernel launch in the block that went through; with `noop`, count and
-    skip them all."""
+def triton_launches(noop: bool = False, names: set[str] | None = None) -> Iterator[Launches]:
+    """Count every Triton kernel launch in the block that went through (with `names`: of
+    kernels so named only); with `noop`, count and skip them all."""
     seen = Launches()
     saved = []
+
+    def counted(kernel: Any) -> bool:
+        fn = getattr(kernel, "fn", None)
+        return names is None or getattr(fn, "__name__", None) in names
+
     for cls in _launcher_classes():
         original = cls.run
         saved.append((cls, cls.__dict__.get("run", _MISSING)))
@@ -248,7 +253,8 @@ def triton_launches(noop: bool = False) -> Iterator[Launches]:
                 seen.count += 1
                 return None
             result = _original(self, *args, **kwargs)
-            seen.count += 1  # a launch that raised (bad arguments) launched nothing
+            if counted(self):  # a launch that raised (bad arguments) launched nothing
+                seen.count += 1
             return result
 
         cls.run = run

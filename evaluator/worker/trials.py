@@ -86,17 +86,18 @@ def _gpu_launches(loaded: Loaded, job: CandidateJob, call: Callable[[], _Call],
                   again: Callable[[], _Call]) -> tuple[_Call, int | None]:
     """(the call, launches of the candidate's own kernels on the GPU during it).
 
-    Triton-only candidates: two counts without the profiler must both see launches: Triton's
-    JIT entry (`triton_launches`: a call that returned launched something real) and Triton's
-    launch hook (the kernel's name). The hook alone is cheap to fool (a candidate can call it
-    with any name), the JIT entry alone does not know names; together a candidate must launch
-    a Triton kernel for real, which is what the profiler would have seen, and the ghost trial
-    still decides whether its kernels matter. Anything else (either count zero: a kept
+    Triton-only candidates: two counts without the profiler must both see launches of the
+    candidate's own kernels: Triton's JIT entry (`triton_launches`: a call of a kernel so named
+    returned, so it launched for real) and Triton's launch hook. The hook alone is cheap to
+    fool (a candidate can call it with any name); with the JIT entry a candidate must launch one
+    of its own kernels for real, which is what the profiler would have seen (on degenerate
+    problems there is no ghost trial to back the count up), and the ghost trial still decides
+    whether its kernels matter. Anything else (either count zero: a kept
     `CompiledKernel`, a CUDA graph replay, a native launch) is counted again on `again` under
     the profiler, so no verdict rests on the cheap counts alone."""
     names = loaded.kernel_names
     if _hook_counts(loaded, job):
-        with triton_launches() as entered, hooked_triton_launches(names) as seen:
+        with triton_launches(names=names) as entered, hooked_triton_launches(names) as seen:
             result = call()
         if entered.count and seen.count:
             return result, seen.count

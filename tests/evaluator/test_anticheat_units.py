@@ -314,3 +314,66 @@ def test_a_launch_hook_the_candidate_calls_itself_is_no_launch(monkeypatch):
     assert trials._gpu_launches(loaded, SimpleNamespace(backend="cuda"), fake_launch,
                                 fake_launch) == ("out", 0)
     assert len(profiled) == 2
+
+
+_TWO_KERNELS = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def named_kernel(X, N, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(X + i, tl.load(X + i, mask=i < N) + 1.0, mask=i < N)
+
+
+@triton.jit
+def other_kernel(X, N, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(X + i, tl.load(X + i, mask=i < N) * 2.0, mask=i < N)
+'''
+
+
+def test_a_real_launch_of_another_kernel_and_a_faked_hook_are_no_launch_of_its_own(
+        tmp_path, monkeypatch):
+    """The next cheapest attack: launch some other Triton kernel for real (Triton's JIT entry
+    sees a launch) and call the launch hook with the own kernel's name. The JIT-entry count
+    takes only the candidate's own kernels, so the profiler decides (its stand-in: 0)."""
+    import importlib.util
+
+    from triton.compiler.compiler import LazyDict
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from evaluator.worker import trials
+    from evaluator.worker.probes import _launch_knobs, triton_launches
+
+    path = tmp_path / "two_kernels.py"
+    path.write_text(_TWO_KERNELS)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # runs the kernels on CPU tensors
+    spec = importlib.util.spec_from_file_location("two_kernels", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    named, other = mod.named_kernel, mod.other_kernel
+    if not isinstance(named, InterpretedFunction):  # Triton read the variable at import
+        named, other = InterpretedFunction(named.fn), InterpretedFunction(other.fn)
+    x = torch.zeros(16)
+    with triton_launches(names={"named_kernel"}) as own, triton_launches() as every:
+        named[(1,)](x, 16, BLOCK=16)
+        other[(1,)](x, 16, BLOCK=16)
+        other[(1,)](x, 16, BLOCK=16)
+    assert (own.count, every.count) == (1, 3)
+    assert torch.equal(x, torch.full((16,), 4.0))
+
+    profiled: list[set[str]] = []
+    monkeypatch.setattr(trials, "custom_launches",
+                        lambda call, names: (profiled.append(names), (call(), 0))[1])
+
+    def attack() -> str:
+        other[(1,)](x, 16, BLOCK=16)
+        _launch_knobs().launch_enter_hook(LazyDict({"name": "named_kernel"}))
+        return "out"
+
+    loaded = trials.Loaded(module=mod, model=nn.Identity(), kernel_names={"named_kernel"})
+    assert trials._gpu_launches(loaded, SimpleNamespace(backend="triton"), attack,
+                                attack) == ("out", 0)
+    assert profiled == [{"named_kernel"}]
