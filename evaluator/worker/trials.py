@@ -259,7 +259,8 @@ def _ghost_call(loaded: Loaded, model: torch.nn.Module, inputs: list[Any], trial
 
 
 def _rechecked(verdict: ProbeMsg, bypassed: int | None) -> ProbeMsg:
-    """A ghost verdict of the hook's count, confirmed (or not) by the profiler's."""
+    """A ghost verdict reached without the profiler, kept when the profiler saw no launch of
+    the candidate's kernels get past the stubs, else inconclusive."""
     if not bypassed:
         return verdict
     return ProbeMsg(probe="ghost", conclusive=False,
