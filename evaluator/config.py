@@ -183,8 +183,9 @@ class EvalConfig(BaseModel):
     warm-up does is judged. `auto`: on a GPU, for sources that use Triton or torch.compile.
     Off by default: on the H200 it bought nothing (16 Triton candidates, 8 at once: 0.90x
     candidates per GPU-hour with it; `correctness` under the exclusive lock stayed 4-6 s,
-    although the candidate child compiled no kernel: JIT compiles were not what filled it;
-    GPU_VALIDATION.md, session 8)."""
+    although the candidate child compiled no kernel: it was the profiler's import of
+    torch._dynamo, now done once in the template process; GPU_VALIDATION.md, sessions 8-9).
+    Worth measuring again now that those seconds are gone."""
     template_process: bool = True
     """Start reference, candidate and compile children as forks of a template process that has
     imported torch and kloop's worker modules but never touched the device (Linux; elsewhere,

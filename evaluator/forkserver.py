@@ -199,6 +199,6 @@ def usable() -> bool:
 _SERVERS = {False: ForkServer(), True: ForkServer(interpret=True)}
 
 
-def server(interpret: bool = False) -> ForkServer:
-    """The template for children that run Triton natively, or under its interpreter."""
-    return _SERVERS[interpret]
+def server(env: dict[str, str]) -> ForkServer:
+    """The template for a child with this environment: Triton native, or interpreted."""
+    return _SERVERS[env.get("TRITON_INTERPRET") == "1"]

@@ -184,9 +184,8 @@ def on_message(run: EvalRun, job: CandidateJob, seq: Sequence, child: Any, msg: 
                            stage=STAGE_OF_CHILD.get(msg.stage, run.stage), error=msg.error))
     elif isinstance(msg, TrialMsg):
         if not run.trials and (t := run.since_mark("correctness")) is not None:
-            # The first trial alone (it counts launches: the profiler on a GPU for CUDA
-            # sources, Triton's launch hook for Triton-only ones): where
-            # the correctness stage's time goes, for bench/throughput.py.
+            # The first trial alone (it counts launches: under the profiler for CUDA sources
+            # on a GPU): where the correctness stage's time goes, for bench/throughput.py.
             run.stage_seconds["first_trial"] = round(t, 3)
         _judge_trial(run, job, msg)
     elif isinstance(msg, ProbeMsg):

@@ -207,7 +207,7 @@ class Child:
         if len(numbers) > 1:
             argv.append(",".join(map(str, numbers[1:])))
         try:
-            pid = forkserver.server(self.env.get("TRITON_INTERPRET") == "1").spawn(
+            pid = forkserver.server(self.env).spawn(
                 argv, self.env, self.workdir, theirs + list(fds), [0, 1, 2] + numbers,
                 identity.get("user"), identity.get("group"), self.confine)
         finally:

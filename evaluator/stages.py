@@ -251,12 +251,8 @@ def candidate_stage(run: EvalRun) -> None:
         for msg in child.messages():
             got = time.monotonic()
             done = on_message(run, job, seq, child, msg) or done
-            # Where a candidate's time under the lock goes, message by message: when each
-            # arrived and how long judging it took (bench/throughput.py --trace).
-            what = next((getattr(msg, a) for a in ("stage", "probe", "index")
-                         if getattr(msg, a, None) is not None), "")
-            log.debug("%s %s %s %s: at %.3f s, judged in %.3f s", run.root.name, run.problem.id,
-                      type(msg).__name__, what, got - t0, time.monotonic() - got)
+            if log.isEnabledFor(logging.DEBUG):  # nothing more under the lock otherwise
+                _trace(run, msg, got - t0, time.monotonic() - got)
         outcome = child.outcome()
     run.mark(None)
     if run.status is None and not done:
@@ -266,6 +262,15 @@ def candidate_stage(run: EvalRun) -> None:
     if run.status == "correct" and run.config.ncu and not run.on_cpu:
         with run.gpu_lock(), run.timed("ncu"):
             _ncu_pass(run, job)
+
+
+def _trace(run: EvalRun, msg: object, at: float, judged: float) -> None:
+    """Where a candidate's time under the lock goes, message by message: when each arrived and
+    how long judging it took (bench/throughput.py --trace)."""
+    what = next((getattr(msg, a) for a in ("stage", "probe", "index")
+                 if getattr(msg, a, None) is not None), "")
+    log.debug("%s %s %s %s: at %.3f s, judged in %.3f s", run.root.name, run.problem.id,
+              type(msg).__name__, what, at, judged)
 
 
 _JIT_USE = re.compile(r"\btriton\b|torch\.compile\b|\bcompile\s*\(")

@@ -104,8 +104,8 @@ def handshake(reference_ms: float | None, session_ms: float | None) -> float | N
     worker's session or of the candidate's own, whichever is faster. The reference's was
     measured earlier, under whatever load the host had then, and a handshake inflated by load
     takes a call below its work (on the H200, with 8 evaluations and builds at once, a 20 ms
-    call read 19.46 ms); the session's own bounds it now. A candidate's process can only make its own null calls faster,
-    and so its own numbers larger, never a speedup."""
+    call read 19.46 ms); the session's own bounds it now. A candidate's process can only make
+    its own null calls faster, and so its own numbers larger, never a speedup."""
     known = [h for h in (reference_ms, session_ms) if h is not None]
     return min(known) if known else None
 
