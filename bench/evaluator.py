@@ -89,20 +89,27 @@ def _import_times(jobs: list[tuple[str, Path, Path]]) -> list[float]:
     return out
 
 
-def compile_times() -> None:
-    """Plain and kloop builds of every CUDA candidate run concurrently (cold, then warm), so
-    both paths are measured side by side under the same machine load."""
+def compile_times(pairs: bool) -> None:
+    """Plain and kloop builds of the CUDA candidates run concurrently (cold, then warm), so both
+    paths are measured side by side under the same machine load: all at once, or (`pairs`) one
+    candidate's plain and kloop builds together, candidate after candidate (the latency of a
+    build on a quiet host)."""
+    at_once = 2 if pairs else 2 * len(CUDA_SOURCES)
     print("\n== compile time (s): plain load_inline vs kloop's cached path, fresh processes, "
-          f"{2 * len(CUDA_SOURCES)} builds at once ==")
+          f"{at_once} builds at once ==")
     print(f"{'candidate':34} {'plain cold':>10} {'kloop cold':>10} {'plain warm':>10} "
           f"{'kloop warm':>10}")
     with tempfile.TemporaryDirectory() as tmp:
         jobs = [(mode, CANDIDATES / name, Path(tmp) / mode / name)
                 for name in CUDA_SOURCES for mode in ("plain", "kloop")]
-        cold, warm = _import_times(jobs), _import_times(jobs)
+        groups = [jobs[i:i + at_once] for i in range(0, len(jobs), at_once)]
+        cold = [t for g in groups for t in _import_times(g)]
+        warm = [t for g in groups for t in _import_times(g)]
     for i, name in enumerate(CUDA_SOURCES):
         row = [cold[2 * i], cold[2 * i + 1], warm[2 * i], warm[2 * i + 1]]
         print(f"{name:34} " + " ".join(f"{t:10.2f}" for t in row))
+    plain, kloop = statistics.median(cold[0::2]), statistics.median(cold[1::2])
+    print(f"{'cold p50':34} {plain:10.2f} {kloop:10.2f}   kloop/plain {kloop / plain:.2f}")
 
 
 def timing_spread(device: str, repeats: int) -> None:
@@ -130,12 +137,14 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", default="stages,compile,cv")
+    parser.add_argument("--compile-pairs", action="store_true",
+                        help="build one candidate's plain and kloop versions at a time")
     args = parser.parse_args()
     parts = set(args.only.split(","))
     if "stages" in parts:
         stage_times(args.device)
     if "compile" in parts:
-        compile_times()
+        compile_times(args.compile_pairs)
     if "cv" in parts:
         timing_spread(args.device, args.repeats)
 
