@@ -56,14 +56,6 @@ _STALE_TMP_S = 24 * 3600
 # Arguments that do not change the built binary.
 _NOT_IN_KEY = {"build_directory", "verbose", "keep_intermediates"}
 _SINGLE_ARCH = re.compile(r"(?:sm_|compute_)?(\d+)(?:\.(\d))?(a)?")
-NVCC_THREADS = 2
-"""nvcc's own `--threads`. For one target architecture nvcc runs its host chain (cudafe++) and
-its device chain (cicc, ptxas) one after the other; with two threads it runs them side by side:
-the same compilers with the same flags on the same input, only scheduled differently, so the
-binary means the same. Both chains parse every header the source includes, so this takes a whole
-front-end pass (~20-30 s of a ~60 s `<torch/extension.h>` build) off the critical path. More
-threads buy nothing with one architecture: there are only two chains."""
-_THREADS_FLAG = re.compile(r"-t\d*|-t=.*|--threads(=.*)?")
 
 
 class BuildRecord(BaseModel):
@@ -80,8 +72,6 @@ class BuildRecord(BaseModel):
     path: str | None = None
     """The cache entry (build mode) or check directory (check mode)."""
     compile: CompileLog | None = None
-    added_flags: list[str] = []
-    """Flags kloop added to the build to make it faster (`NVCC_THREADS`); none change its meaning."""
 
 
 BUILD_RECORDS: list[BuildRecord] = []
@@ -229,16 +219,6 @@ def _publish(tmp: Path, entry: Path, result: Any, args: dict[str, Any]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def with_nvcc_threads(extra_cuda_cflags: Any) -> tuple[list[str], list[str]]:
-    """The candidate's nvcc flags with `--threads` added unless it chose a thread count itself;
-    and what was added."""
-    flags = as_list(extra_cuda_cflags)
-    if any(_THREADS_FLAG.fullmatch(str(f).strip()) for f in flags):
-        return flags, []
-    added = [f"--threads={NVCC_THREADS}"]
-    return [*flags, *added], added
-
-
 def _hit(key: str) -> Path | None:
     st = _state
     assert st is not None
@@ -270,16 +250,13 @@ def _build(args: dict[str, Any], key: str) -> Any:
     tmp.mkdir(parents=True)
     call = dict(args, build_directory=str(tmp))
     call["cpp_sources"], call["cuda_sources"] = list(args["cpp_sources"]), list(args["cuda_sources"])
-    added: list[str] = []
-    if call["cuda_sources"]:  # after the key: what is added does not change the binary's meaning
-        call["extra_cuda_cflags"], added = with_nvcc_threads(args.get("extra_cuda_cflags"))
     try:
         result = st.real(**call)
     except Exception as exc:
         clog = _failed_log(exc, args, st.cache_root / "logs" / f"{key}.log")
         BUILD_RECORDS.append(BuildRecord(
             name=args["name"], key=key, mode="build", cache_hit=False, ok=False,
-            seconds=time.monotonic() - start, compile=clog, added_flags=added))
+            seconds=time.monotonic() - start, compile=clog))
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _publish(tmp, entry, result, args)
@@ -287,7 +264,7 @@ def _build(args: dict[str, Any], key: str) -> Any:
         LOADED_MODULES.append(result)
     BUILD_RECORDS.append(BuildRecord(
         name=args["name"], key=key, mode="build", cache_hit=False, ok=True,
-        seconds=time.monotonic() - start, path=str(entry), added_flags=added))
+        seconds=time.monotonic() - start, path=str(entry)))
     return result
 
 
