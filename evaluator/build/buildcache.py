@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import sys
 import sysconfig
@@ -55,6 +56,7 @@ META_FILE = "kloop_build.json"
 _STALE_TMP_S = 24 * 3600
 # Arguments that do not change the built binary.
 _NOT_IN_KEY = {"build_directory", "verbose", "keep_intermediates"}
+NVCC_PARALLEL = Path(__file__).with_name("nvcc_parallel.py")
 _SINGLE_ARCH = re.compile(r"(?:sm_|compute_)?(\d+)(?:\.(\d))?(a)?")
 
 
@@ -72,6 +74,9 @@ class BuildRecord(BaseModel):
     path: str | None = None
     """The cache entry (build mode) or check directory (check mode)."""
     compile: CompileLog | None = None
+    parallel_nvcc: bool = False
+    """Built with `evaluator.build.nvcc_parallel` as torch's nvcc (which runs plain nvcc for
+    anything it cannot split)."""
 
 
 BUILD_RECORDS: list[BuildRecord] = []
@@ -219,6 +224,25 @@ def _publish(tmp: Path, entry: Path, result: Any, args: dict[str, Any]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _use_parallel_nvcc() -> bool:
+    """Make torch's build call `evaluator.build.nvcc_parallel` as its nvcc (this process is the
+    compile child: the setting dies with it). Not when the user chose an nvcc (`PYTORCH_NVCC`)
+    or torch has no CUDA home. Without nvcc's `-MD` dependency output (a step nvcc runs
+    internally, which the split cannot): every build gets a fresh directory, so ninja never
+    reads it."""
+    if "PYTORCH_NVCC" in os.environ:
+        return False
+    from torch.utils import cpp_extension
+
+    home = getattr(cpp_extension, "CUDA_HOME", None)
+    if not home or not (Path(home) / "bin" / "nvcc").is_file():
+        return False
+    os.environ["PYTORCH_NVCC"] = shlex.join([sys.executable, str(NVCC_PARALLEL), "--nvcc",
+                                             str(Path(home) / "bin" / "nvcc")])
+    os.environ["TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"] = "1"
+    return True
+
+
 def _hit(key: str) -> Path | None:
     st = _state
     assert st is not None
@@ -250,13 +274,14 @@ def _build(args: dict[str, Any], key: str) -> Any:
     tmp.mkdir(parents=True)
     call = dict(args, build_directory=str(tmp))
     call["cpp_sources"], call["cuda_sources"] = list(args["cpp_sources"]), list(args["cuda_sources"])
+    parallel = bool(call["cuda_sources"]) and _use_parallel_nvcc()
     try:
         result = st.real(**call)
     except Exception as exc:
         clog = _failed_log(exc, args, st.cache_root / "logs" / f"{key}.log")
         BUILD_RECORDS.append(BuildRecord(
             name=args["name"], key=key, mode="build", cache_hit=False, ok=False,
-            seconds=time.monotonic() - start, compile=clog))
+            seconds=time.monotonic() - start, compile=clog, parallel_nvcc=parallel))
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _publish(tmp, entry, result, args)
@@ -264,7 +289,7 @@ def _build(args: dict[str, Any], key: str) -> Any:
         LOADED_MODULES.append(result)
     BUILD_RECORDS.append(BuildRecord(
         name=args["name"], key=key, mode="build", cache_hit=False, ok=True,
-        seconds=time.monotonic() - start, path=str(entry)))
+        seconds=time.monotonic() - start, path=str(entry), parallel_nvcc=parallel))
     return result
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,6 +127,39 @@ def test_key_tracks_what_changes_the_binary():
     assert buildcache.build_key(base, "sm_90", "e" * 64) != key
 
 
+PARALLEL_NVCC_SCRIPT = """
+import json, os, sys
+from torch.utils import cpp_extension
+from evaluator.build import buildcache
+cpp_extension.CUDA_HOME = sys.argv[1] or None  # what a CUDA build of torch finds (CPU: None)
+first = buildcache._use_parallel_nvcc()
+print(json.dumps({"first": first, "nvcc": os.environ.get("PYTORCH_NVCC"),
+                  "deps": os.environ.get("TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES")}))
+"""
+
+
+def _parallel_nvcc_env(cuda_home: str, **env: str) -> dict:
+    base = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVCC"}
+    r = subprocess.run([sys.executable, "-c", PARALLEL_NVCC_SCRIPT, cuda_home], cwd=REPO,
+                       env={**base, **env}, capture_output=True, text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_torchs_build_calls_the_parallel_nvcc_unless_the_user_chose_one():
+    homes = (os.environ.get("CUDA_HOME"), "/usr/local/cuda", "/usr/local/cuda-13.0")
+    home = next((h for h in homes if h and (Path(h) / "bin" / "nvcc").is_file()), None)
+    if home is None:
+        pytest.skip("no CUDA home with bin/nvcc")
+    got = _parallel_nvcc_env(home)
+    assert got["first"] is True and got["deps"] == "1"
+    assert str(buildcache.NVCC_PARALLEL) in got["nvcc"] and f"--nvcc {home}/bin/nvcc" in got["nvcc"]
+    got = _parallel_nvcc_env(home, PYTORCH_NVCC="ccache nvcc")
+    assert (got["first"], got["nvcc"], got["deps"]) == (False, "ccache nvcc", None)
+    got = _parallel_nvcc_env("")
+    assert (got["first"], got["nvcc"]) == (False, None)
+
+
 def test_arch_spellings():
     for spelling in ("sm_90", "9.0", "90"):
         assert buildcache.normalise_arch(spelling) == "sm_90"
@@ -144,6 +178,7 @@ def test_cuda_extension_second_load_is_a_fast_hit(tmp_path):
     assert miss["value"] and hit["value"]
     assert (miss["record"]["cache_hit"], hit["record"]["cache_hit"]) == (False, True)
     assert hit["record"]["seconds"] < 1.0 < miss["record"]["seconds"]
+    assert miss["record"]["parallel_nvcc"] is True  # built through evaluator.build.nvcc_parallel
     print(f"build {miss['record']['seconds']:.1f} s, cached load {hit['record']['seconds']:.3f} s")
 
 

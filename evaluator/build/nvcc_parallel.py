@@ -1,0 +1,156 @@
+"""nvcc with its host and device chains run side by side (stdlib only; torch's build calls it as
+its nvcc through `PYTORCH_NVCC`, see `evaluator.build.buildcache`).
+
+For one target architecture nvcc runs, one after the other: the host chain (gcc -E, cudafe++),
+the device chain (gcc -E, cicc, ptxas, fatbinary) and the host compile that embeds the fatbinary.
+Both chains parse every header the source includes, so a `.cu` that includes
+`<torch/extension.h>` spends two front-end passes of ~20-30 s each before the host compile. The
+chains share one input only: the module id file cudafe++ writes and cicc reads (the name of the
+file's anonymous namespace and registration symbols, random on every nvcc run). Here the id is
+written first, in nvcc's format, and the two chains run at once; then the rest of nvcc's own
+commands, as `nvcc --dryrun` printed them, with the same flags. The compilers, flags and inputs
+are nvcc's, so what the source means does not change (tests/evaluator/test_nvcc_parallel.py
+compares the intermediate files with a plain run's).
+
+Output and exit status are what plain nvcc gives: the host chain's output first, then the device
+chain's, and on a failure only what nvcc would have printed up to it. Anything whose commands do
+not have this shape (several architectures, `-E`, `--cubin`, no compile) runs as plain nvcc.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_ASSIGN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_GEN_ID = "--gen_module_id_file"
+_ID_FILE = "--module_id_file_name"
+
+
+def nvcc_binary() -> str:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and (Path(home) / "bin" / "nvcc").is_file():
+        return str(Path(home) / "bin" / "nvcc")
+    return "nvcc"
+
+
+def dryrun(nvcc: str, args: list[str]) -> tuple[list[str], list[str]] | None:
+    """nvcc's environment lines and commands for `args`, or None if it would not run them."""
+    r = subprocess.run([nvcc, "--dryrun", *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None
+    lines = [ln[3:] for ln in r.stderr.splitlines() if ln.startswith("#$ ")]
+    env = [ln for ln in lines if _ASSIGN.match(ln)]
+    return env, [ln for ln in lines if not _ASSIGN.match(ln)]
+
+
+def _tool(command: str) -> str:
+    first = shlex.split(command)[0] if command.strip() else ""
+    return Path(first.strip('"')).name
+
+
+def split(commands: list[str]) -> tuple[list[str], list[str], list[str], str] | None:
+    """(host chain, device chain, the rest, module id file) when the commands have the one-
+    architecture shape: [gcc -E, cudafe++ (writes the id), gcc -E, cicc (reads it), ptxas,
+    fatbinary, (rm)] then the host compile; else None."""
+    tools = [_tool(c) for c in commands]
+    if tools.count("cudafe++") != 1 or tools.count("cicc") != 1 or tools.count("ptxas") != 1:
+        return None
+    fe, ci = tools.index("cudafe++"), tools.index("cicc")
+    if fe != 1 or ci != 3 or tools[4:6] != ["ptxas", "fatbinary"]:
+        return None
+    end = 7 if tools[6:7] == ["rm"] else 6
+    cudafe, cicc = shlex.split(commands[fe]), shlex.split(commands[ci])
+    if _GEN_ID not in cudafe or _ID_FILE not in cudafe or _ID_FILE not in cicc:
+        return None
+    id_file = cudafe[cudafe.index(_ID_FILE) + 1]
+    if cicc[cicc.index(_ID_FILE) + 1] != id_file or _GEN_ID in cicc or not commands[end:]:
+        return None
+    host = [commands[0], commands[fe].replace(f" {_GEN_ID} ", " ", 1)]
+    if _GEN_ID in host[1]:
+        return None
+    return host, commands[2:end], commands[end:], id_file
+
+
+def module_id(source: str) -> str:
+    """An id in nvcc's own format: `_<8 hex>_<length of the name>_<name>_<8 hex>`."""
+    name = re.sub(r"[^A-Za-z0-9]", "_", Path(source).name)
+    return f"_{secrets.token_hex(4)}_{len(name)}_{name}_{secrets.token_hex(4)}"
+
+
+def _exports(env: list[str]) -> list[str]:
+    """nvcc's variables that commands may use (`"$CICC_PATH/cicc"`); lines that are not one
+    shell word (`SYSTEM_INCLUDES="-isystem" "..."`) are nvcc's notes, already in the commands."""
+    out = []
+    for line in env:
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            continue
+        if len(words) == 1 and "=" in words[0]:
+            name, value = words[0].split("=", 1)
+            out.append(f"export {name}={shlex.quote(value)}")
+    return out
+
+
+def _chain_script(prologue: str, chain: list[str]) -> str:
+    # nvcc's own `rm` of an intermediate ignores a missing file.
+    lines = [f"rm -f {c[3:]}" if c.startswith("rm ") else f"{c} || exit $?" for c in chain]
+    return prologue + "\n" + "\n".join(lines) + "\n"
+
+
+def _run_chain(prologue: str, chain: list[str], out: Path) -> subprocess.Popen:
+    return subprocess.Popen(["bash", "-c", _chain_script(prologue, chain)], stdout=out.open("wb"),
+                            stderr=subprocess.STDOUT)
+
+
+def run(args: list[str]) -> int:
+    nvcc = nvcc_binary()
+    if args[:1] == ["--nvcc"]:  # torch's own nvcc, as kloop's build passes it
+        nvcc, args = args[1], args[2:]
+    planned = dryrun(nvcc, args)
+    parts = split(planned[1]) if planned else None
+    source = next((a for a in args if a.endswith(".cu")), None)
+    if planned is None or parts is None or source is None:
+        return subprocess.run([nvcc, *args]).returncode
+    env, _ = planned
+    host, device, rest, id_file = parts
+    prologue = "\n".join(_exports(env))
+    Path(id_file).write_text(module_id(source))
+    with tempfile.TemporaryDirectory(prefix="kloop-nvcc-") as tmp:
+        logs = [Path(tmp) / "host.log", Path(tmp) / "device.log"]
+        procs = [_run_chain(prologue, host, logs[0]), _run_chain(prologue, device, logs[1])]
+        codes = [p.wait() for p in procs]
+        for log, code in zip(logs, codes, strict=True):
+            sys.stderr.buffer.write(log.read_bytes())
+            sys.stderr.flush()
+            if code != 0:  # nvcc stops at the first failing command: the host chain runs first
+                return _cleanup(planned[1], id_file, code)
+        done = subprocess.run(["bash", "-c", _chain_script(prologue, rest)])
+        return _cleanup(planned[1], id_file, done.returncode)
+
+
+def _cleanup(commands: list[str], id_file: str, code: int) -> int:
+    """Remove nvcc's intermediate files, as nvcc does (tens of MB for torch sources): those the
+    commands name, and what its tools leave beside them under the run's prefix (cicc's `.bc`
+    after an error). Kept files (`-keep`) are not temporary and stay."""
+    name = Path(id_file).name
+    if not name.startswith("tmpxft_"):
+        return code
+    stem = name.split("-")[0]  # tmpxft_<pid>_<n>
+    named = {Path(p) for c in commands for t in shlex.split(c)
+             for p in re.findall(r"[^\s=,\"]*tmpxft_[^\s=,\"]*", t)}
+    for path in named | set(Path(id_file).parent.glob(f"{stem}*")):
+        if path.is_absolute() and path.name.startswith(stem):
+            path.unlink(missing_ok=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))
