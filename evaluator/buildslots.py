@@ -18,7 +18,8 @@ from pathlib import Path
 
 
 def default_slots() -> int:
-    """Half the cores this process may use (a build keeps about two busy), at least one."""
+    """Half the cores this process may use, at least one: a build keeps two or three busy (g++ on
+    the binding file beside nvcc's two chains, `evaluator.build.nvcc_parallel`), each for part of it."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
