@@ -40,9 +40,10 @@ def nvcc_binary() -> str:
     return "nvcc"
 
 
-def dryrun(nvcc: str, args: list[str]) -> tuple[list[str], list[str]] | None:
+def dryrun(nvcc: str, args: list[str], env: dict[str, str] | None = None,
+           ) -> tuple[list[str], list[str]] | None:
     """nvcc's environment lines and commands for `args`, or None if it would not run them."""
-    r = subprocess.run([nvcc, "--dryrun", *args], capture_output=True, text=True)
+    r = subprocess.run([nvcc, "--dryrun", *args], capture_output=True, text=True, env=env)
     if r.returncode != 0:
         return None
     lines = [ln[3:] for ln in r.stderr.splitlines() if ln.startswith("#$ ")]
@@ -105,51 +106,42 @@ def _chain_script(prologue: str, chain: list[str]) -> str:
     return prologue + "\n" + "\n".join(lines) + "\n"
 
 
-def _run_chain(prologue: str, chain: list[str], out: Path) -> subprocess.Popen:
-    return subprocess.Popen(["bash", "-c", _chain_script(prologue, chain)], stdout=out.open("wb"),
-                            stderr=subprocess.STDOUT)
+def _run_chain(prologue: str, chain: list[str], out: Path,
+               env: dict[str, str]) -> subprocess.Popen:
+    with out.open("wb") as f:
+        return subprocess.Popen(["bash", "-c", _chain_script(prologue, chain)], stdout=f,
+                                stderr=subprocess.STDOUT, env=env)
 
 
 def run(args: list[str]) -> int:
     nvcc = nvcc_binary()
     if args[:1] == ["--nvcc"]:  # torch's own nvcc, as kloop's build passes it
         nvcc, args = args[1], args[2:]
-    planned = dryrun(nvcc, args)
-    parts = split(planned[1]) if planned else None
     source = next((a for a in args if a.endswith(".cu")), None)
-    if planned is None or parts is None or source is None:
-        return subprocess.run([nvcc, *args]).returncode
-    env, _ = planned
-    host, device, rest, id_file = parts
-    prologue = "\n".join(_exports(env))
-    Path(id_file).write_text(module_id(source))
     with tempfile.TemporaryDirectory(prefix="kloop-nvcc-") as tmp:
+        # nvcc names its intermediates in TMPDIR after its pid, which is free again once the
+        # dryrun has exited: a directory of this run's own keeps them apart from any other
+        # nvcc's and takes them away at the end, as nvcc does (tens of MB for torch sources).
+        work = Path(tmp) / "tmp"
+        work.mkdir()
+        env = {**os.environ, "TMPDIR": str(work)}
+        planned = dryrun(nvcc, args, env)
+        parts = split(planned[1]) if planned else None
+        if planned is None or parts is None or source is None:
+            return subprocess.run([nvcc, *args]).returncode
+        host, device, rest, id_file = parts
+        prologue = "\n".join(_exports(planned[0]))
+        Path(id_file).write_text(module_id(source))
         logs = [Path(tmp) / "host.log", Path(tmp) / "device.log"]
-        procs = [_run_chain(prologue, host, logs[0]), _run_chain(prologue, device, logs[1])]
+        procs = [_run_chain(prologue, host, logs[0], env),
+                 _run_chain(prologue, device, logs[1], env)]
         codes = [p.wait() for p in procs]
         for log, code in zip(logs, codes, strict=True):
             sys.stderr.buffer.write(log.read_bytes())
             sys.stderr.flush()
             if code != 0:  # nvcc stops at the first failing command: the host chain runs first
-                return _cleanup(planned[1], id_file, code)
-        done = subprocess.run(["bash", "-c", _chain_script(prologue, rest)])
-        return _cleanup(planned[1], id_file, done.returncode)
-
-
-def _cleanup(commands: list[str], id_file: str, code: int) -> int:
-    """Remove nvcc's intermediate files, as nvcc does (tens of MB for torch sources): those the
-    commands name, and what its tools leave beside them under the run's prefix (cicc's `.bc`
-    after an error). Kept files (`-keep`) are not temporary and stay."""
-    name = Path(id_file).name
-    if not name.startswith("tmpxft_"):
-        return code
-    stem = name.split("-")[0]  # tmpxft_<pid>_<n>
-    named = {Path(p) for c in commands for t in shlex.split(c)
-             for p in re.findall(r"[^\s=,\"]*tmpxft_[^\s=,\"]*", t)}
-    for path in named | set(Path(id_file).parent.glob(f"{stem}*")):
-        if path.is_absolute() and path.name.startswith(stem):
-            path.unlink(missing_ok=True)
-    return code
+                return code
+        return subprocess.run(["bash", "-c", _chain_script(prologue, rest)], env=env).returncode
 
 
 if __name__ == "__main__":
