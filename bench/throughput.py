@@ -1,7 +1,7 @@
 """Evaluator throughput on a fixed batch of fresh candidates (the throughput issue's benchmark).
 
     python bench/throughput.py [--device cuda] [--concurrency 4] [--kloop-root PATH] [--json F]
-                               [--compare-warmup] [--first N]
+                               [--compare-warmup] [--first N] [--warm-baselines]
     python bench/throughput.py --list
 
 The batch, all from files in this repo (30 candidates, 7 problems): the bundled examples'
@@ -18,7 +18,9 @@ first through that checkout's evaluator (for example `git worktree add /tmp/old 
 fresh process, under the same load, and the ratios are printed. With `--compare-warmup`, the
 batch runs through this checkout twice, first with `jit_warmup: off` and then with `auto`
 (the JIT warm-up pass under the shared device lock), and the ratio is printed. `--first N`
-takes only the first N candidates (a smoke run).
+takes only the first N candidates (a smoke run). `--warm-baselines` judges each problem's
+reference once before the clock starts (this checkout only), so the batch finds its baselines
+cached, as a long run does after its first candidate of each problem or `kloop baseline`.
 """
 
 from __future__ import annotations
@@ -70,17 +72,42 @@ def batch() -> list[dict]:
     return out
 
 
+def warm_baselines(items: list[dict], device: str, concurrency: int, cache: Path) -> float:
+    """Steady state before the clock starts: every problem's reference, judged as a candidate
+    once into the batch's cache, leaves its baselines there (and the template process up), as
+    `kloop baseline` leaves them for a long run. Returns the seconds it took."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from evaluator.config import EvalConfig
+    from evaluator.fair_baseline import honest_source
+    from evaluator.pipeline import evaluate
+    from problems.registry import get_problem
+
+    seen = {(it["problem"], json.dumps(it["overrides"], sort_keys=True)): it for it in items}
+    t0 = time.monotonic()
+
+    def one(item: dict) -> None:
+        source = honest_source(get_problem(item["problem"]).path.read_text())
+        evaluate(item["problem"], source, EvalConfig(device=device, cache_dir=cache,
+                                                     problem_overrides=item["overrides"]))
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(one, seen.values()))
+    return time.monotonic() - t0
+
+
 def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path | None = None,
-              jit_warmup: str = "off") -> dict:
+              jit_warmup: str = "off", warm: bool = False) -> dict:
     """Evaluate the batch with the evaluator importable here; per-candidate numbers and wall.
     Each finished row is also appended to `rows_file` (a run cut short by a time limit still
-    leaves what it finished)."""
+    leaves what it finished). `warm`: baselines first (`warm_baselines`), off the clock."""
     from concurrent.futures import ThreadPoolExecutor
 
     from evaluator.config import EvalConfig
     from evaluator.pipeline import evaluate
 
     with tempfile.TemporaryDirectory(prefix="kloop-throughput-") as cache:
+        warm_s = warm_baselines(items, device, concurrency, Path(cache)) if warm else None
         def one(item: dict) -> dict:
             cfg = EvalConfig(device=device, cache_dir=Path(cache),
                              problem_overrides=item["overrides"], jit_warmup=jit_warmup)
@@ -98,17 +125,18 @@ def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path 
             return row
 
         rows_lock = threading.Lock()
-        start = time.monotonic()
+        start, started_at = time.monotonic(), time.time()
         with ThreadPoolExecutor(concurrency) as pool:
             rows = list(pool.map(one, items))
-        return {"wall_s": time.monotonic() - start, "rows": rows}
+        return {"wall_s": time.monotonic() - start, "rows": rows, "started_at": started_at,
+                "warm_s": warm_s}
 
 
 class GpuSampler:
     """`nvidia-smi` utilisation every 0.5 s (none where there is no nvidia-smi)."""
 
     def __init__(self) -> None:
-        self.samples: list[float] = []
+        self.samples: list[tuple[float, float]] = []  # (time.time(), utilisation %)
         self._proc: subprocess.Popen | None = None
         self._thread: threading.Thread | None = None
 
@@ -128,7 +156,7 @@ class GpuSampler:
         assert self._proc is not None and self._proc.stdout is not None
         for line in self._proc.stdout:
             try:
-                self.samples.append(float(line.strip()))
+                self.samples.append((time.time(), float(line.strip())))
             except ValueError:
                 pass
 
@@ -137,8 +165,10 @@ class GpuSampler:
             self._proc.terminate()
             self._proc.wait()
 
-    def busy(self) -> float | None:
-        return sum(s > 0 for s in self.samples) / len(self.samples) if self.samples else None
+    def busy(self, since: float = 0.0) -> float | None:
+        """The busy fraction of the samples taken after `since` (the batch's start)."""
+        samples = [u for t, u in self.samples if t >= since]
+        return sum(u > 0 for u in samples) / len(samples) if samples else None
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -184,6 +214,9 @@ def main() -> int:
     ap.add_argument("--compare-warmup", action="store_true",
                     help="run the batch with jit_warmup off, then on, and print the ratio")
     ap.add_argument("--first", type=int, help="only the first N candidates")
+    ap.add_argument("--warm-baselines", action="store_true",
+                    help="judge each problem's reference once before the clock starts, so that "
+                         "the batch finds its baselines cached (a long run's steady state)")
     ap.add_argument("--trace", type=Path, help="append each candidate child's messages (arrival "
                     "and judging time, `evaluator.stages` debug log) here")
     ap.add_argument("--jit-warmup", default="off", help=argparse.SUPPRESS)
@@ -200,7 +233,7 @@ def main() -> int:
             logger.addHandler(handler)
         items = json.loads(args.inner.read_text())
         print(json.dumps(run_batch(items, args.device, args.concurrency, args.rows,
-                                   args.jit_warmup)))
+                                   args.jit_warmup, args.warm_baselines)))
         return 0
     items = batch()[:args.first] if args.first else batch()
     if args.list:
@@ -223,6 +256,7 @@ def main() -> int:
                     [sys.executable, __file__, "--inner", str(path), "--device", args.device,
                      "--concurrency", str(args.concurrency),
                      *(["--jit-warmup", warmup] if root == REPO else []),
+                     *(["--warm-baselines"] if args.warm_baselines and root == REPO else []),
                      *(["--rows", str(args.rows.resolve())] if args.rows else []),
                      *(["--trace", str(args.trace.resolve())] if args.trace else [])],
                     capture_output=True, text=True, cwd=root,
@@ -231,7 +265,9 @@ def main() -> int:
                 print(f"{name}: failed ({p.returncode}): {p.stderr[-3000:]}")
                 return 1
             res = json.loads(p.stdout.strip().splitlines()[-1])
-            res["gpu_busy"] = gpu.busy()
+            res["gpu_busy"] = gpu.busy(since=res.get("started_at", 0.0))
+            if res.get("warm_s") is not None:
+                print(f"{name}: baselines warmed in {res['warm_s']:.1f} s before the clock started")
             results[name] = report(name, res, len(items))
     for other in ("baseline", "warm-up off"):
         if other in results:
