@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from evaluator.build import nvcc_parallel
 from evaluator.build.diagnostics import build_source_map, make_compile_log, parse_nvcc_log
 from evaluator.build.nvcc import (
     CPP_IMPLICIT_HEADERS,
@@ -75,8 +76,9 @@ class BuildRecord(BaseModel):
     """The cache entry (build mode) or check directory (check mode)."""
     compile: CompileLog | None = None
     parallel_nvcc: bool = False
-    """Built with `evaluator.build.nvcc_parallel` as torch's nvcc (which runs plain nvcc for
-    anything it cannot split)."""
+    """Built with `evaluator.build.nvcc_parallel` as torch's nvcc."""
+    nvcc_runs: list[str] = []
+    """What each of its runs did: `split` (host and device chains side by side) or `plain: <why>`."""
 
 
 BUILD_RECORDS: list[BuildRecord] = []
@@ -224,6 +226,17 @@ def _publish(tmp: Path, entry: Path, result: Any, args: dict[str, Any]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _nvcc_runs(report: Path) -> list[str]:
+    """What `evaluator.build.nvcc_parallel` reported for this build (the file goes: it is not
+    part of what is published)."""
+    try:
+        runs = report.read_text().splitlines()[:16]
+    except OSError:
+        return []
+    report.unlink(missing_ok=True)
+    return runs
+
+
 def _use_parallel_nvcc() -> bool:
     """Make torch's build call `evaluator.build.nvcc_parallel` as its nvcc (this process is the
     compile child: the setting dies with it). Not when the user chose an nvcc (`PYTORCH_NVCC`)
@@ -275,21 +288,26 @@ def _build(args: dict[str, Any], key: str) -> Any:
     call = dict(args, build_directory=str(tmp))
     call["cpp_sources"], call["cuda_sources"] = list(args["cpp_sources"]), list(args["cuda_sources"])
     parallel = bool(call["cuda_sources"]) and _use_parallel_nvcc()
+    report = tmp / "nvcc-runs.txt"
+    os.environ[nvcc_parallel.REPORT_ENV] = str(report)
     try:
         result = st.real(**call)
     except Exception as exc:
         clog = _failed_log(exc, args, st.cache_root / "logs" / f"{key}.log")
         BUILD_RECORDS.append(BuildRecord(
             name=args["name"], key=key, mode="build", cache_hit=False, ok=False,
-            seconds=time.monotonic() - start, compile=clog, parallel_nvcc=parallel))
+            seconds=time.monotonic() - start, compile=clog, parallel_nvcc=parallel,
+            nvcc_runs=_nvcc_runs(report)))
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    runs = _nvcc_runs(report)
     _publish(tmp, entry, result, args)
     if args.get("is_python_module", True):
         LOADED_MODULES.append(result)
     BUILD_RECORDS.append(BuildRecord(
         name=args["name"], key=key, mode="build", cache_hit=False, ok=True,
-        seconds=time.monotonic() - start, path=str(entry), parallel_nvcc=parallel))
+        seconds=time.monotonic() - start, path=str(entry), parallel_nvcc=parallel,
+        nvcc_runs=runs))
     return result
 
 

@@ -28,6 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+SHELL = "/bin/sh"  # what ninja runs commands with; the scripts here are POSIX
+REPORT_ENV = "KLOOP_NVCC_REPORT"
 _ASSIGN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 _GEN_ID = "--gen_module_id_file"
 _ID_FILE = "--module_id_file_name"
@@ -109,7 +111,7 @@ def _chain_script(prologue: str, chain: list[str]) -> str:
 def _run_chain(prologue: str, chain: list[str], out: Path,
                env: dict[str, str]) -> subprocess.Popen:
     with out.open("wb") as f:
-        return subprocess.Popen(["bash", "-c", _chain_script(prologue, chain)], stdout=f,
+        return subprocess.Popen([SHELL, "-c", _chain_script(prologue, chain)], stdout=f,
                                 stderr=subprocess.STDOUT, env=env)
 
 
@@ -125,9 +127,16 @@ def run(args: list[str]) -> int:
         work = Path(tmp) / "tmp"
         work.mkdir()
         env = {**os.environ, "TMPDIR": str(work)}
-        planned = dryrun(nvcc, args, env)
-        parts = split(planned[1]) if planned else None
-        if planned is None or parts is None or source is None:
+        try:
+            planned = dryrun(nvcc, args, env) if source is not None else None
+            parts = split(planned[1]) if planned else None
+        except (OSError, ValueError) as exc:  # no shell-like output to split: nvcc's own way
+            planned, parts = None, None
+            _report(f"plain: {type(exc).__name__}: {exc}")
+        if planned is None or parts is None:
+            _report("plain: " + ("no .cu source" if source is None else
+                                 "nvcc refused the arguments" if planned is None else
+                                 "not one architecture's host and device chains"))
             return subprocess.run([nvcc, *args]).returncode
         host, device, rest, id_file = parts
         prologue = "\n".join(_exports(planned[0]))
@@ -136,12 +145,22 @@ def run(args: list[str]) -> int:
         procs = [_run_chain(prologue, host, logs[0], env),
                  _run_chain(prologue, device, logs[1], env)]
         codes = [p.wait() for p in procs]
+        _report("split")
         for log, code in zip(logs, codes, strict=True):
             sys.stderr.buffer.write(log.read_bytes())
             sys.stderr.flush()
             if code != 0:  # nvcc stops at the first failing command: the host chain runs first
                 return code
-        return subprocess.run(["bash", "-c", _chain_script(prologue, rest)], env=env).returncode
+        return subprocess.run([SHELL, "-c", _chain_script(prologue, rest)], env=env).returncode
+
+
+def _report(outcome: str) -> None:
+    """One line per run to the file `KLOOP_NVCC_REPORT` names (kloop's build records what
+    happened: `split` or `plain: <why>`)."""
+    path = os.environ.get(REPORT_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(outcome.replace("\n", " ") + "\n")
 
 
 if __name__ == "__main__":

@@ -112,3 +112,23 @@ def test_what_it_cannot_split_runs_as_plain_nvcc(tmp_path):
     assert "k.cu" in (tmp_path / "deps" / "k.o.d").read_text()
     bad = _compile(PARALLEL, tmp_path / "bad", SOURCE, "--no-such-flag")
     assert bad.returncode != 0 and "no-such-flag" in bad.stdout + bad.stderr
+
+
+def test_it_splits_in_the_environment_compile_children_get(tmp_path):
+    """The compile child's scrubbed environment (`sandbox.child_env`) is all a build gets: the
+    split still happens there, and each run says what it did."""
+    from evaluator.sandbox import child_env
+
+    (tmp_path / "home" / "tmp").mkdir(parents=True)
+    env = child_env(tmp_path / "home", "cpu")
+    env[nvcc_parallel.REPORT_ENV] = str(tmp_path / "runs.txt")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "k.cu").write_text(SOURCE)
+    for extra in ([], ["-gencode=arch=compute_80,code=sm_80"]):
+        r = subprocess.run([sys.executable, str(WRAPPER), "--nvcc", shutil.which("nvcc"), "-c",
+                            ARCH, *extra, "k.cu", "-o", "k.o"], cwd=work, env=env,
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    runs = (tmp_path / "runs.txt").read_text().splitlines()
+    assert runs == ["split", "plain: not one architecture's host and device chains"]
