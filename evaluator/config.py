@@ -185,7 +185,9 @@ class EvalConfig(BaseModel):
     candidates per GPU-hour with it; `correctness` under the exclusive lock stayed 4-6 s,
     although the candidate child compiled no kernel: it was the profiler's import of
     torch._dynamo, now done once in the template process; GPU_VALIDATION.md, sessions 8-9).
-    Worth measuring again now that those seconds are gone."""
+    Measured again without those seconds (session 10): the exclusive hold of a Triton candidate
+    2.54 -> 1.85 s, but 1.02x candidates per GPU-hour on a batch whose first baselines set the
+    pace; next: the steady state (`bench/throughput.py --warm-baselines`)."""
     template_process: bool = True
     """Start reference, candidate and compile children as forks of a template process that has
     imported torch and kloop's worker modules but never touched the device (Linux; elsewhere,
