@@ -178,7 +178,8 @@ def test_every_rule_has_a_bad_snippet_and_a_rationale():
 # Honest candidates written for the evaluator-core tests (checked when present).
 HONEST_CANDIDATES = ["mlp_triton.py", "lenet_triton.py", "relu_attention_triton.py",
                      "mlp_torch.py", "attention_cuda.py", "mlp_cuda_relu.py",
-                     "resnet_block_bn_relu_cuda.py", "wrong_tile_triton.py", "off_by_little.py"]
+                     "resnet_block_bn_relu_cuda.py", "lenet_cuda_relu.py", "wrong_tile_triton.py",
+                     "off_by_little.py"]
 
 
 def test_honest_candidates_are_silent():
