@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -127,31 +128,64 @@ def run(args: list[str]) -> int:
         work = Path(tmp) / "tmp"
         work.mkdir()
         env = {**os.environ, "TMPDIR": str(work)}
-        try:
-            planned = dryrun(nvcc, args, env) if source is not None else None
-            parts = split(planned[1]) if planned else None
-        except (OSError, ValueError) as exc:  # no shell-like output to split: nvcc's own way
-            planned, parts = None, None
-            _report(f"plain: {type(exc).__name__}: {exc}")
+        planned = parts = None
+        why = "no .cu source"
+        if source is not None:
+            try:
+                planned = dryrun(nvcc, args, env)
+                parts = split(planned[1]) if planned else None
+                why = "nvcc refused the arguments" if planned is None else \
+                    "not one architecture's host and device chains"
+            except (OSError, ValueError) as exc:  # nothing to split: nvcc's own way
+                planned, why = None, f"{type(exc).__name__}: {exc}"
         if planned is None or parts is None:
-            _report("plain: " + ("no .cu source" if source is None else
-                                 "nvcc refused the arguments" if planned is None else
-                                 "not one architecture's host and device chains"))
+            _report(f"plain: {why}")
             return subprocess.run([nvcc, *args]).returncode
+        _report("split")
         host, device, rest, id_file = parts
         prologue = "\n".join(_exports(planned[0]))
         Path(id_file).write_text(module_id(source))
         logs = [Path(tmp) / "host.log", Path(tmp) / "device.log"]
-        procs = [_run_chain(prologue, host, logs[0], env),
-                 _run_chain(prologue, device, logs[1], env)]
-        codes = [p.wait() for p in procs]
-        _report("split")
-        for log, code in zip(logs, codes, strict=True):
-            sys.stderr.buffer.write(log.read_bytes())
-            sys.stderr.flush()
-            if code != 0:  # nvcc stops at the first failing command: the host chain runs first
-                return code
+        hosting = _run_chain(prologue, host, logs[0], env)
+        devicing = _run_chain(prologue, device, logs[1], env)
+        # nvcc runs the host chain first and stops at the first failing command: so does this.
+        if (code := hosting.wait()) != 0:
+            _kill_tree(devicing.pid)
+            devicing.wait()
+            return _relay(logs[0], code)
+        _relay(logs[0], 0)
+        if (code := devicing.wait()) != 0:
+            return _relay(logs[1], code)
+        _relay(logs[1], 0)
         return subprocess.run([SHELL, "-c", _chain_script(prologue, rest)], env=env).returncode
+
+
+def _kill_tree(pid: int) -> None:
+    """Kill a chain's shell and the tool it is running (they share our process group, so a
+    timeout that kills the build's group still reaches them; here only the chain goes)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    todo, tree = [pid], []
+    while todo:
+        tree.append(todo.pop())
+        todo.extend(children.get(tree[-1], []))
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _relay(log: Path, code: int) -> int:
+    """A chain's output to our stderr, as nvcc passes its tools' output on; returns `code`."""
+    sys.stderr.buffer.write(log.read_bytes())
+    sys.stderr.flush()
+    return code
 
 
 def _report(outcome: str) -> None:
