@@ -45,13 +45,16 @@ def nvcc_binary() -> str:
 
 def dryrun(nvcc: str, args: list[str], env: dict[str, str] | None = None,
            ) -> tuple[list[str], list[str]] | None:
-    """nvcc's environment lines and commands for `args`, or None if it would not run them."""
+    """nvcc's variables and commands for `args`; None if it would not run them, or if it sets a
+    variable between two commands (the chains here share one prologue)."""
     r = subprocess.run([nvcc, "--dryrun", *args], capture_output=True, text=True, env=env)
     if r.returncode != 0:
         return None
     lines = [ln[3:] for ln in r.stderr.splitlines() if ln.startswith("#$ ")]
     env = [ln for ln in lines if _ASSIGN.match(ln)]
-    return env, [ln for ln in lines if not _ASSIGN.match(ln)]
+    if lines[:len(env)] != env:  # a variable set between commands: not one prologue's worth
+        return None
+    return env, lines[len(env):]
 
 
 def _tool(command: str) -> str:
@@ -134,7 +137,8 @@ def run(args: list[str]) -> int:
             try:
                 planned = dryrun(nvcc, args, env)
                 parts = split(planned[1]) if planned else None
-                why = "nvcc refused the arguments" if planned is None else \
+                why = "no dryrun to split (nvcc refused the arguments or set variables " \
+                    "between commands)" if planned is None else \
                     "not one architecture's host and device chains"
             except (OSError, ValueError) as exc:  # nothing to split: nvcc's own way
                 planned, why = None, f"{type(exc).__name__}: {exc}"
