@@ -243,15 +243,15 @@ def _use_parallel_nvcc() -> bool:
     or torch has no CUDA home. Without nvcc's `-MD` dependency output (a step nvcc runs
     internally, which the split cannot): every build gets a fresh directory, so ninja never
     reads it."""
-    if "PYTORCH_NVCC" in os.environ:
-        return False
     from torch.utils import cpp_extension
 
     home = getattr(cpp_extension, "CUDA_HOME", None)
     if not home or not (Path(home) / "bin" / "nvcc").is_file():
         return False
-    os.environ["PYTORCH_NVCC"] = shlex.join([sys.executable, str(NVCC_PARALLEL), "--nvcc",
-                                             str(Path(home) / "bin" / "nvcc")])
+    ours = shlex.join([sys.executable, str(NVCC_PARALLEL), "--nvcc",
+                       str(Path(home) / "bin" / "nvcc")])
+    if os.environ.setdefault("PYTORCH_NVCC", ours) != ours:
+        return False
     os.environ["TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"] = "1"
     return True
 

@@ -133,6 +133,7 @@ from torch.utils import cpp_extension
 from evaluator.build import buildcache
 cpp_extension.CUDA_HOME = sys.argv[1] or None  # what a CUDA build of torch finds (CPU: None)
 first = buildcache._use_parallel_nvcc()
+assert buildcache._use_parallel_nvcc() == first  # a second load_inline of the same process
 print(json.dumps({"first": first, "nvcc": os.environ.get("PYTORCH_NVCC"),
                   "deps": os.environ.get("TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES")}))
 """
