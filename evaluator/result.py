@@ -82,6 +82,9 @@ class CompileLog(_Record):
     resources: list[KernelResources] = Field(default_factory=list)
     seconds: float | None = None
     """Wall time of the build or check (near zero on a cache hit)."""
+    nvcc_runs: list[str] = Field(default_factory=list)
+    """GPU builds: what each nvcc run did, as the compile child reported it
+    (`evaluator.build.nvcc_parallel`: `split`, or `plain: <why>`)."""
 
 
 class WorstElement(_Record):

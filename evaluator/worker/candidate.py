@@ -291,8 +291,9 @@ def builds_log() -> CompileLog | None:
 
     if not BUILD_RECORDS:
         return None
-    logs = [r.compile or CompileLog(backend="cuda", ok=r.ok, cache_hit=r.cache_hit,
-                                    seconds=r.seconds) for r in BUILD_RECORDS]
+    logs = [(r.compile or CompileLog(backend="cuda", ok=r.ok, cache_hit=r.cache_hit,
+                                     seconds=r.seconds)).model_copy(update={"nvcc_runs": r.nvcc_runs})
+            for r in BUILD_RECORDS]
     if len(logs) == 1:
         return logs[0]
     return logs[0].model_copy(update={
@@ -303,6 +304,7 @@ def builds_log() -> CompileLog | None:
         "cache_hit": all(x.cache_hit for x in logs),
         "resources": [r for x in logs for r in x.resources],
         "seconds": sum(x.seconds or 0.0 for x in logs),
+        "nvcc_runs": [run for x in logs for run in x.nvcc_runs],
     })
 
 

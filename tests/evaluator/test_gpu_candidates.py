@@ -177,3 +177,18 @@ def test_a_profiled_process_launches_as_fast_afterwards_with_the_childrens_envir
     finally:
         os.environ.pop("TEARDOWN_CUPTI", None)
     assert r["after"] / r["before"] < 1.25, r
+
+
+def test_a_real_cuda_build_splits_and_its_errors_point_into_the_candidate(tmp_path):
+    """Builds on the GPU machine go through the parallel nvcc (evaluator.build.nvcc_parallel)
+    inside the evaluator's compile child: an honest extension builds and is correct, and an nvcc
+    error comes back at the candidate's own line, as the CPU compile check reports it."""
+    config = gpu_config(tmp_path / "cache", problem_overrides=MLP_SMALL, baselines="none")
+    bad, good = evaluate_many([("L3/1", candidate("cuda_compile_error.py")),
+                               ("L3/1", candidate("mlp_cuda_relu.py"))], config, max_workers=2)
+    assert (bad.status, bad.stage_reached) == ("compile_error", "compile"), bad.error
+    assert any(d.file == "candidate.py" and d.line == 12 and '"zero" is undefined' in d.message
+               for d in bad.compile.diagnostics), bad.compile
+    assert bad.compile.nvcc_runs == ["split"], bad.compile
+    assert good.status == "correct", good.error
+    assert good.compile is not None and good.compile.nvcc_runs == ["split"], good.compile
