@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 SHELL = "/bin/sh"  # what ninja runs commands with; the scripts here are POSIX
 REPORT_ENV = "KLOOP_NVCC_REPORT"
@@ -43,18 +44,26 @@ def nvcc_binary() -> str:
     return "nvcc"
 
 
-def dryrun(nvcc: str, args: list[str], env: dict[str, str] | None = None,
-           ) -> tuple[list[str], list[str]] | None:
+class Plan(NamedTuple):
+    variables: list[str]
+    commands: list[str]
+    said: str
+    """What nvcc itself printed besides its commands (its own warnings), to pass on."""
+
+
+def dryrun(nvcc: str, args: list[str], env: dict[str, str] | None = None) -> Plan | None:
     """nvcc's variables and commands for `args`; None if it would not run them, or if it sets a
     variable between two commands (the chains here share one prologue)."""
     r = subprocess.run([nvcc, "--dryrun", *args], capture_output=True, text=True, env=env)
     if r.returncode != 0:
         return None
-    lines = [ln[3:] for ln in r.stderr.splitlines() if ln.startswith("#$ ")]
-    env = [ln for ln in lines if _ASSIGN.match(ln)]
-    if lines[:len(env)] != env:  # a variable set between commands: not one prologue's worth
+    out = r.stderr.splitlines()
+    lines = [ln[3:] for ln in out if ln.startswith("#$ ")]
+    variables = [ln for ln in lines if _ASSIGN.match(ln)]
+    if lines[:len(variables)] != variables:  # set between commands: not one prologue's worth
         return None
-    return env, lines[len(env):]
+    said = "".join(ln + "\n" for ln in out if not ln.startswith("#$ "))
+    return Plan(variables, lines[len(variables):], r.stdout + said)
 
 
 def _tool(command: str) -> str:
@@ -136,7 +145,7 @@ def run(args: list[str]) -> int:
         if source is not None:
             try:
                 planned = dryrun(nvcc, args, env)
-                parts = split(planned[1]) if planned else None
+                parts = split(planned.commands) if planned else None
                 why = "no dryrun to split (nvcc refused the arguments or set variables " \
                     "between commands)" if planned is None else \
                     "not one architecture's host and device chains"
@@ -147,7 +156,8 @@ def run(args: list[str]) -> int:
             return subprocess.run([nvcc, *args]).returncode
         _report("split")
         host, device, rest, id_file = parts
-        prologue = "\n".join(_exports(planned[0]))
+        prologue = "\n".join(_exports(planned.variables))
+        sys.stderr.write(planned.said)  # nvcc's own warnings come before its tools' output
         Path(id_file).write_text(module_id(source))
         logs = [Path(tmp) / "host.log", Path(tmp) / "device.log"]
         hosting = _run_chain(prologue, host, logs[0], env)

@@ -50,8 +50,11 @@ PARALLEL = [sys.executable, str(WRAPPER)]
 def _normalised(path: Path) -> str:
     """A kept file with the ids nvcc draws at random on every run replaced."""
     text = path.read_text(errors="replace")
-    module_id = (path.parent / "k.module_id").read_text().strip()
-    text = text.replace(module_id, "MODULE_ID")
+    core = (path.parent / "k.module_id").read_text().strip().lstrip("_")
+    # As text, and as the bytes that -rdc (hex) and debug info (decimal) embed.
+    for form in (core, ",".join(f"0x{b:02x}" for b in core.encode()),
+                 ",".join(str(b) for b in core.encode())):
+        text = text.replace(form, "MODULE_ID")
     return re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__ID_", text)
 
 
@@ -59,7 +62,7 @@ def test_the_commands_split_into_a_host_and_a_device_chain(tmp_path):
     (tmp_path / "k.cu").write_text(SOURCE)
     planned = nvcc_parallel.dryrun("nvcc", ["-c", ARCH, str(tmp_path / "k.cu"), "-o", "k.o"])
     assert planned is not None
-    parts = nvcc_parallel.split(planned[1])
+    parts = nvcc_parallel.split(planned.commands)
     assert parts is not None
     host, device, rest, id_file = parts
     assert "cudafe++" in host[1] and "--gen_module_id_file" not in host[1]
@@ -69,13 +72,29 @@ def test_the_commands_split_into_a_host_and_a_device_chain(tmp_path):
     # Two architectures: nvcc's own order (its --threads works across architectures).
     two = nvcc_parallel.dryrun("nvcc", ["-c", ARCH, "-gencode=arch=compute_80,code=sm_80",
                                         str(tmp_path / "k.cu"), "-o", "k.o"])
-    assert two is not None and nvcc_parallel.split(two[1]) is None
+    assert two is not None and nvcc_parallel.split(two.commands) is None
 
 
-def test_every_file_nvcc_keeps_is_the_same_as_plain_nvccs(tmp_path):
-    plain = _compile(PLAIN, tmp_path / "plain", SOURCE, ARCH, "-keep")
-    par = _compile(PARALLEL, tmp_path / "parallel", SOURCE, ARCH, "-keep")
+@pytest.mark.parametrize("flags", [
+    [ARCH],
+    ["-gencode=arch=compute_90,code=[sm_90,compute_90]"],  # TORCH_CUDA_ARCH_LIST="9.0+PTX"
+    ["-rdc=true", "-G", "-lineinfo", ARCH],
+    ["--use_fast_math", "-Xptxas", "-v", "-DSCALE=3", ARCH],
+], ids=["sm90", "sm90+ptx", "rdc-debug", "fast-math-ptxas-v"])
+def test_every_file_nvcc_keeps_is_the_same_as_plain_nvccs(tmp_path, flags):
+    # One after the other in one directory: debug info names the source's absolute path.
+    done = {}
+    for label, tool in (("plain", PLAIN), ("parallel", PARALLEL)):
+        done[label] = _compile(tool, tmp_path / "work", SOURCE, *flags, "-keep")
+        (tmp_path / label).mkdir()
+        for kept in (tmp_path / "work").glob("k.*"):
+            if kept.name != "k.cu":
+                kept.rename(tmp_path / label / kept.name)
+    plain, par = done["plain"], done["parallel"]
     assert plain.returncode == par.returncode == 0, par.stderr
+    # The same report (ptxas -v's, nvcc's own warnings), but for ptxas's compile time.
+    said = [re.sub(r"time = [0-9.]+ ms", "time = T ms", p.stdout + p.stderr) for p in (plain, par)]
+    assert said[0] == said[1]
     kept = sorted(p.name for p in (tmp_path / "plain").iterdir() if p.name.startswith("k."))
     assert kept == sorted(p.name for p in (tmp_path / "parallel").iterdir()
                           if p.name.startswith("k."))
