@@ -20,6 +20,7 @@ reads whatever the candidate did with the exception.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import inspect
@@ -33,7 +34,7 @@ import sys
 import sysconfig
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -226,6 +227,22 @@ def _publish(tmp: Path, entry: Path, result: Any, args: dict[str, Any]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _env(values: dict[str, str]) -> Iterator[None]:
+    """`values` in the environment for the block only (the hook may run in a caller's own
+    process, not only in a compile child)."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _nvcc_runs(report: Path) -> list[str]:
     """What `evaluator.build.nvcc_parallel` reported for this build (the file goes: it is not
     part of what is published)."""
@@ -237,23 +254,19 @@ def _nvcc_runs(report: Path) -> list[str]:
     return runs
 
 
-def _use_parallel_nvcc() -> bool:
-    """Make torch's build call `evaluator.build.nvcc_parallel` as its nvcc (this process is the
-    compile child: the setting dies with it). Not when the user chose an nvcc (`PYTORCH_NVCC`)
-    or torch has no CUDA home. Without nvcc's `-MD` dependency output (a step nvcc runs
-    internally, which the split cannot): every build gets a fresh directory, so ninja never
-    reads it."""
+def parallel_nvcc_env() -> dict[str, str]:
+    """The environment under which torch's build calls `evaluator.build.nvcc_parallel` as its
+    nvcc; empty when the user chose an nvcc (`PYTORCH_NVCC`) or torch has no CUDA home. Without
+    nvcc's `-MD` dependency output (a step nvcc runs internally, which the split cannot): every
+    build gets a fresh directory, so ninja never reads it."""
     from torch.utils import cpp_extension
 
     home = getattr(cpp_extension, "CUDA_HOME", None)
-    if not home or not (Path(home) / "bin" / "nvcc").is_file():
-        return False
-    ours = shlex.join([sys.executable, str(NVCC_PARALLEL), "--nvcc",
-                       str(Path(home) / "bin" / "nvcc")])
-    if os.environ.setdefault("PYTORCH_NVCC", ours) != ours:
-        return False
-    os.environ["TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"] = "1"
-    return True
+    if not home or not (Path(home) / "bin" / "nvcc").is_file() or "PYTORCH_NVCC" in os.environ:
+        return {}
+    return {"PYTORCH_NVCC": shlex.join([sys.executable, str(NVCC_PARALLEL), "--nvcc",
+                                        str(Path(home) / "bin" / "nvcc")]),
+            "TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES": "1"}
 
 
 def _hit(key: str) -> Path | None:
@@ -287,16 +300,16 @@ def _build(args: dict[str, Any], key: str) -> Any:
     tmp.mkdir(parents=True)
     call = dict(args, build_directory=str(tmp))
     call["cpp_sources"], call["cuda_sources"] = list(args["cpp_sources"]), list(args["cuda_sources"])
-    parallel = bool(call["cuda_sources"]) and _use_parallel_nvcc()
+    env = parallel_nvcc_env() if call["cuda_sources"] else {}
     report = tmp / "nvcc-runs.txt"
-    os.environ[nvcc_parallel.REPORT_ENV] = str(report)
     try:
-        result = st.real(**call)
+        with _env({**env, nvcc_parallel.REPORT_ENV: str(report)}):
+            result = st.real(**call)
     except Exception as exc:
         clog = _failed_log(exc, args, st.cache_root / "logs" / f"{key}.log")
         BUILD_RECORDS.append(BuildRecord(
             name=args["name"], key=key, mode="build", cache_hit=False, ok=False,
-            seconds=time.monotonic() - start, compile=clog, parallel_nvcc=parallel,
+            seconds=time.monotonic() - start, compile=clog, parallel_nvcc=bool(env),
             nvcc_runs=_nvcc_runs(report)))
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -306,7 +319,7 @@ def _build(args: dict[str, Any], key: str) -> Any:
         LOADED_MODULES.append(result)
     BUILD_RECORDS.append(BuildRecord(
         name=args["name"], key=key, mode="build", cache_hit=False, ok=True,
-        seconds=time.monotonic() - start, path=str(entry), parallel_nvcc=parallel,
+        seconds=time.monotonic() - start, path=str(entry), parallel_nvcc=bool(env),
         nvcc_runs=runs))
     return result
 

@@ -206,9 +206,13 @@ def _report(outcome: str) -> None:
     """One line per run to the file `KLOOP_NVCC_REPORT` names (kloop's build records what
     happened: `split` or `plain: <why>`)."""
     path = os.environ.get(REPORT_ENV)
-    if path:
+    if not path:
+        return
+    try:
         with open(path, "a") as f:
             f.write(outcome.replace("\n", " ") + "\n")
+    except OSError:  # a report is never worth a failed build
+        pass
 
 
 if __name__ == "__main__":

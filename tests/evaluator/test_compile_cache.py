@@ -132,10 +132,7 @@ import json, os, sys
 from torch.utils import cpp_extension
 from evaluator.build import buildcache
 cpp_extension.CUDA_HOME = sys.argv[1] or None  # what a CUDA build of torch finds (CPU: None)
-first = buildcache._use_parallel_nvcc()
-assert buildcache._use_parallel_nvcc() == first  # a second load_inline of the same process
-print(json.dumps({"first": first, "nvcc": os.environ.get("PYTORCH_NVCC"),
-                  "deps": os.environ.get("TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES")}))
+print(json.dumps({"env": buildcache.parallel_nvcc_env(), "left": os.environ.get("PYTORCH_NVCC")}))
 """
 
 
@@ -153,12 +150,32 @@ def test_torchs_build_calls_the_parallel_nvcc_unless_the_user_chose_one():
     if home is None:
         pytest.skip("no CUDA home with bin/nvcc")
     got = _parallel_nvcc_env(home)
-    assert got["first"] is True and got["deps"] == "1"
-    assert str(buildcache.NVCC_PARALLEL) in got["nvcc"] and f"--nvcc {home}/bin/nvcc" in got["nvcc"]
+    assert got["env"]["TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"] == "1"
+    nvcc = got["env"]["PYTORCH_NVCC"]
+    assert str(buildcache.NVCC_PARALLEL) in nvcc and f"--nvcc {home}/bin/nvcc" in nvcc
+    assert got["left"] is None  # only returned: the build sets it for its own duration
     got = _parallel_nvcc_env(home, PYTORCH_NVCC="ccache nvcc")
-    assert (got["first"], got["nvcc"], got["deps"]) == (False, "ccache nvcc", None)
-    got = _parallel_nvcc_env("")
-    assert (got["first"], got["nvcc"]) == (False, None)
+    assert (got["env"], got["left"]) == ({}, "ccache nvcc")
+    assert _parallel_nvcc_env("")["env"] == {}
+
+
+CPU_SCRIPT_ENV_AFTER = """
+import json, os, sys
+from pathlib import Path
+from evaluator.build import buildcache
+buildcache.install_load_inline_cache(Path(sys.argv[1]), arch=None)
+from torch.utils.cpp_extension import load_inline
+load_inline(name="kloop_cpu_twice_env", cpp_sources={src!r}, no_implicit_headers=True)
+print(json.dumps({{k: os.environ.get(k) for k in ("KLOOP_NVCC_REPORT", "PYTORCH_NVCC")}}))
+"""
+
+
+def test_a_build_in_the_callers_process_leaves_its_environment_as_it_was(tmp_path):
+    proc = _spawn(CPU_SCRIPT_ENV_AFTER.format(src=CPU_EXT), str(tmp_path / "cache"))
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert json.loads(out.strip().splitlines()[-1]) == {"KLOOP_NVCC_REPORT": None,
+                                                        "PYTORCH_NVCC": None}
 
 
 def test_arch_spellings():
