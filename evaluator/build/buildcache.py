@@ -76,10 +76,9 @@ class BuildRecord(BaseModel):
     path: str | None = None
     """The cache entry (build mode) or check directory (check mode)."""
     compile: CompileLog | None = None
-    parallel_nvcc: bool = False
-    """Built with `evaluator.build.nvcc_parallel` as torch's nvcc."""
     nvcc_runs: list[str] = []
-    """What each of its runs did: `split` (host and device chains side by side) or `plain: <why>`."""
+    """Each run of `evaluator.build.nvcc_parallel` (torch's nvcc in a GPU build): `split` (host
+    and device chains side by side) or `plain: <why>`; empty when it did not run."""
 
 
 BUILD_RECORDS: list[BuildRecord] = []
@@ -309,7 +308,7 @@ def _build(args: dict[str, Any], key: str) -> Any:
         clog = _failed_log(exc, args, st.cache_root / "logs" / f"{key}.log")
         BUILD_RECORDS.append(BuildRecord(
             name=args["name"], key=key, mode="build", cache_hit=False, ok=False,
-            seconds=time.monotonic() - start, compile=clog, parallel_nvcc=bool(env),
+            seconds=time.monotonic() - start, compile=clog,
             nvcc_runs=_nvcc_runs(report)))
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -319,8 +318,7 @@ def _build(args: dict[str, Any], key: str) -> Any:
         LOADED_MODULES.append(result)
     BUILD_RECORDS.append(BuildRecord(
         name=args["name"], key=key, mode="build", cache_hit=False, ok=True,
-        seconds=time.monotonic() - start, path=str(entry), parallel_nvcc=bool(env),
-        nvcc_runs=runs))
+        seconds=time.monotonic() - start, path=str(entry), nvcc_runs=runs))
     return result
 
 

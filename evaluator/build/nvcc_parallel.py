@@ -37,13 +37,6 @@ _GEN_ID = "--gen_module_id_file"
 _ID_FILE = "--module_id_file_name"
 
 
-def nvcc_binary() -> str:
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home and (Path(home) / "bin" / "nvcc").is_file():
-        return str(Path(home) / "bin" / "nvcc")
-    return "nvcc"
-
-
 class Plan(NamedTuple):
     variables: list[str]
     commands: list[str]
@@ -129,8 +122,8 @@ def _run_chain(prologue: str, chain: list[str], out: Path,
 
 
 def run(args: list[str]) -> int:
-    nvcc = nvcc_binary()
-    if args[:1] == ["--nvcc"]:  # torch's own nvcc, as kloop's build passes it
+    nvcc = "nvcc"  # on PATH, unless given: kloop's build passes torch's own
+    if args[:1] == ["--nvcc"]:
         nvcc, args = args[1], args[2:]
     source = next((a for a in args if a.endswith(".cu")), None)
     with tempfile.TemporaryDirectory(prefix="kloop-nvcc-") as tmp:
