@@ -88,8 +88,11 @@ def warm_baselines(items: list[dict], device: str, concurrency: int, cache: Path
 
     def one(item: dict) -> None:
         source = honest_source(get_problem(item["problem"]).path.read_text())
-        evaluate(item["problem"], source, EvalConfig(device=device, cache_dir=cache,
-                                                     problem_overrides=item["overrides"]))
+        t = time.monotonic()
+        r = evaluate(item["problem"], source, EvalConfig(device=device, cache_dir=cache,
+                                                         problem_overrides=item["overrides"]))
+        print(f"warm {item['problem']} {item['overrides'] or 'full size'}: {r.status} in "
+              f"{time.monotonic() - t:.1f} s", file=sys.stderr, flush=True)
 
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(one, seen.values()))
@@ -108,6 +111,8 @@ def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path 
 
     with tempfile.TemporaryDirectory(prefix="kloop-throughput-") as cache:
         warm_s = warm_baselines(items, device, concurrency, Path(cache)) if warm else None
+        if warm_s is not None:  # stderr reaches the step's log as it happens (a cut run too)
+            print(f"baselines warmed in {warm_s:.1f} s", file=sys.stderr, flush=True)
         def one(item: dict) -> dict:
             cfg = EvalConfig(device=device, cache_dir=Path(cache),
                              problem_overrides=item["overrides"], jit_warmup=jit_warmup)
@@ -119,9 +124,12 @@ def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path 
                 status, stages = f"error: {type(e).__name__}: {e}"[:120], {}
             row = {"label": item["label"], "status": status, "stages": stages,
                    "wall_s": time.monotonic() - t0, "done_at_s": time.monotonic() - start}
-            if rows_file is not None:
-                with rows_lock, rows_file.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
+            with rows_lock:
+                print(f"{row['done_at_s']:7.1f} s  {item['label']:42} {status}", file=sys.stderr,
+                      flush=True)
+                if rows_file is not None:
+                    with rows_file.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
             return row
 
         rows_lock = threading.Lock()
@@ -259,10 +267,10 @@ def main() -> int:
                      *(["--warm-baselines"] if args.warm_baselines and root == REPO else []),
                      *(["--rows", str(args.rows.resolve())] if args.rows else []),
                      *(["--trace", str(args.trace.resolve())] if args.trace else [])],
-                    capture_output=True, text=True, cwd=root,
+                    stdout=subprocess.PIPE, text=True, cwd=root,  # progress: on stderr
                     env={**os.environ, "PYTHONPATH": str(root)})
             if p.returncode != 0:
-                print(f"{name}: failed ({p.returncode}): {p.stderr[-3000:]}")
+                print(f"{name}: failed ({p.returncode}); its output is above")
                 return 1
             res = json.loads(p.stdout.strip().splitlines()[-1])
             res["gpu_busy"] = gpu.busy(since=res.get("started_at", 0.0))

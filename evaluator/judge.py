@@ -202,7 +202,11 @@ def on_message(run: EvalRun, job: CandidateJob, seq: Sequence, child: Any, msg: 
     elif isinstance(msg, ProfileMsg):
         run.record(Profiled(summary=msg.summary))
     elif isinstance(msg, CompileMsg):
-        run.record(Built(log=msg.log))
+        # The compile stage's log says how the source was built (nvcc's diagnostics, the split);
+        # loading the store's verified copy only adds news when it failed or built something
+        # the compile stage did not.
+        if run.compile is None or not (msg.log.ok and msg.log.cache_hit):
+            run.record(Built(log=msg.log))
     elif isinstance(msg, DoneMsg):
         seq.done = True
         return True
