@@ -185,7 +185,7 @@ _OPERATIONAL = {"problems", "level", "problems_dir", "concurrency", "runs_dir", 
 # The evaluator's machine-local knobs: where caches and work dirs live, what is kept for debugging.
 _EVAL_OPERATIONAL = {"cache_dir", "work_root", "keep_workdir", "device_lock", "output_tail_bytes",
                      "template_process", "hidden_from_builds", "build_slots", "jit_warmup",
-                     "child_writable"}
+                     "child_writable", "cuda_init"}
 
 
 def merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Evaluator throughput on a fixed batch of fresh candidates (the throughput issue's benchmark).
 
     python bench/throughput.py [--device cuda] [--concurrency 4] [--kloop-root PATH] [--json F]
-                               [--compare-warmup] [--first N] [--warm-baselines]
+                               [--compare FIELD=A,B] [--first N] [--warm-baselines]
     python bench/throughput.py --list
 
 The batch, all from files in this repo (30 candidates, 7 problems): the bundled examples'
@@ -15,9 +15,11 @@ Printed: candidates per GPU-hour (batch size over the wall time of `evaluate_man
 concurrency), the GPU's busy fraction (`nvidia-smi` utilisation sampled every 0.5 s while the
 batch runs), per-stage p50/p90 and the statuses. With `--kloop-root`, the same batch is run
 first through that checkout's evaluator (for example `git worktree add /tmp/old <commit>`) in a
-fresh process, under the same load, and the ratios are printed. With `--compare-warmup`, the
-batch runs through this checkout twice, first with `jit_warmup: off` and then with `auto`
-(the JIT warm-up pass under the shared device lock), and the ratio is printed. `--first N`
+fresh process, under the same load, and the ratios are printed. With `--compare FIELD=A,B`,
+the batch runs through this checkout twice, with the evaluator setting FIELD at A and then at B
+(`jit_warmup=off,auto`: the JIT warm-up pass under the shared device lock; `cuda_init=
+under_lock,before_lock`: children make their CUDA context before the lock), and the ratio is
+printed. `--first N`
 takes only the first N candidates (a smoke run). `--warm-baselines` judges each problem's
 reference once before the clock starts (this checkout only), so the batch finds its baselines
 cached, as a long run does after its first candidate of each problem or `kloop baseline`.
@@ -72,7 +74,8 @@ def batch() -> list[dict]:
     return out
 
 
-def warm_baselines(items: list[dict], device: str, concurrency: int, cache: Path) -> float:
+def warm_baselines(items: list[dict], device: str, concurrency: int, cache: Path,
+                   settings: dict | None = None) -> float:
     """Steady state before the clock starts: every problem's reference, judged as a candidate
     once into the batch's cache, leaves its baselines there (and the template process up), as
     `kloop baseline` leaves them for a long run. Returns the seconds it took."""
@@ -89,8 +92,9 @@ def warm_baselines(items: list[dict], device: str, concurrency: int, cache: Path
     def one(item: dict) -> None:
         source = honest_source(get_problem(item["problem"]).path.read_text())
         t = time.monotonic()
-        r = evaluate(item["problem"], source, EvalConfig(device=device, cache_dir=cache,
-                                                         problem_overrides=item["overrides"]))
+        r = evaluate(item["problem"], source, EvalConfig(
+            device=device, cache_dir=cache, problem_overrides=item["overrides"],
+            **(settings or {})))
         print(f"warm {item['problem']} {item['overrides'] or 'full size'}: {r.status} in "
               f"{time.monotonic() - t:.1f} s", file=sys.stderr, flush=True)
 
@@ -100,7 +104,7 @@ def warm_baselines(items: list[dict], device: str, concurrency: int, cache: Path
 
 
 def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path | None = None,
-              jit_warmup: str = "off", warm: bool = False) -> dict:
+              settings: dict | None = None, warm: bool = False) -> dict:
     """Evaluate the batch with the evaluator importable here; per-candidate numbers and wall.
     Each finished row is also appended to `rows_file` (a run cut short by a time limit still
     leaves what it finished). `warm`: baselines first (`warm_baselines`), off the clock."""
@@ -110,12 +114,13 @@ def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path 
     from evaluator.pipeline import evaluate
 
     with tempfile.TemporaryDirectory(prefix="kloop-throughput-") as cache:
-        warm_s = warm_baselines(items, device, concurrency, Path(cache)) if warm else None
+        warm_s = warm_baselines(items, device, concurrency, Path(cache),
+                                settings) if warm else None
         if warm_s is not None:  # stderr reaches the step's log as it happens (a cut run too)
             print(f"baselines warmed in {warm_s:.1f} s", file=sys.stderr, flush=True)
         def one(item: dict) -> dict:
             cfg = EvalConfig(device=device, cache_dir=Path(cache),
-                             problem_overrides=item["overrides"], jit_warmup=jit_warmup)
+                             problem_overrides=item["overrides"], **(settings or {}))
             t0 = time.monotonic()
             try:
                 r = evaluate(item["problem"], item["source"], cfg)
@@ -219,15 +224,17 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--rows", type=Path, help="append each finished candidate's row here")
     ap.add_argument("--list", action="store_true")
-    ap.add_argument("--compare-warmup", action="store_true",
-                    help="run the batch with jit_warmup off, then on, and print the ratio")
+    ap.add_argument("--compare", metavar="FIELD=A,B",
+                    help="run the batch with the evaluator setting FIELD at A, then at B, and "
+                         "print the ratio (e.g. jit_warmup=off,auto or "
+                         "cuda_init=under_lock,before_lock)")
     ap.add_argument("--first", type=int, help="only the first N candidates")
     ap.add_argument("--warm-baselines", action="store_true",
                     help="judge each problem's reference once before the clock starts, so that "
                          "the batch finds its baselines cached (a long run's steady state)")
     ap.add_argument("--trace", type=Path, help="append each candidate child's messages (arrival "
                     "and judging time, `evaluator.stages` debug log) here")
-    ap.add_argument("--jit-warmup", default="off", help=argparse.SUPPRESS)
+    ap.add_argument("--settings", default="{}", help=argparse.SUPPRESS)
     ap.add_argument("--inner", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:  # run a batch file with whatever evaluator comes first on sys.path
@@ -241,7 +248,7 @@ def main() -> int:
             logger.addHandler(handler)
         items = json.loads(args.inner.read_text())
         print(json.dumps(run_batch(items, args.device, args.concurrency, args.rows,
-                                   args.jit_warmup, args.warm_baselines)))
+                                   json.loads(args.settings), args.warm_baselines)))
         return 0
     items = batch()[:args.first] if args.first else batch()
     if args.list:
@@ -253,18 +260,27 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "batch.json"
         path.write_text(json.dumps(items))
-        # The inner run passes --jit-warmup only to this checkout (a baseline checkout runs its
-        # own defaults); with --compare-warmup the second pass turns the warm-up on.
-        roots = ([("baseline", args.kloop_root.resolve(), "")] if args.kloop_root else []) + \
-            ([("warm-up off", REPO, "off")] if args.compare_warmup else []) + \
-            [("this checkout", REPO, "auto" if args.compare_warmup else args.jit_warmup)]
-        for name, root, warmup in roots:
+        # Settings go only to this checkout's inner run (a baseline checkout runs its own
+        # defaults); with --compare, this checkout runs twice, at A and then at B.
+        passes: list[tuple[str, Path, dict | None]] = []
+        if args.kloop_root:
+            passes.append(("baseline", args.kloop_root.resolve(), None))
+        if args.compare:
+            field, _, values = args.compare.partition("=")
+            a, _, b = values.partition(",")
+            if not (field and a and b):
+                ap.error("--compare wants FIELD=A,B")
+            passes += [(f"{field}={a}", REPO, {field: a}), (f"{field}={b}", REPO, {field: b})]
+        else:
+            passes.append(("this checkout", REPO, {}))
+        for name, root, settings in passes:
             with GpuSampler() as gpu:
                 p = subprocess.run(
                     [sys.executable, __file__, "--inner", str(path), "--device", args.device,
                      "--concurrency", str(args.concurrency),
-                     *(["--jit-warmup", warmup] if root == REPO else []),
-                     *(["--warm-baselines"] if args.warm_baselines and root == REPO else []),
+                     *(["--settings", json.dumps(settings)] if settings else []),
+                     *(["--warm-baselines"] if args.warm_baselines and settings is not None
+                       else []),
                      *(["--rows", str(args.rows.resolve())] if args.rows else []),
                      *(["--trace", str(args.trace.resolve())] if args.trace else [])],
                     stdout=subprocess.PIPE, text=True, cwd=root,  # progress: on stderr
@@ -277,11 +293,11 @@ def main() -> int:
             if res.get("warm_s") is not None:
                 print(f"{name}: baselines warmed in {res['warm_s']:.1f} s before the clock started")
             results[name] = report(name, res, len(items))
-    for other in ("baseline", "warm-up off"):
-        if other in results:
-            b, t = results[other], results["this checkout"]
-            print(f"\nthis checkout / {other}: {t['per_hour'] / b['per_hour']:.2f}x candidates "
-                  f"per GPU-hour")
+    names = list(results)
+    for other in names[:-1]:
+        last = results[names[-1]]
+        print(f"\n{names[-1]} / {other}: {last['per_hour'] / results[other]['per_hour']:.2f}x "
+              f"candidates per GPU-hour")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

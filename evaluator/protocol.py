@@ -92,6 +92,8 @@ class ReferenceJob(_Rec):
     """Strict construction: where to write the main model's constant fills for the candidate."""
     baselines: list[Literal["eager", "compile"]]
     timing: TimingSpec | None
+    early_cuda_init: bool = False
+    """Create the CUDA context before reporting ready (`EvalConfig.cuda_init`)."""
 
 
 class CandTrial(_Rec):
@@ -128,6 +130,9 @@ class CandidateJob(_Rec):
     build_dir: str | None = None
     tolerance: float = 1e-4
     """The policy's tolerance at this precision (the ghost check compares at it)."""
+    early_cuda_init: bool = False
+    """Create the CUDA context before reporting ready, before any candidate code is imported
+    (`EvalConfig.cuda_init`)."""
 
 
 class CompileJob(_Rec):

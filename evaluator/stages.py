@@ -209,6 +209,7 @@ def reference_job(run: EvalRun) -> ReferenceJob:
         timing=run.timing_spec(),
         fills_path=str(run.root / "cand" / "fills_main.pt")
         if run.policy.noisy_construction else None,
+        early_cuda_init=run.early_cuda_init,
     )
 
 

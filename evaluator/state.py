@@ -159,6 +159,10 @@ class EvalRun:
     def child_device(self) -> str:
         return "cpu" if self.on_cpu else "cuda"
 
+    @property
+    def early_cuda_init(self) -> bool:
+        return not self.on_cpu and self.config.cuda_init == "before_lock"
+
     def record(self, *findings: Finding) -> None:
         """Fold findings into the run (`evaluator.outcome.fold`: the only writer of the
         verdict, its stage, trials, violations, flags and measurements)."""

@@ -59,7 +59,8 @@ log = logging.getLogger(__name__)
 
 def run_candidate(job: CandidateJob, ch: Channel,
                   call_fds: tuple[int, int, int] | None = None) -> None:
-    if not wait_for_device(ch):  # nothing of the candidate's is imported before this
+    # Nothing of the candidate's is imported before this.
+    if not wait_for_device(ch, job.problem.device if job.early_cuda_init else None):
         return
     apply_numerics(job.problem.allow_tf32)
     if job.cpu_emulation:
@@ -158,7 +159,7 @@ def run_warmup(job: CandidateJob, ch: Channel) -> None:
     device lock), build the candidate and call it once on the timing inputs, so that its JIT
     compilers (Triton, inductor) fill this evaluation's caches outside the exclusive device
     lock. Nothing it does is judged or believed; the candidate child repeats all of it."""
-    if wait_for_device(ch):
+    if wait_for_device(ch, job.problem.device if job.early_cuda_init else None):
         run_forward(job, ch, calls=1)
 
 

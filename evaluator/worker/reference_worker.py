@@ -36,7 +36,7 @@ from evaluator.worker.serve import output_specs
 def run_reference(job: ReferenceJob, ch: Channel,
                   call_fds: tuple[int, int, int] | None = None) -> None:
     spec = job.problem
-    if not wait_for_device(ch):
+    if not wait_for_device(ch, spec.device if job.early_cuda_init else None):
         return
     apply_numerics(spec.allow_tf32)
     ch.stage("reference")

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(not forkserver.usable(), reason="needs Linux and
 PROBE = '''
 import json, os, sys
 _DYNAMO_AT_IMPORT = "torch._dynamo" in sys.modules
+_CUDA_AT_IMPORT = __import__("torch").cuda.is_initialized()
 def _facts(path):
     fds = {}
     for name in os.listdir("/proc/self/fd"):
@@ -30,7 +31,7 @@ def _facts(path):
             pass
     facts = dict(pid=os.getpid(), ppid=os.getppid(), sid=os.getsid(0), cwd=os.getcwd(),
                  path0=sys.path[0], env=sorted(os.environ), home=os.environ.get("HOME"),
-                 fds=fds, dynamo=_DYNAMO_AT_IMPORT, template=getattr(getattr(sys.modules["__main__"], "__spec__", None),
+                 fds=fds, dynamo=_DYNAMO_AT_IMPORT, cuda=_CUDA_AT_IMPORT, template=getattr(getattr(sys.modules["__main__"], "__spec__", None),
                                            "name", None) == "evaluator.worker.zygote")
     with open(path, "w") as f:
         json.dump(facts, f)
@@ -88,14 +89,40 @@ def test_without_the_template_children_start_the_plain_way(tmp_path, drop_box, m
 
 
 @pytest.mark.gpu
-def test_a_forked_child_initialises_the_gpu_and_is_timed(tmp_path, drop_box):
+@pytest.mark.parametrize("cuda_init", ["before_lock", "under_lock"])
+def test_a_forked_child_initialises_the_gpu_and_is_timed(tmp_path, drop_box, cuda_init):
     """On a GPU: the template never touched the device, so its forks can; the probe says the
-    child was a fork and the evaluation is correct and timed by the harness."""
+    child was a fork and the evaluation is correct and timed by the harness. The candidate's
+    code finds the CUDA context made before the lock, or none (`EvalConfig.cuda_init`)."""
     out = drop_box / "facts.json"
     r = evaluate("L3/1", _probe_source(out), cpu_config(
-        tmp_path / "cache", policy="kernelbench", device="cuda", problem_overrides=MLP_SMALL))
+        tmp_path / "cache", policy="kernelbench", device="cuda", problem_overrides=MLP_SMALL,
+        cuda_init=cuda_init))
     assert r.status == "correct" and r.timing is not None, r.error
-    assert json.loads(out.read_text())["template"]
+    facts = json.loads(out.read_text())
+    assert facts["template"] and facts["cuda"] == (cuda_init == "before_lock"), facts
+
+
+def test_a_child_whose_early_context_fails_reports_ready_and_goes_on(monkeypatch):
+    """`cuda_init: before_lock` where no context can be made (here: a CPU build of torch): the
+    child says ready and waits for `go` as always; the first use under the lock reports the
+    failure where it always did."""
+    import io
+
+    import torch
+
+    from evaluator.protocol import ReadyMsg
+    from evaluator.worker import child
+
+    if torch.cuda.is_available():
+        pytest.skip("a context can be made here")
+    assert child.create_context("cuda") is False
+    r, w = os.pipe()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b'{"next": "go"}\n')))
+    assert child.wait_for_device(child.Channel(w), "cuda") is True
+    os.close(w)
+    with os.fdopen(r) as f:
+        assert ReadyMsg.model_validate_json(f.readline()) == ReadyMsg()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="hiding paths needs a root harness")
