@@ -61,13 +61,17 @@ print(time.perf_counter() - t0)
 """
 
 
-def stage_times(device: str) -> None:
-    print("\n== per-stage wall time (s): cold cache, then warm ==")
+def stage_times(device: str, problems: set[str] | None = None) -> None:
+    """Each candidate of the fixed set (or of `problems`) cold, warm, and warm again (the
+    first warm one may still meet the problem's first baselines)."""
+    print("\n== per-stage wall time (s): cold cache, then warm twice ==")
     header = f"{'candidate':34} {'cache':5} {'status':8} " + " ".join(f"{s[:8]:>8}" for s in STAGES)
     print(header)
     with tempfile.TemporaryDirectory() as cache:
         for problem, name, sizes in FIXED_SET:
-            for label in ("cold", "warm"):
+            if problems and problem not in problems:
+                continue
+            for label in ("cold", "warm", "warm"):
                 config = EvalConfig(device=device, cache_dir=Path(cache), problem_overrides=sizes)
                 t0 = time.monotonic()
                 r = evaluate(problem, candidate(name), config)
@@ -138,12 +142,13 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", default="stages,compile,cv")
+    parser.add_argument("--problems", help="stages: only these problems (L3/4,L3/1)")
     parser.add_argument("--compile-pairs", action="store_true",
                         help="build one candidate's plain and kloop versions at a time")
     args = parser.parse_args()
     parts = set(args.only.split(","))
     if "stages" in parts:
-        stage_times(args.device)
+        stage_times(args.device, set(args.problems.split(",")) if args.problems else None)
     if "compile" in parts:
         compile_times(args.compile_pairs)
     if "cv" in parts:

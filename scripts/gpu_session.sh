@@ -49,6 +49,8 @@ for s in "$@"; do
                 ${THROUGHPUT_ARGS:-} ;;
     template-bench) step template-bench 150 python3 bench/template.py --device cuda ;;
     pch) step pch 300 python3 bench/pch.py ;;
+    stages) step stages 300 python3 bench/evaluator.py --only stages \
+              ${STAGES_PROBLEMS:+--problems "$STAGES_PROBLEMS"} ;;
     builds) step builds 300 python3 bench/evaluator.py --only compile \
               ${BUILD_PAIRS:+--compile-pairs} ;;
     # Tests that assert on measured times run after the rest, one at a time (`alone`).
