@@ -188,13 +188,15 @@ class EvalConfig(BaseModel):
     Measured again without those seconds (session 10): the exclusive hold of a Triton candidate
     2.54 -> 1.85 s, but 1.02x candidates per GPU-hour on a batch whose first baselines set the
     pace; next: the steady state (`bench/throughput.py --warm-baselines`)."""
-    cuda_init: Literal["before_lock", "under_lock"] = "before_lock"
-    """When a GPU child creates its CUDA context: `before_lock`, in trusted code after its start
-    and before it reports ready (no candidate code has run; creating a context launches no
-    kernel), so the ~0.3-0.5 s of driver work is not spent holding the device lock; or
-    `under_lock`, at its first use of the device, as before. A child whose early creation fails
-    carries on and fails (or not) at that first use, under the lock, as it would have before.
-    Whether a context created beside a timing moves it: `bench/init_interference.py`."""
+    cuda_init: Literal["before_lock", "under_lock"] = "under_lock"
+    """When a GPU child creates its CUDA context: `under_lock`, at its first use of the device,
+    with the device lock held; or `before_lock`, in trusted code after its start and before it
+    reports ready (no candidate code has run; creating a context launches no kernel), so the
+    driver work is not spent holding the lock. A child whose early creation fails carries on
+    and meets the failure at that first use, under the lock, as before. Off by default: on the
+    H200 it bought little (reference hold -0.1-0.2 s, candidate hold unchanged, of ~3.9 s per
+    candidate; GPU_VALIDATION.md, session 11), and whether a context made beside a timing moves
+    that timing is what `bench/init_interference.py` measures."""
     template_process: bool = True
     """Start reference, candidate and compile children as forks of a template process that has
     imported torch and kloop's worker modules but never touched the device (Linux; elsewhere,

@@ -93,14 +93,37 @@ def test_without_the_template_children_start_the_plain_way(tmp_path, drop_box, m
 def test_a_forked_child_initialises_the_gpu_and_is_timed(tmp_path, drop_box, cuda_init):
     """On a GPU: the template never touched the device, so its forks can; the probe says the
     child was a fork and the evaluation is correct and timed by the harness. The candidate's
-    code finds the CUDA context made before the lock, or none (`EvalConfig.cuda_init`)."""
+    code runs under either `cuda_init` (`test_an_early_context_exists_before_ready`)."""
     out = drop_box / "facts.json"
     r = evaluate("L3/1", _probe_source(out), cpu_config(
         tmp_path / "cache", policy="kernelbench", device="cuda", problem_overrides=MLP_SMALL,
         cuda_init=cuda_init))
     assert r.status == "correct" and r.timing is not None, r.error
     facts = json.loads(out.read_text())
-    assert facts["template"] and facts["cuda"] == (cuda_init == "before_lock"), facts
+    assert facts["template"] and facts["cuda"], facts  # the harness's snapshot, under the lock
+
+
+_READY_THEN_LOOK = """
+import sys, torch
+from evaluator.worker.child import Channel, wait_for_device
+went = wait_for_device(Channel(-1), sys.argv[1] or None)
+print(went, torch.cuda.is_initialized())
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("early", [True, False])
+def test_an_early_context_exists_before_ready(early):
+    """`cuda_init: before_lock`: the child's context exists when it says ready (before the
+    harness takes the lock and says go); `under_lock`: nothing of CUDA is touched before go."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _READY_THEN_LOOK, "cuda" if early else ""],
+                       input='{"next": "go"}\n', capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["True", str(early)], p.stdout
 
 
 def test_a_child_whose_early_context_fails_reports_ready_and_goes_on(monkeypatch):
