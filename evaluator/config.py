@@ -173,9 +173,10 @@ class EvalConfig(BaseModel):
     profile: bool = True
     """One profiled forward for correct candidates."""
     device_lock: Literal["host", "process"] = "host"
-    """Who else's GPU stages wait for ours: `host` (every kloop process on this machine sharing
-    `cache_dir`, through a file lock, so timings of concurrent runs never overlap) or `process`
-    (only evaluations in this process; concurrent processes then time under each other's load)."""
+    """Who else's GPU stages wait for ours: `host` (every kloop process of this user on this
+    machine, whatever its `cache_dir`, through file locks named after the physical GPU in
+    `isolation.host_lock_dir`, so timings of concurrent runs never overlap) or `process` (only
+    evaluations in this process; concurrent processes then time under each other's load)."""
     jit_warmup: Literal["auto", "on", "off"] = "off"
     """Before the candidate child, run the candidate once in a warm-up child under the *shared*
     device lock (`stages.warmup_pass`), so that its Triton and inductor JIT compiles fill this

@@ -7,8 +7,9 @@ beside an exclusive one, and holds its share until its process is gone (a proces
 has no device work left: its CUDA context went with it). Exclusive holders are preferred: once
 one waits, no new shared holder starts, so a stream of warm-ups cannot starve the clock.
 
-Across processes (`lock_dir` given: every kloop process on the host that shares the cache) the
-lock is two `flock`s per device, released by the kernel when a holder dies: a *gate* that an
+Across processes (`lock_dir` given: the host's, `isolation.host_lock_dir`, so every kloop
+process of the user on the host, whatever its cache dir; the device named after the physical
+GPU, `state.gpu_lock_name`) the lock is two `flock`s per device, released by the kernel when a holder dies: a *gate* that an
 exclusive holder takes before it waits (shared holders pass through it one at a time, so none
 passes while an exclusive one waits) and the *lock* itself (LOCK_EX or LOCK_SH). Every
 acquisition opens its own file description, so threads of one process exclude each other too.

@@ -247,7 +247,30 @@ def private_dir(cache_dir: Path) -> Path:
     belongs to an otherwise unused uid with mode 0700, so no candidate, under the sandbox uid or
     as root without capabilities, can look inside, let alone rewrite a baseline; root with
     capabilities (harness, reference worker) passes anyway."""
-    path = cache_dir / "private"
+    return _vault(cache_dir / "private")
+
+
+def host_lock_dir() -> Path:
+    """Where the device lock's files live (`evaluator.devicelock`): one directory per host and
+    harness uid, whatever the cache dir, so two runs with different caches never time on one
+    GPU at once. `KLOOP_LOCK_DIR` moves it (every process that should wait for another must
+    name the same one). Closed like `private_dir`: no candidate can hold a lock."""
+    default = Path(tempfile.gettempdir()) / f"kloop-locks-{os.geteuid()}"
+    path = Path(os.environ.get("KLOOP_LOCK_DIR") or default)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    # In a shared /tmp another user could have made it first (to hold our locks, or as a link).
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (os.geteuid(), VAULT_UID):
+        raise RuntimeError(f"the device lock dir {path} is not a directory of this user's; "
+                           "remove it or set KLOOP_LOCK_DIR")
+    if os.geteuid() != 0 and stat.S_IMODE(st.st_mode) != 0o700:
+        path.chmod(0o700)
+    return _vault(path)
+
+
+def _vault(path: Path) -> Path:
+    """`path`, made if missing; when the harness is root, the vault uid's with mode 0700, so
+    neither a sandbox uid nor root without capabilities gets in."""
     path.mkdir(parents=True, exist_ok=True)
     if _libc() is not None and os.geteuid() == 0:
         st = os.lstat(path)

@@ -11,6 +11,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -68,6 +69,19 @@ def cuda_arch_list(device: str) -> str | None:
 def derive_seed(salt: str, purpose: str, index: int) -> int:
     digest = hashlib.sha256(f"{salt}:{purpose}:{index}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
+
+
+def gpu_lock_name(device: str) -> str:
+    """The lock's name for `device` (`cuda`, `cuda:N`): the physical GPU's UUID where NVML
+    tells it, else its name in `CUDA_VISIBLE_DEVICES`, so every process naming the same GPU,
+    in whichever way, waits for the same lock."""
+    if device == "cpu":
+        return device
+    from evaluator.harness import gpustate
+    from evaluator.sandbox import visible_device
+
+    visible = visible_device(device)
+    return "gpu_" + re.sub(r"[^A-Za-z0-9_.-]", "_", gpustate.uuid(visible) or visible)
 
 
 @dataclass
@@ -175,13 +189,14 @@ class EvalRun:
         self.record(Decided(status=status, stage=stage, error=error))
 
     def gpu_lock(self, shared: bool = False) -> contextlib.AbstractContextManager[None]:
-        """The device lock of this evaluation's GPU stages (`evaluator.devicelock`); its files
-        live in the harness-private cache, where candidate code cannot hold them."""
-        from evaluator.isolation import private_dir
+        """The device lock of this evaluation's GPU stages (`evaluator.devicelock`), named after
+        the physical GPU; its files live in the host's lock dir, whatever the cache dir, closed
+        to candidate code (`isolation.host_lock_dir`)."""
+        from evaluator.isolation import host_lock_dir
 
         host = self.config.device_lock == "host"
-        return device_lock(self.device, private_dir(self.config.cache_dir) / "locks" if host
-                           else None, shared=shared)
+        return device_lock(gpu_lock_name(self.device), host_lock_dir() if host else None,
+                           shared=shared)
 
     @contextlib.contextmanager
     def timed(self, name: str) -> Iterator[None]:

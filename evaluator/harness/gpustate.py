@@ -36,6 +36,20 @@ def _nvml() -> ctypes.CDLL | None:
         return _lib
 
 
+def uuid(device: str) -> str | None:
+    """The UUID of `device` as `CUDA_VISIBLE_DEVICES` names it (an index or a UUID), None
+    without NVML. Indexes are NVML's (PCI bus order), as in `sample`."""
+    lib = _nvml()
+    if lib is None or not device.isdigit():
+        return device if device.startswith(("GPU-", "MIG-")) else None
+    handle, buf = ctypes.c_void_p(), ctypes.create_string_buffer(96)
+    if lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(device)), ctypes.byref(handle)) != 0:
+        return None
+    if lib.nvmlDeviceGetUUID(handle, buf, ctypes.c_uint(len(buf))) != 0:
+        return None
+    return buf.value.decode() or None
+
+
 def sample(device: str) -> GpuSample | None:
     """`device` as `CUDA_VISIBLE_DEVICES` names it to the children (an index or a UUID)."""
     lib = _nvml()

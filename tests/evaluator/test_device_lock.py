@@ -1,6 +1,6 @@
 """GPU stages of evaluations in different processes never overlap when they share a lock dir
-(`EvalConfig.device_lock = "host"`, the default), and do without one. Runs on CPU: the lock
-only looks at the device name."""
+(`EvalConfig.device_lock = "host"`, the default: the host's, whatever their cache dirs), and do
+without one. Runs on CPU: the lock only looks at the device name."""
 
 from __future__ import annotations
 
@@ -47,6 +47,61 @@ def test_a_shared_lock_dir_serialises_processes(tmp_path):
 def test_without_a_lock_dir_processes_overlap(tmp_path):
     # The control: the same holders overlap when nothing serialises them.
     assert _overlaps(_intervals(tmp_path, "-"))
+
+
+_RUN_HOLDER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from evaluator.config import EvalConfig
+    from evaluator.state import EvalRun
+    run = EvalRun.__new__(EvalRun)  # only what gpu_lock reads
+    run.config = EvalConfig(cache_dir=Path(sys.argv[2]), device_lock="host")
+    run.device = "cuda:0"
+    with run.gpu_lock():
+        start = time.time()
+        time.sleep(1.0)
+        end = time.time()
+    Path(sys.argv[1]).write_text(f"{start} {end}")
+""")
+
+
+def test_runs_with_different_cache_dirs_wait_for_each_other(tmp_path, monkeypatch):
+    """The lock belongs to the host and the GPU, not to a cache dir: two experiments with
+    caches of their own, on one GPU, never time at once."""
+    monkeypatch.setenv("KLOOP_LOCK_DIR", str(tmp_path / "host-locks"))
+    outs = [tmp_path / f"interval_{i}" for i in range(3)]
+    procs = [subprocess.Popen([sys.executable, "-c", _RUN_HOLDER, str(o),
+                               str(tmp_path / f"cache_{i}")]) for i, o in enumerate(outs)]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0, 0]
+    spans = sorted(tuple(map(float, o.read_text().split())) for o in outs)
+    assert not _overlaps(spans), spans
+    assert [p.name for p in (tmp_path / "host-locks").glob("*.lock")] == ["gpu_0.lock"]
+
+
+def test_one_gpu_named_two_ways_has_one_lock(monkeypatch):
+    from evaluator.state import gpu_lock_name
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")  # one process: GPU 1 is its cuda:1
+    second, first = gpu_lock_name("cuda:1"), gpu_lock_name("cuda")
+    assert first == gpu_lock_name("cuda:0") != second
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # another: GPU 1 is its only one
+    assert gpu_lock_name("cuda") == gpu_lock_name("cuda:0") == second
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")  # a third sees every GPU
+    assert gpu_lock_name("cuda:1") == second and gpu_lock_name("cuda:3") == first
+    assert gpu_lock_name("cpu") == "cpu"
+
+
+def test_a_lock_dir_that_is_not_ours_is_refused(tmp_path, monkeypatch):
+    from evaluator.isolation import host_lock_dir
+
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    monkeypatch.setenv("KLOOP_LOCK_DIR", str(tmp_path / "link"))
+    with pytest.raises(RuntimeError, match="not a directory of this user's"):
+        host_lock_dir()
+    monkeypatch.setenv("KLOOP_LOCK_DIR", str(tmp_path / "mine"))
+    assert host_lock_dir() == tmp_path / "mine"
 
 
 def test_host_lock_is_the_default():
