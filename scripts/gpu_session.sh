@@ -3,7 +3,8 @@
 # order, each under its own time limit, each logging to $OUT/<step>.log, so that a step that runs
 # long costs only itself and every finished step's output comes back.
 #   bash scripts/gpu_session.sh template handshake diag clock record
-# Steps: see the case below. STEP_LIMIT_<step> (seconds) overrides a step's limit.
+# Steps: see the case below. STEP_LIMIT_<step> (seconds) overrides a step's limit. At the end
+# everything in $OUT is also packed into $OUT/all.tgz (a call brings back 8 files at most).
 set -uo pipefail
 OUT=${OUT:-/tmp/kloop-out}
 mkdir -p "$OUT"
@@ -65,3 +66,5 @@ for s in "$@"; do
     *) echo "unknown step $s" | tee -a "$OUT/steps.txt" ;;
   esac
 done
+# Only 8 files come back from a device call: everything, packed, is one of them.
+tar czf /tmp/kloop-all.tgz -C "$OUT" . 2>/dev/null && mv /tmp/kloop-all.tgz "$OUT/all.tgz"
