@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from evaluator.backend import _Imports
 from evaluator.result import Violation
 from evaluator.rules import Rule, Severity, of_kind
-from evaluator.static_caches import cache_lookups
+from evaluator.static_caches import cache_lookups, memoises_scalars_only
 
 __all__ = ["RULES", "Rule", "Severity", "static_violations"]
 
@@ -263,7 +263,8 @@ def _shape_cache(ctx: Context) -> list[Finding]:
     for fn in ctx.nodes(ast.FunctionDef, ast.AsyncFunctionDef):
         for dec in fn.decorator_list:  # type: ignore[attr-defined]
             name = ctx.full(dec.func if isinstance(dec, ast.Call) else dec)
-            if name.split(".")[-1] in ("lru_cache", "cache"):
+            if name.split(".")[-1] in ("lru_cache", "cache") and \
+                    not memoises_scalars_only(ctx, fn):  # type: ignore[arg-type]
                 out.append(Finding(fn.lineno, f"memoises {fn.name} with {name}"))  # type: ignore[attr-defined]
     return out
 

@@ -60,6 +60,9 @@ def _key_kind(ctx: Context, key: ast.AST, local: Mapping[str, list[ast.AST]]) ->
     shapes/sizes or a pointer's alignment, following local assignments
     (`k = (x.data_ptr(), x.shape)`)."""
     keys = local.get(key.id, [key]) if isinstance(key, ast.Name) else [key]
+    # One level further: the names a key is built from (`(M, N)` after `M, N = x.shape`).
+    keys = keys + [v for k in keys for n in ast.walk(k) if isinstance(n, ast.Name)
+                   for v in local.get(n.id, []) if v is not k]
     kinds = set()
     for k in keys:
         for n in _walk_skipping(ctx, k):
@@ -82,6 +85,10 @@ def _assignments(scope: ast.AST) -> dict[str, list[ast.AST]]:
             for t in targets:
                 if isinstance(t, ast.Name) and n.value is not None:
                     out.setdefault(t.id, []).append(n.value)
+                elif isinstance(t, (ast.Tuple, ast.List)) and _shape_unpacking(t, n.value):
+                    for i, e in enumerate(t.elts):  # `M, K = x.shape`: M is x.shape[0]
+                        out.setdefault(e.id, []).append(  # type: ignore[attr-defined]
+                            ast.Subscript(value=n.value, slice=ast.Constant(value=i)))
                 elif isinstance(t, (ast.Tuple, ast.List)):
                     for e in ast.walk(t):
                         if isinstance(e, ast.Name):
@@ -98,6 +105,16 @@ def _assignments(scope: ast.AST) -> dict[str, list[ast.AST]]:
                     if name:
                         out.setdefault(name, []).append(ast.Constant(value=0 if scalar else ...))
     return out
+
+
+def _shape_unpacking(target: ast.Tuple | ast.List, value: ast.AST | None) -> bool:
+    """`a, b = x.shape` or `= x.size()`: plain names unpacked from a shape."""
+    if not all(isinstance(e, ast.Name) for e in target.elts):
+        return False
+    if isinstance(value, ast.Attribute):
+        return value.attr == "shape"
+    return isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and \
+        value.func.attr == "size" and not value.args and not value.keywords
 
 
 def _reads(node: ast.AST, container: str) -> bool:
@@ -192,11 +209,9 @@ def _walk_scope(scope: ast.AST) -> Iterator[ast.AST]:
             yield from _walk_scope(child)
 
 
-def _written_containers(ctx: Context) -> set[str]:
-    """Source text of every container something other than a provable scalar is stored into
-    (`c[k] = v`, `c.setdefault(k, v)`, `c.update(...)`): a table that is only ever read is a
-    constant, and one that only stores launch configs cannot return an output."""
-    out = set()
+def _scopes(ctx: Context):
+    """(module names, functions, each function's names, a generator of every call site with
+    the names of its scope): what `_parameter_values` reads."""
     module_names = _assignments(ctx.tree)
     functions = list(ctx.nodes(ast.FunctionDef, ast.AsyncFunctionDef))
     scope_names = {fn: {**module_names, **_assignments(fn)} for fn in functions}
@@ -212,6 +227,50 @@ def _written_containers(ctx: Context) -> set[str]:
                     if isinstance(call, ast.Call):
                         yield module_names, call
 
+    return module_names, functions, scope_names, call_sites
+
+
+def memoises_scalars_only(ctx: Context, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """A memoised (`lru_cache`) function that can return only scalars computed from the scalars
+    its callers pass: a launch-config helper, which cannot hand back an output. Judged with
+    its parameters' values taken from its call sites only (annotations are not believed: a
+    tensor passes as an `int`), and only when it is used nowhere but in direct calls (a
+    reference passed on could be called with anything). What a call-site argument cannot be
+    proved scalar for keeps the flag."""
+    a = fn.args
+    if a.vararg or a.kwarg or a.kwonlyargs:
+        return False
+    returns = [n for n in _walk_scope(fn) if isinstance(n, ast.Return)]
+    if not returns or any(r.value is None for r in returns) or not _only_called(ctx, fn.name):
+        return False
+    _, functions, scope_names, call_sites = _scopes(ctx)
+    for other in functions:
+        if other is not fn:
+            _parameter_values(ctx, other, scope_names[other], call_sites)  # type: ignore[arg-type]
+    names = scope_names[fn]
+    for p in [*a.posonlyargs, *a.args]:
+        names[p.arg] = [ast.Constant(value=...)]
+    _parameter_values(ctx, fn, names, call_sites)  # type: ignore[arg-type]
+    return all(_scalar(ctx, r.value, names, "") for r in returns)  # type: ignore[arg-type]
+
+
+def _only_called(ctx: Context, name: str) -> bool:
+    """Every use of `name` (as a name or an attribute) is the function of a call."""
+    callees = {id(n.func) for n in ast.walk(ctx.tree) if isinstance(n, ast.Call)}
+    for n in ast.walk(ctx.tree):
+        used = (isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)) or \
+            (isinstance(n, ast.Attribute) and n.attr == name)
+        if used and id(n) not in callees:
+            return False
+    return True
+
+
+def _written_containers(ctx: Context) -> set[str]:
+    """Source text of every container something other than a provable scalar is stored into
+    (`c[k] = v`, `c.setdefault(k, v)`, `c.update(...)`): a table that is only ever read is a
+    constant, and one that only stores launch configs cannot return an output."""
+    out = set()
+    module_names, functions, scope_names, call_sites = _scopes(ctx)
     for fn in functions:
         _parameter_values(ctx, fn, scope_names[fn], call_sites)  # type: ignore[arg-type]
     for scope in [*functions, ctx.tree]:

@@ -358,3 +358,67 @@ def test_config_helper_parameters_are_judged_at_their_call_sites():
     assert _rules(tensor_arg) == {"shape_keyed_cache"}
     never_called = CONFIG_HELPER.replace("return config_for(x, x.shape[-1])", "return x")
     assert _rules(never_called) == {"shape_keyed_cache"}
+
+
+MEMO_HELPER = """
+import functools
+import torch
+import triton
+
+
+@functools.lru_cache(maxsize=None)
+def launch_config(M, N):
+    block_m = 16 if M <= 16 else 32
+    return block_m, min(128, triton.next_power_of_2(N)), 4
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        M, N = x.shape
+        bm, bn, warps = launch_config(int(M), N)
+        return x.relu()
+"""
+
+
+def test_a_memoised_launch_config_helper_is_not_a_cache():
+    """`lru_cache` on a function that returns only scalars made from the shapes its callers
+    pass (H30) cannot return an output; each way of making it one keeps the flag."""
+    assert static_violations(MEMO_HELPER) == []
+    attacks = {
+        "a tensor where a shape was": MEMO_HELPER.replace("launch_config(int(M), N)",
+                                                          "launch_config(x.sum(), N)"),
+        "an annotation does not make an int": MEMO_HELPER.replace(
+            "def launch_config(M, N):", "def launch_config(M: int, N: int):").replace(
+            "launch_config(int(M), N)", "launch_config(x, N)"),
+        "handed on, called with anything": MEMO_HELPER + "\nALIAS = launch_config\n",
+        "returns a tensor": MEMO_HELPER.replace("    return block_m,", "    return torch.ones(M),"),
+        "unpacked from something that is not a shape": MEMO_HELPER.replace(
+            "M, N = x.shape", "M, N = x.sum(0), x.shape[1]"),
+        "never called": MEMO_HELPER.replace("        bm, bn, warps = launch_config(int(M), N)\n",
+                                            ""),
+        "takes *args": MEMO_HELPER.replace("def launch_config(M, N):",
+                                           "def launch_config(M, N, *rest):"),
+    }
+    for why, src in attacks.items():
+        assert _rules(src) == {"shape_keyed_cache"}, why
+
+
+def test_names_unpacked_from_a_shape_are_scalars():
+    table = """
+import torch
+import triton
+_CFG = {}
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        M, N = x.shape
+        if (M, N) not in _CFG:
+            _CFG[(M, N)] = (min(128, triton.next_power_of_2(N)), 4)
+        return x.relu()
+"""
+    assert static_violations(table) == []
+    # What is stored is judged the same way: from a tensor's values, or a tensor, it flags.
+    for stored in ("(int(x.sum()), 4)", "x.relu()"):
+        src = table.replace("(min(128, triton.next_power_of_2(N)), 4)", stored)
+        assert _rules(src) == {"shape_keyed_cache"}, stored
