@@ -279,8 +279,7 @@ def main() -> int:
                     [sys.executable, __file__, "--inner", str(path), "--device", args.device,
                      "--concurrency", str(args.concurrency),
                      *(["--settings", json.dumps(settings)] if settings else []),
-                     *(["--warm-baselines"] if args.warm_baselines and settings is not None
-                       else []),
+                     *(["--warm-baselines"] if args.warm_baselines else []),
                      *(["--rows", str(args.rows.resolve())] if args.rows else []),
                      *(["--trace", str(args.trace.resolve())] if args.trace else [])],
                     stdout=subprocess.PIPE, text=True, cwd=root,  # progress: on stderr
