@@ -61,7 +61,7 @@ for s in "$@"; do
                 -p no:cacheprovider -n 4 tests/evaluator ${EVALUATOR_K:+-k "$EVALUATOR_K"} ;;
     alone) step alone 240 python3 -m pytest -m "gpu and alone" -q -rA -p no:cacheprovider \
                 tests ${EVALUATOR_K:+-k "$EVALUATOR_K"} ;;
-    exploits) step exploits 300 python3 -m pytest -m gpu -q -rA -p no:cacheprovider -n 8 \
+    exploits) step exploits 540 python3 -m pytest -m gpu -q -rA -p no:cacheprovider -n 8 \
                 tests/exploits ${EXPLOITS_K:+-k "$EXPLOITS_K"} ;;
     *) echo "unknown step $s" | tee -a "$OUT/steps.txt" ;;
   esac
