@@ -26,6 +26,13 @@ SHAPE_KEYS = {"shape", "size", "stride"}
 MAX_ALIGNMENT = 4096
 """`data_ptr() % n` (or `& (n - 1)`) with n up to this is an alignment test, not an identity."""
 SCALAR_ATTRS = {"shape", "ndim", "dtype", "device", "is_cuda", "itemsize"}
+DEVICE_PROPS = {"multi_processor_count", "L2_cache_size", "total_memory", "major", "minor",
+                "warp_size", "max_threads_per_multi_processor", "regs_per_multiprocessor",
+                "shared_memory_per_block", "shared_memory_per_block_optin",
+                "shared_memory_per_multiprocessor"}
+"""Read from `torch.cuda.get_device_properties(...)` (directly or through a name assigned
+only from it): what launch configs are sized by."""
+RECORD_FIELD_TYPES = {"int", "float", "bool", "str"}
 SCALAR_METHODS = {"size", "stride", "numel", "dim", "element_size", "is_contiguous",
                   "get_device", "data_ptr"}
 SCALAR_CALLS = {"int", "bool", "float", "tuple", "min", "max", "abs", "round", "len", "divmod",
@@ -189,16 +196,50 @@ def _scalar(ctx: Context, node: ast.AST, names: Mapping[str, list[ast.AST]], con
     if isinstance(node, ast.Name):
         values = names.get(node.id)
         return bool(values) and all(rec(v) for v in values)
+    if isinstance(node, ast.Attribute) and node.attr in DEVICE_PROPS:
+        base = node.value
+        bases = names.get(base.id, []) if isinstance(base, ast.Name) else [base]
+        return bool(bases) and all(isinstance(b, ast.Call) and ctx.full(b.func).split(".")[-1]
+                                   == "get_device_properties" for b in bases)
     if isinstance(node, ast.Attribute):
-        return node.attr in SCALAR_ATTRS
+        return node.attr in SCALAR_ATTRS or (node.attr == "index" and isinstance(
+            node.value, ast.Attribute) and node.value.attr == "device")  # x.device.index
     if isinstance(node, ast.Subscript):
         return rec(node.value) and rec(node.slice)
     if isinstance(node, ast.Call):
         f = node.func
         known = ctx.full(f) in SCALAR_CALLS or (
-            isinstance(f, ast.Attribute) and f.attr in SCALAR_METHODS)
+            isinstance(f, ast.Attribute) and f.attr in SCALAR_METHODS) or _record(ctx, f)
         return known and all(rec(a) for a in [*node.args, *(k.value for k in node.keywords)])
     return False
+
+
+def _record(ctx: Context, func: ast.AST) -> bool:
+    """A class of this module whose instances hold scalars only: a frozen dataclass or a
+    NamedTuple, every field annotated int/float/bool/str, nothing else assigned in its body
+    (methods may compute, but hold nothing). Built from scalars, it is a launch config."""
+    if not isinstance(func, ast.Name):
+        return False
+    cls = next((n for n in ctx.tree.body if isinstance(n, ast.ClassDef) and n.name == func.id),
+               None)
+    if cls is None or sum(isinstance(n, ast.ClassDef) and n.name == func.id
+                          for n in ast.walk(ctx.tree)) != 1:
+        return False
+    frozen = any(ctx.full(d.func).split(".")[-1] == "dataclass" and any(
+        k.arg == "frozen" and isinstance(k.value, ast.Constant) and k.value.value is True
+        for k in d.keywords) for d in cls.decorator_list if isinstance(d, ast.Call))
+    named = not cls.decorator_list and [ctx.full(b) for b in cls.bases] in (
+        ["NamedTuple"], ["typing.NamedTuple"])
+    if not (frozen or named) or cls.keywords:
+        return False
+    for stmt in cls.body:
+        if isinstance(stmt, ast.AnnAssign):
+            if not (isinstance(stmt.target, ast.Name) and isinstance(stmt.annotation, ast.Name)
+                    and stmt.annotation.id in RECORD_FIELD_TYPES):
+                return False
+        elif not isinstance(stmt, (ast.FunctionDef, ast.Expr, ast.Pass)):
+            return False  # class attributes, nested classes, __slots__ tricks
+    return True
 
 
 def _walk_scope(scope: ast.AST) -> Iterator[ast.AST]:

@@ -422,3 +422,73 @@ class ModelNew(torch.nn.Module):
     for stored in ("(int(x.sum()), 4)", "x.relu()"):
         src = table.replace("(min(128, triton.next_power_of_2(N)), 4)", stored)
         assert _rules(src) == {"shape_keyed_cache"}, stored
+
+
+SM_COUNT = """
+import functools
+import torch
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(index):
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        programs = min(4 * sm_count(x.device.index), x.shape[0])
+        return x.relu()
+"""
+
+RECORD = """
+import dataclasses
+import functools
+import torch
+import triton
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    block_t: int
+    num_warps: int
+
+    def grid(self, n):
+        return (triton.cdiv(n, self.block_t),)
+
+
+@functools.lru_cache(maxsize=None)
+def launch_for(t):
+    return Launch(block_t=triton.next_power_of_2(t), num_warps=4)
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        B, T = x.shape
+        cfg = launch_for(T)
+        return x.relu()
+"""
+
+
+def test_device_properties_and_frozen_records_of_scalars_are_launch_configs():
+    """The SM count of the input's device, and a frozen dataclass (or NamedTuple) of ints built
+    from shapes, memoised: launch configs, not outputs (helper-found false positives)."""
+    assert static_violations(SM_COUNT) == []
+    assert static_violations(RECORD) == []
+    named = RECORD.replace("@dataclasses.dataclass(frozen=True)\nclass Launch:",
+                           "class Launch(typing.NamedTuple):").replace(
+        "import dataclasses", "import typing").replace(
+        "    def grid(self, n):\n        return (triton.cdiv(n, self.block_t),)\n", "")
+    assert static_violations(named) == []
+    attacks = {
+        "not frozen": RECORD.replace("(frozen=True)", ""),
+        "a tensor field": RECORD.replace("    num_warps: int\n", "    num_warps: torch.Tensor\n"),
+        "a class attribute that can hold anything": RECORD.replace(
+            "    num_warps: int\n", "    num_warps: int\n    kept = {}\n"),
+        "built from a tensor": RECORD.replace("cfg = launch_for(T)", "cfg = launch_for(x)"),
+        "a second class of that name": RECORD + "\nclass Launch:\n    pass\n",
+        "a property read off anything": SM_COUNT.replace(
+            "torch.cuda.get_device_properties(index).multi_processor_count",
+            "index.multi_processor_count").replace("x.device.index", "x"),
+    }
+    for why, src in attacks.items():
+        assert _rules(src) == {"shape_keyed_cache"}, why
