@@ -199,8 +199,8 @@ def _scalar(ctx: Context, node: ast.AST, names: Mapping[str, list[ast.AST]], con
     if isinstance(node, ast.Attribute) and node.attr in DEVICE_PROPS:
         base = node.value
         bases = names.get(base.id, []) if isinstance(base, ast.Name) else [base]
-        return bool(bases) and all(isinstance(b, ast.Call) and ctx.full(b.func).split(".")[-1]
-                                   == "get_device_properties" for b in bases)
+        return bool(bases) and all(isinstance(b, ast.Call) and ctx.full(b.func)
+                                   == "torch.cuda.get_device_properties" for b in bases)
     if isinstance(node, ast.Attribute):
         return node.attr in SCALAR_ATTRS or (node.attr == "index" and isinstance(
             node.value, ast.Attribute) and node.value.attr == "device")  # x.device.index
@@ -223,8 +223,8 @@ def _record(ctx: Context, func: ast.AST) -> bool:
     cls = next((n for n in ctx.tree.body if isinstance(n, ast.ClassDef) and n.name == func.id),
                None)
     if cls is None or sum(isinstance(n, ast.ClassDef) and n.name == func.id
-                          for n in ast.walk(ctx.tree)) != 1:
-        return False
+                          for n in ast.walk(ctx.tree)) != 1 or func.id in _assignments(ctx.tree):
+        return False  # another class of that name, or the name bound to something else
     frozen = any(ctx.full(d.func).split(".")[-1] == "dataclass" and any(
         k.arg == "frozen" and isinstance(k.value, ast.Constant) and k.value.value is True
         for k in d.keywords) for d in cls.decorator_list if isinstance(d, ast.Call))

@@ -486,6 +486,10 @@ def test_device_properties_and_frozen_records_of_scalars_are_launch_configs():
             "    num_warps: int\n", "    num_warps: int\n    kept = {}\n"),
         "built from a tensor": RECORD.replace("cfg = launch_for(T)", "cfg = launch_for(x)"),
         "a second class of that name": RECORD + "\nclass Launch:\n    pass\n",
+        "the name bound to something else": RECORD + "\nLaunch = dict\n",
+        "a look-alike of get_device_properties": SM_COUNT.replace(
+            "torch.cuda.get_device_properties(index)", "get_device_properties(index)").replace(
+            "import torch\n", "import torch\nget_device_properties = dict\n", 1),
         "a property read off anything": SM_COUNT.replace(
             "torch.cuda.get_device_properties(index).multi_processor_count",
             "index.multi_processor_count").replace("x.device.index", "x"),
