@@ -10,9 +10,11 @@ it. The harness drives it from `evaluator.reference.collect_reference`.
 from __future__ import annotations
 
 import copy
+import types
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from evaluator.protocol import DoneMsg, EnvMsg, ErrorMsg, FlagMsg, ReferenceJob, ServeMsg
 from evaluator.result import ErrorInfo
@@ -83,17 +85,52 @@ def _fp64(model, inputs, forward_seed: int, path: str, device: str, ch: Channel)
     """The same call in float64 (the precision check's yardstick); a model that cannot run in
     float64 leaves the check out, flagged."""
     try:
-        m64 = copy.deepcopy(model).double()
+        m64 = float64_copy(model)
         x64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                for x in clone_all(inputs)]
         torch.manual_seed(forward_seed)
-        with torch.no_grad():
+        with torch.no_grad(), _Float64Draws():
             out = m64(*x64)
         sync(device)
         torch.save([_to_cpu_one(o) for o in as_output_list(out)], path)
         del m64
     except Exception as e:
         ch.send(FlagMsg(flag=f"precision_check_unavailable: {type(e).__name__}: {str(e)[:160]}"))
+
+
+def float64_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A float64 copy of `model` that runs: a deep copy, with functions kept in its modules
+    (`self.f = lambda x: m.c_proj(...)`, L3/44) made to close over the copied modules instead
+    of the float32 originals, and floating tensors kept as plain attributes (not buffers)
+    converted too."""
+    memo: dict[int, Any] = {}
+    twin = copy.deepcopy(model, memo).double()
+    for module in twin.modules():
+        for name, value in list(vars(module).items()):
+            if isinstance(value, types.FunctionType) and value.__closure__:
+                cells = tuple(types.CellType(memo.get(id(c.cell_contents), c.cell_contents))
+                              for c in value.__closure__)
+                setattr(module, name, types.FunctionType(
+                    value.__code__, value.__globals__, value.__name__, value.__defaults__, cells))
+            elif isinstance(value, torch.Tensor) and value.is_floating_point():
+                setattr(module, name, value.double())
+    return twin
+
+
+class _Float64Draws(TorchFunctionMode):
+    """Tensors a float64 forward makes without naming a dtype (`torch.randn(...)` for an
+    initial state, L3/35) are made as the float32 forward made them (the same random draws)
+    and then widened, so both forwards start from the same values."""
+
+    FACTORIES = {torch.randn, torch.rand, torch.zeros, torch.ones, torch.empty, torch.full,
+                 torch.tensor, torch.arange, torch.linspace, torch.eye, torch.normal}
+
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in self.FACTORIES and (kwargs or {}).get("dtype") is None and \
+                isinstance(out, torch.Tensor) and out.dtype == torch.float32:
+            return out.double()
+        return out
 
 
 def _serve_roles(roles: list[str], model, problem, spec, specs, call_fds, ch: Channel) -> bool:
