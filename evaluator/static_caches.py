@@ -235,7 +235,8 @@ def _record(ctx: Context, func: ast.AST) -> bool:
     for stmt in cls.body:
         if isinstance(stmt, ast.AnnAssign):
             if not (isinstance(stmt.target, ast.Name) and isinstance(stmt.annotation, ast.Name)
-                    and stmt.annotation.id in RECORD_FIELD_TYPES):
+                    and stmt.annotation.id in RECORD_FIELD_TYPES
+                    and (stmt.value is None or isinstance(stmt.value, ast.Constant))):
                 return False
         elif not isinstance(stmt, (ast.FunctionDef, ast.Expr, ast.Pass)):
             return False  # class attributes, nested classes, __slots__ tricks

@@ -482,6 +482,9 @@ def test_device_properties_and_frozen_records_of_scalars_are_launch_configs():
     attacks = {
         "not frozen": RECORD.replace("(frozen=True)", ""),
         "a tensor field": RECORD.replace("    num_warps: int\n", "    num_warps: torch.Tensor\n"),
+        "an int field whose default is a tensor": RECORD.replace(
+            "    num_warps: int\n", "    num_warps: int = torch.zeros(2)\n").replace(
+            ", num_warps=4)", ")"),
         "a class attribute that can hold anything": RECORD.replace(
             "    num_warps: int\n", "    num_warps: int\n    kept = {}\n"),
         "built from a tensor": RECORD.replace("cfg = launch_for(T)", "cfg = launch_for(x)"),
