@@ -100,6 +100,9 @@ def _assignments(scope: ast.AST) -> dict[str, list[ast.AST]]:
                     for e in ast.walk(t):
                         if isinstance(e, ast.Name):
                             out.setdefault(e.id, []).append(ast.Constant(value=...))
+        elif isinstance(n, ast.Match):
+            for case in n.cases:
+                _bind_pattern(case.pattern, n.subject, out)
         elif isinstance(n, (ast.For, ast.comprehension, ast.With, ast.arguments)):
             bound = [n.target] if isinstance(n, (ast.For, ast.comprehension)) else \
                 [i.optional_vars for i in n.items if i.optional_vars] if isinstance(n, ast.With) \
@@ -112,6 +115,30 @@ def _assignments(scope: ast.AST) -> dict[str, list[ast.AST]]:
                     if name:
                         out.setdefault(name, []).append(ast.Constant(value=0 if scalar else ...))
     return out
+
+
+def _bind_pattern(pattern: ast.AST, subject: ast.AST, out: dict[str, list[ast.AST]]) -> None:
+    """Names a `case` pattern captures: `case (m, n)` binds m to `subject[0]`, `case x` to the
+    subject itself; what cannot be placed (after a `*rest`, in mappings and class patterns)
+    is unknown."""
+    if isinstance(pattern, ast.MatchAs):
+        if pattern.name:
+            out.setdefault(pattern.name, []).append(subject)
+        if pattern.pattern is not None:
+            _bind_pattern(pattern.pattern, subject, out)
+    elif isinstance(pattern, ast.MatchOr):
+        for p in pattern.patterns:
+            _bind_pattern(p, subject, out)
+    elif isinstance(pattern, ast.MatchSequence) and not any(
+            isinstance(p, ast.MatchStar) for p in pattern.patterns):
+        for i, p in enumerate(pattern.patterns):
+            _bind_pattern(p, ast.Subscript(value=subject, slice=ast.Constant(value=i)), out)
+    else:
+        for n in ast.walk(pattern):
+            name = n.name if isinstance(n, (ast.MatchAs, ast.MatchStar)) else \
+                n.rest if isinstance(n, ast.MatchMapping) else None
+            if name:
+                out.setdefault(name, []).append(ast.Constant(value=...))
 
 
 def _shape_unpacking(target: ast.Tuple | ast.List, value: ast.AST | None) -> bool:

@@ -499,3 +499,31 @@ def test_device_properties_and_frozen_records_of_scalars_are_launch_configs():
     }
     for why, src in attacks.items():
         assert _rules(src) == {"shape_keyed_cache"}, why
+
+
+def test_names_a_case_pattern_captures_from_shapes_are_scalars():
+    table = """
+import torch
+_C = {}
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        M, N = x.shape
+        if (M, N) not in _C:
+            match (M, N):
+                case (m, n) if n < 64:
+                    _C[(M, N)] = (max(16, n), 4)
+                case (m, n):
+                    _C[(M, N)] = (min(128, n), 8)
+        return x.relu()
+"""
+    assert static_violations(table) == []
+    # Captured from something that is not a shape, or after a star: what is stored may be
+    # anything, and the shape-keyed table flags.
+    for subject in ("(M, x)", "(x.sum(), N)"):
+        src = table.replace("match (M, N):", f"match {subject}:").replace(
+            "case (m, n) if n < 64:", "case (n, m) if m is not None:")
+        assert _rules(src) == {"shape_keyed_cache"}, subject
+    starred = table.replace("case (m, n) if n < 64:", "case (*m, n) if n is not None:")
+    assert _rules(starred) == {"shape_keyed_cache"}
