@@ -2,6 +2,7 @@
 
     python bench/throughput.py [--device cuda] [--concurrency 4] [--kloop-root PATH] [--json F]
                                [--compare FIELD=A,B] [--first N] [--warm-baselines]
+                               [--sizes examples|full]
     python bench/throughput.py --list
 
 The batch, all from files in this repo (30 candidates, 7 problems): the bundled examples'
@@ -23,6 +24,9 @@ printed. `--first N`
 takes only the first N candidates (a smoke run). `--warm-baselines` judges each problem's
 reference once before the clock starts (this checkout only), so the batch finds its baselines
 cached, as a long run does after its first candidate of each problem or `kloop baseline`.
+`--sizes full` judges the 25 Triton candidates at their problems' own sizes (as a run does)
+instead of the examples' small ones, where an evaluation is nearly all fixed costs and the GPU
+idles whatever the harness does.
 """
 
 from __future__ import annotations
@@ -52,15 +56,16 @@ STAGES = ["static", "build_wait", "compile", "reference", "device_wait", "warmup
 the first trial's result (on a GPU the trial that counts launches under the profiler)."""
 
 
-def batch() -> list[dict]:
-    """[{label, problem, source, overrides}] (read from this repo only)."""
+def batch(sizes: str = "examples") -> list[dict]:
+    """[{label, problem, source, overrides}] (read from this repo only). `sizes`: the Triton
+    candidates at the examples' small sizes (`examples`) or at their problems' own (`full`)."""
     sys.path[:0] = [str(REPO)]
     from agent.demo.kernels import SIZES, source
     from evaluator.fair_baseline import honest_source
     from problems.registry import get_problem
 
     out = [{"label": f"{pid} triton {v}", "problem": pid, "source": source(pid, v),
-            "overrides": SIZES[pid]}
+            "overrides": SIZES[pid] if sizes == "examples" else {}}
            for pid in SIZES for v in ("syntax", "crash", "wrong", "ok", "ok_fast")]
     cands = REPO / "tests" / "evaluator" / "candidates"
     for pid, name, sizes in [("L3/1", "mlp_cuda_relu.py", MLP_MEDIUM),
@@ -229,6 +234,10 @@ def main() -> int:
                          "print the ratio (e.g. jit_warmup=off,auto or "
                          "cuda_init=under_lock,before_lock)")
     ap.add_argument("--first", type=int, help="only the first N candidates")
+    ap.add_argument("--sizes", choices=("examples", "full"), default="examples",
+                    help="the 25 Triton candidates at the examples' small sizes, where an "
+                         "evaluation is mostly fixed costs, or at their problems' own sizes, "
+                         "as a run judges them (the other five are the same either way)")
     ap.add_argument("--warm-baselines", action="store_true",
                     help="judge each problem's reference once before the clock starts, so that "
                          "the batch finds its baselines cached (a long run's steady state)")
@@ -250,7 +259,8 @@ def main() -> int:
         print(json.dumps(run_batch(items, args.device, args.concurrency, args.rows,
                                    json.loads(args.settings), args.warm_baselines)))
         return 0
-    items = batch()[:args.first] if args.first else batch()
+    items = batch(args.sizes)
+    items = items[:args.first] if args.first else items
     if args.list:
         for it in items:
             print(f"{it['label']:42} {it['overrides']}")
