@@ -52,14 +52,16 @@ from evaluator.worker.construct import (
     sync,
 )
 from evaluator.worker.probes import Baseline
-from evaluator.worker.trials import Loaded, run_trial
+from evaluator.worker.trials import Loaded, preload_inputs, run_trial
 
 log = logging.getLogger(__name__)
 
 
 def run_candidate(job: CandidateJob, ch: Channel,
                   call_fds: tuple[int, int, int] | None = None) -> None:
-    # Nothing of the candidate's is imported before this.
+    # Nothing of the candidate's is imported before this; reading the trials' inputs from disk
+    # needs no device, so it is done before the lock too.
+    preloaded = preload_inputs(job.trials)
     if not wait_for_device(ch, job.problem.device if job.early_cuda_init else None):
         return
     apply_numerics(job.problem.allow_tf32)
@@ -76,7 +78,7 @@ def run_candidate(job: CandidateJob, ch: Channel,
         return
     ch.stage("correctness")
     for trial in job.trials:
-        if not _trial(loaded, trial, job, ch):
+        if not _trial(loaded, trial, job, ch, preloaded.pop(trial.index, None)):
             return
     _send_all(ch, base.report("after the correctness trials"))
     if job.cpu_emulation and job.triton_aot:
@@ -127,9 +129,10 @@ def _send_all(ch: Channel, msgs: list[BaseModel]) -> None:
         ch.send(msg)
 
 
-def _trial(loaded: Loaded, trial: CandTrial, job: CandidateJob, ch: Channel) -> bool:
+def _trial(loaded: Loaded, trial: CandTrial, job: CandidateJob, ch: Channel,
+           inputs: list | None = None) -> bool:
     try:
-        msgs = run_trial(loaded, trial, job)
+        msgs = run_trial(loaded, trial, job, inputs)
     except BaseException as e:
         _fail(ch, "correctness", e, job)
         return False

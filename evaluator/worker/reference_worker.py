@@ -5,12 +5,17 @@ seed, compute the expected outputs (and, for the precision check, float64 ones) 
 `no_grad`, write inputs (for the candidate) and expected outputs (harness-private) to disk; then
 serve the harness's calls (`evaluator.worker.serve`) on the eager model and on torch.compile of
 it. The harness drives it from `evaluator.reference.collect_reference`.
+
+What needs no device is made before the worker says it is ready, so before the harness takes
+the device lock for it (`_prepare`): the problem, the models built on CPU, the trials' inputs.
 """
 
 from __future__ import annotations
 
 import copy
 import types
+from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -31,24 +36,60 @@ from evaluator.worker.construct import (
     load_problem,
     noisy_model,
     sync,
+    to_device,
 )
 from evaluator.worker.serve import output_specs
+
+PREPARED_BYTES = 4 << 30
+"""At most this much (inputs and second models, on CPU) is prepared before the device lock and
+held until it is used; what would not fit is made under the lock, as it always was."""
+PREPARE_THREADS = 1
+"""CPU threads for that preparation: it runs beside other evaluations' timings, whose clocks
+include their processes' host side, so it takes one core, not all of them (the values drawn do
+not depend on the thread count)."""
+
+
+@dataclass
+class _Prepared:
+    """What the worker made on CPU before it asked for the device."""
+
+    problem: ModuleType
+    init: list[Any]
+    model: torch.nn.Module | None = None
+    """The main model on CPU; None: built under the lock (its init inputs hold tensors, which
+    KernelBench places on the device before it calls the constructor)."""
+    inputs: dict[int, list[Any]] = field(default_factory=dict)
+    """Trial index -> its inputs on CPU, already written for the candidate."""
+    models: dict[int, torch.nn.Module] = field(default_factory=dict)
+    """Trial index -> its second model (reparam) on CPU, its fills already written."""
 
 
 def run_reference(job: ReferenceJob, ch: Channel,
                   call_fds: tuple[int, int, int] | None = None) -> None:
     spec = job.problem
+    apply_numerics(spec.allow_tf32)
+    try:
+        # CPU work first, off the device lock (the harness takes it at `ready`): loading the
+        # problem, building models on CPU the KernelBench way and drawing and writing the
+        # trials' inputs are seconds at full sizes (L3/1's 671 M parameters, L3/13's 1 GiB
+        # inputs per trial), during which other evaluations can use the GPU.
+        prepared = _prepare(job)
+    except BaseException as e:
+        ch.error("reference", e, spec.path, "runtime_error")
+        return
     if not wait_for_device(ch, spec.device if job.early_cuda_init else None):
         return
-    apply_numerics(spec.allow_tf32)
     ch.stage("reference")
     try:
         ch.send(EnvMsg(env=env_info(spec.device)))
-        problem = load_problem(spec)
-        init = init_inputs(problem, spec)
-        model = construct(problem.Model, init, spec, fills_out=job.fills_path)
+        problem, init = prepared.problem, prepared.init
+        if prepared.model is None:
+            init = init_inputs(problem, spec)
+            model = construct(problem.Model, init, spec, fills_out=job.fills_path)
+        else:
+            model = prepared.model.to(device=spec.device)
         for t in job.trials:
-            _trial(problem, model, init, spec, t, ch)
+            _trial(problem, model, init, spec, t, ch, prepared)
         specs: list | str = []
         if job.timing is not None:
             with torch.no_grad():
@@ -67,11 +108,62 @@ def run_reference(job: ReferenceJob, ch: Channel,
     ch.send(DoneMsg())
 
 
-def _trial(problem, model, init, spec, t, ch: Channel) -> None:
-    inputs = draw_inputs(problem, t.input_seed, spec)
-    torch.save(_to_cpu(inputs), t.inputs_path)
-    trial_model = model if t.perturb_seed is None else noisy_model(
-        problem.Model, init, spec, t.perturb_seed, fills_out=t.fills_path)
+def _prepare(job: ReferenceJob) -> _Prepared:
+    """Everything of the reference stage that needs no device, made on CPU exactly as the
+    device path makes it (models are built on CPU and then moved either way; inputs are drawn
+    on CPU), within `PREPARED_BYTES`. Inputs are kept in memory, not read back from the file
+    written for the candidate, so nothing that can reach that file can change what the
+    reference computes."""
+    spec = job.problem
+    cpu = spec.model_copy(update={"device": "cpu"})
+    problem = load_problem(spec)
+    init = init_inputs(problem, cpu)
+    out = _Prepared(problem, init)
+    if any(isinstance(x, torch.Tensor) for x in init):
+        return out
+    threads = torch.get_num_threads()
+    torch.set_num_threads(PREPARE_THREADS)
+    try:
+        out.model = construct(problem.Model, init, cpu, fills_out=job.fills_path)
+        used = _bytes(out.model.parameters())
+        for t in job.trials:
+            inputs = draw_inputs(problem, t.input_seed, cpu)
+            size = _bytes(inputs)
+            second = None
+            if t.perturb_seed is not None and used + size + _bytes(out.model.parameters()) \
+                    <= PREPARED_BYTES:
+                second = noisy_model(problem.Model, init, cpu, t.perturb_seed,
+                                     fills_out=t.fills_path)
+                size += _bytes(second.parameters())
+            if used + size > PREPARED_BYTES:
+                break  # this trial and the rest are made under the lock
+            torch.save(inputs, t.inputs_path)
+            out.inputs[t.index] = inputs
+            if second is not None:
+                out.models[t.index] = second
+            used += size
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def _bytes(xs: Any) -> int:
+    return sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
+
+
+def _trial(problem, model, init, spec, t, ch: Channel, prepared: _Prepared) -> None:
+    if t.index in prepared.inputs:
+        inputs = to_device(prepared.inputs.pop(t.index), spec.device)
+    else:
+        inputs = draw_inputs(problem, t.input_seed, spec)
+        torch.save(_to_cpu(inputs), t.inputs_path)
+    if t.perturb_seed is None:
+        trial_model = model
+    elif t.index in prepared.models:
+        trial_model = prepared.models.pop(t.index).to(device=spec.device)
+    else:
+        trial_model = noisy_model(problem.Model, init, spec, t.perturb_seed,
+                                  fills_out=t.fills_path)
     torch.manual_seed(t.forward_seed)
     with torch.no_grad():
         out = trial_model(*clone_all(inputs))

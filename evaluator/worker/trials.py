@@ -10,6 +10,7 @@ on a second ModelNew built like the reference's second model (the reparam trial)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -105,11 +106,38 @@ def _gpu_launches(loaded: Loaded, job: CandidateJob, call: Callable[[], _Call],
     return custom_launches(call, names)
 
 
-def run_trial(loaded: Loaded, trial: CandTrial, job: CandidateJob) -> list[BaseModel]:
-    """Run one trial; returns the messages for the harness, the TrialMsg first. Raises whatever
-    the candidate raised."""
+PRELOADED_BYTES = 4 << 30
+"""At most this much of the trials' input files is read before the device lock."""
+
+
+def preload_inputs(trials: list[CandTrial]) -> dict[int, list[Any]]:
+    """The trials' inputs read from disk before the process asks for the device (trusted code,
+    nothing of the candidate's has run): at full sizes they are GiBs (L3/13: 1 GiB per trial).
+    In trial order, while their files fit in `PRELOADED_BYTES`; the rest are read under the
+    lock, in `run_trial`. A missing or unreadable file is left to `run_trial` too, which
+    reports it where it always did."""
+    out: dict[int, list[Any]] = {}
+    used = 0
+    for t in trials:
+        try:
+            size = os.path.getsize(t.inputs_path)
+            if used + size > PRELOADED_BYTES:
+                break
+            out[t.index] = torch.load(t.inputs_path, weights_only=True)
+        except Exception:
+            break
+        used += size
+    return out
+
+
+def run_trial(loaded: Loaded, trial: CandTrial, job: CandidateJob,
+              inputs: list[Any] | None = None) -> list[BaseModel]:
+    """Run one trial (`inputs`: preloaded by `preload_inputs`); returns the messages for the
+    harness, the TrialMsg first. Raises whatever the candidate raised."""
     device = job.problem.device
-    inputs = to_device(torch.load(trial.inputs_path, weights_only=True), device)
+    if inputs is None:
+        inputs = torch.load(trial.inputs_path, weights_only=True)
+    inputs = to_device(inputs, device)
     model = loaded.model if trial.perturb_seed is None else _perturbed(loaded, job, trial)
     ghost = _ghost_call(loaded, model, inputs, trial, job) if trial.ghost else None
     args = clone_all(inputs)
