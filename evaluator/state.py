@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from evaluator import __version__, board, devicepool, isolation, uidpool
+from evaluator.build import triton_runtime
 from evaluator.config import EvalConfig, Policy
 from evaluator.devicelock import device_lock
 from evaluator.forkserver import Confinement, gpu_nodes
@@ -143,6 +144,8 @@ class EvalRun:
         root = Path(tempfile.mkdtemp(prefix="kloop-eval-", dir=parent))
         for sub in ("cand", "warm", "ref", "compile", "triton", "inductor"):
             (root / sub).mkdir()
+        if device != "cpu":  # Triton's runtime module, prebuilt: no gcc under the device lock
+            triton_runtime.seed(config.cache_dir, root / "triton")
         lease = None
         if config.sandbox_uid is not None and isolation.can_change_uid():
             lease = uidpool.lease(config.sandbox_uid, config.sandbox_uids)
