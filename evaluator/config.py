@@ -189,6 +189,16 @@ class EvalConfig(BaseModel):
     Measured again without those seconds (session 10): the exclusive hold of a Triton candidate
     2.54 -> 1.85 s, but 1.02x candidates per GPU-hour on a batch whose first baselines set the
     pace; next: the steady state (`bench/throughput.py --warm-baselines`)."""
+    jit_prime: Literal["auto", "on", "off"] = "off"
+    """Before the candidate child, compile the candidate's Triton kernels for the evaluation's
+    GPU in a child that has no GPU and holds no lock (`stages.prime_pass`,
+    `evaluator/worker/prime.py`: the candidate called once on `meta` tensors, every launch
+    turned into Triton's compile-only path), so that the candidate child finds them in this
+    evaluation's Triton cache instead of compiling them under the exclusive lock. Best effort:
+    where the candidate needs data or a device the prime stops and the candidate child compiles
+    the rest; nothing the prime does is judged. `auto`: on a GPU, for Triton sources; `on`: on a
+    CPU too (for sm_90; the interpreter does not use it: tests). Off by default until measured
+    on the H200 (session 12 built it after its last device call)."""
     cuda_init: Literal["before_lock", "under_lock"] = "under_lock"
     """When a GPU child creates its CUDA context: `under_lock`, at its first use of the device,
     with the device lock held; or `before_lock`, in trusted code after its start and before it

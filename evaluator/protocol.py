@@ -21,7 +21,9 @@ from evaluator.result import (
     TimingStats,
 )
 
-ChildMode = Literal["reference", "candidate", "compile", "warmup"]
+ChildMode = Literal["reference", "candidate", "compile", "warmup", "prime"]
+PRIME_ARCH_ENV = "KLOOP_PRIME_ARCH"
+"""The prime child's target: the GPU's compute capability as Triton spells it (`90`)."""
 
 
 class _Rec(BaseModel):

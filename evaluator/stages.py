@@ -44,6 +44,7 @@ from evaluator.outcome import (
 )
 from evaluator.precheck import precheck_source
 from evaluator.protocol import (
+    PRIME_ARCH_ENV,
     CandidateJob,
     CompileJob,
     CompileMsg,
@@ -240,6 +241,8 @@ def candidate_stage(run: EvalRun) -> None:
     """Run the candidate child and judge what it produces, trial by trial (evaluator.judge)."""
     run.record(Entered(stage="load"))
     job = candidate_job(run, reference_job(run), build_dir(run))
+    if wants_prime(run):
+        prime_pass(run, job)
     if wants_warmup(run):
         warmup_pass(run, job)
     seq = Sequence()
@@ -309,6 +312,36 @@ def warmup_pass(run: EvalRun, job: CandidateJob) -> None:
     if outcome.returncode != 0:
         log.info("warm-up child of %s ended %s (%s): the candidate child will show it",
                  run.problem.id, outcome.returncode, outcome.killed_for)
+
+
+def wants_prime(run: EvalRun) -> bool:
+    mode = run.config.jit_prime
+    return mode == "on" or (mode == "auto" and not run.on_cpu and run.backend == "triton")
+
+
+def prime_pass(run: EvalRun, job: CandidateJob) -> None:
+    """Compile the candidate's Triton kernels into this evaluation's Triton cache in a child
+    with no GPU and no lock (`evaluator.worker.prime`). Like the compile child it runs candidate
+    code outside the lock, so it is sandboxed and contained like it, its GPU device nodes are
+    hidden and it runs at idle CPU priority; it gets its own copy of the source, no fills and no
+    trials, and nothing it says is judged. Its wall time is `stage_seconds["prime"]`."""
+    workdir = run.root / "prime"
+    workdir.mkdir(exist_ok=True)
+    src = Path(job.candidate_path)
+    shutil.copyfile(src, workdir / src.name)
+    job = job.model_copy(update={"candidate_path": str(workdir / src.name), "fills_path": None,
+                                 "trials": []})
+    arch = (cuda_arch_list(run.device) if not run.on_cpu else None) or "9.0"
+    env = {**_candidate_env(run), PRIME_ARCH_ENV: arch.split()[0].replace(".", "")}
+    env.pop("TRITON_INTERPRET", None)  # it compiles for the GPU, whatever this machine is
+    with run.timed("prime"), run.spawn("prime", job, workdir, ["load", "correctness"], env,
+                                       device="cpu") as child:
+        for _ in child.messages():
+            pass
+        outcome = child.outcome()
+    if outcome.returncode != 0:
+        log.info("JIT prime of %s ended %s: the candidate child compiles what it did not\n%s",
+                 run.problem.id, outcome.returncode, outcome.stderr_tail[-800:])
 
 
 def _ncu_pass(run: EvalRun, job: CandidateJob) -> None:

@@ -290,7 +290,9 @@ class EvalRun:
         timeouts = {"startup": c.timeouts.startup}
         timeouts.update({s: getattr(c.timeouts, s) for s in stages})
         extra = dict(extra_env or {})
-        if mode == "compile":  # candidate code outside the device lock: idle CPU time only
+        # Candidate code outside the device lock: idle CPU time only, and no GPU.
+        outside = mode in ("compile", "prime")
+        if outside:
             extra[isolation.BACKGROUND_ENV] = "1"
         if self.on_cpu:
             extra.setdefault("OMP_NUM_THREADS", str(c.cpu_threads))
@@ -298,10 +300,10 @@ class EvalRun:
         rss = int(c.host_rss_limit_gb * (1 << 30))
         # Candidate code runs in the candidate, warm-up and compile children (importing it
         # builds).
-        runs_candidate = mode in ("candidate", "compile", "warmup")
+        runs_candidate = mode in ("candidate", "compile", "warmup", "prime")
         plan = self.sandbox if runs_candidate else None
-        # Compile children run candidate code outside the device lock: no GPU for them.
-        hide = gpu_nodes() + list(c.hidden_from_builds) if mode == "compile" else []
+        # Compile and prime children run candidate code outside the device lock: no GPU.
+        hide = gpu_nodes() + list(c.hidden_from_builds) if outside else []
         # Contained (a root harness): only its own evaluation's dir is visible, and no process
         # outside its own PID namespace (the reference worker, the flusher, other evaluations).
         # A PID namespace leaves the GPU reachable: CUDA needs only the device nodes and

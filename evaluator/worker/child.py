@@ -153,7 +153,7 @@ def call_server(fds: tuple[int, int, int] | None, layout_json: str | None, devic
 def main(argv: list[str]) -> int:
     mode, job_path, fd = argv[1], Path(argv[2]), int(argv[3])
     fds = tuple(int(x) for x in argv[4].split(",")) if len(argv) > 4 else None
-    if mode in ("candidate", "compile", "forward", "warmup"):
+    if mode in ("candidate", "compile", "forward", "warmup", "prime"):
         from evaluator.isolation import confine_child
 
         confine_child()
@@ -175,6 +175,12 @@ def main(argv: list[str]) -> int:
         from evaluator.worker.candidate import run_warmup
 
         run_warmup(job, channel)
+    elif mode == "prime":
+        job = CandidateJob.model_validate_json(raw)
+        limit_memory(job.memory_limit_bytes)
+        from evaluator.worker.prime import run_prime
+
+        run_prime(job, channel)
     elif mode == "reference":
         from evaluator.worker.reference_worker import run_reference
 

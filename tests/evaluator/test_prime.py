@@ -1,0 +1,95 @@
+"""The JIT prime (`jit_prime`): the candidate's Triton kernels compiled for the GPU before the
+device lock, in a child that has no GPU, and nothing it does decides anything."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from eval_helpers import candidate, cpu_config
+
+from agent.demo.kernels import SIZES, source
+from evaluator.pipeline import evaluate
+
+L3_1 = SIZES["L3/1"]
+
+
+def _run(tmp_path: Path, src: str, **extra):
+    work = tmp_path / "work"
+    r = evaluate("L3/1", src, cpu_config(tmp_path / "cache", jit_prime="on", keep_workdir=True,
+                                         work_root=work, problem_overrides=L3_1, **extra))
+    (root,) = list(work.rglob("kloop-eval-*"))
+    return r, root
+
+
+def test_the_prime_compiles_the_candidates_kernels_for_the_gpu_without_one(tmp_path):
+    """On this CPU host: the kernel is compiled for sm_90 into the evaluation's own Triton
+    cache (what the candidate child on the GPU would compile at its first launch), the
+    candidate is judged as without the prime."""
+    r, root = _run(tmp_path, source("L3/1", "ok"))
+    assert r.status == "correct", r.error
+    assert "prime" in r.stage_seconds
+    cubins = [p.name for p in (root / "triton").rglob("*.cubin")]
+    assert cubins == ["relu_kernel.cubin"], cubins
+
+
+def test_a_candidate_that_needs_data_stops_the_prime_and_is_judged_as_always(tmp_path):
+    src = source("L3/1", "ok").replace(
+        "    x = x.contiguous()\n", "    x = x.contiguous()\n    assert float(x.abs().sum()) >= 0\n", 1)
+    r, root = _run(tmp_path, src)
+    assert r.status == "correct", r.error
+    assert "prime" in r.stage_seconds
+    assert not list((root / "triton").rglob("*.cubin"))  # it stopped before the launch
+
+
+def test_a_wrong_candidate_is_still_wrong_and_a_crashing_one_still_crashes(tmp_path):
+    assert _run(tmp_path / "a", source("L3/1", "wrong"))[0].status == "incorrect"
+    assert _run(tmp_path / "b", source("L3/1", "crash"))[0].status == "runtime_error"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="hiding paths needs a root harness")
+def test_the_prime_child_cannot_open_what_is_hidden_from_builds(tmp_path, drop_box):
+    """Candidate code runs in the prime outside the device lock: the GPU's device nodes (here
+    a stand-in file) are /dev/null for it, as for the compile child; the candidate child,
+    which runs under the lock, reads the file."""
+    secret = drop_box / "nvidia-standin"
+    secret.write_text("the device")
+    secret.chmod(0o666)
+    out = drop_box / "seen.txt"
+    peek = ("import os as _os\n"
+            f"open({str(out)!r}, 'a').write(_os.path.basename(_os.getcwd()) + ':' + "
+            f"open({str(secret)!r}).read() + '\\n')\n")
+    src = source("L3/1", "ok").replace("import triton\n", f"import triton\n{peek}", 1)
+    r, _ = _run(tmp_path, src, hidden_from_builds=[str(secret)])
+    assert r.status == "correct", r.error
+    seen = dict(line.split(":", 1) for line in out.read_text().splitlines())
+    assert seen.get("prime") == "", seen
+    assert secret.read_text() == "the device"
+
+
+@pytest.mark.gpu
+def test_the_candidate_child_finds_every_kernel_the_prime_compiled(tmp_path):
+    """On the GPU: after the prime, the candidate child adds no kernel to the evaluation's
+    Triton cache (it found them all under the keys it computed), so no JIT ran under the lock."""
+    from evaluator import stages
+
+    seen: dict[str, set[str]] = {}
+    prime = stages.prime_pass
+
+    def observed(run, job):
+        prime(run, job)
+        seen["after"] = {p.name for p in (run.root / "triton").iterdir()}
+        seen["root"] = run.root
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(stages, "prime_pass", observed)
+    try:
+        r = evaluate("L3/1", candidate("mlp_triton.py"),
+                     cpu_config(tmp_path / "cache", device="cuda", jit_prime="auto",
+                                keep_workdir=True))
+    finally:
+        mp.undo()
+    assert r.status == "correct", r.error
+    assert any((seen["root"] / "triton" / d).glob("*.cubin") for d in seen["after"])
+    assert {p.name for p in (seen["root"] / "triton").iterdir()} == seen["after"]
