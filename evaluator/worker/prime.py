@@ -19,7 +19,9 @@ this evaluation's dirs.
 
 from __future__ import annotations
 
+import glob
 import os
+import stat
 from typing import Any
 
 import torch
@@ -104,7 +106,23 @@ class _CudaOnMeta(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def gpu_reachable(pattern: str = "/dev/nvidia*") -> bool:
+    """Whether a GPU device node is still a device here. The harness hides each one behind
+    /dev/null (character device 1:3) in this child's mount namespace; where that could not be
+    done (no privilege, no user namespaces) the prime must not run candidate code at all."""
+    for path in glob.glob(pattern):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) != 1:
+            return True
+    return False
+
+
 def run_prime(job: CandidateJob, ch: Channel) -> None:
+    if gpu_reachable():  # checked before any candidate code runs
+        raise SystemExit("kloop: the GPU is reachable from the prime child: nothing compiled")
     install_compile_only(int(os.environ[PRIME_ARCH_ENV]))
     spec = job.problem.model_copy(update={"device": "cpu"})
     ch.stage("load")

@@ -93,3 +93,14 @@ def test_the_candidate_child_finds_every_kernel_the_prime_compiled(tmp_path):
     assert r.status == "correct", r.error
     assert any((seen["root"] / "triton" / d).glob("*.cubin") for d in seen["after"])
     assert {p.name for p in (seen["root"] / "triton").iterdir()} == seen["after"]
+
+
+def test_the_prime_runs_no_candidate_code_where_a_gpu_node_is_still_a_device():
+    """Hiding the GPU's nodes needs privilege or user namespaces; where it failed, a node is
+    still a device (not /dev/null's 1:3) and the prime stops before importing the candidate."""
+    from evaluator.worker.prime import gpu_reachable
+
+    assert not gpu_reachable("/dev/null")  # what a hidden node looks like
+    assert not gpu_reachable("/nonexistent/nvidia*")
+    if os.path.exists("/dev/tty"):
+        assert gpu_reachable("/dev/tty")  # a character device that is not 1:x
