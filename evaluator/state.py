@@ -288,6 +288,8 @@ class EvalRun:
               serves: bool = False) -> Child:
         c = self.config
         timeouts = {"startup": c.timeouts.startup}
+        if mode == "reference":  # it builds models and draws trial inputs before it is ready
+            timeouts["startup"] += c.timeouts.reference
         timeouts.update({s: getattr(c.timeouts, s) for s in stages})
         extra = dict(extra_env or {})
         # Candidate code outside the device lock: idle CPU time only, and no GPU.
