@@ -294,15 +294,8 @@ def warmup_pass(run: EvalRun, job: CandidateJob) -> None:
     is sandboxed and contained like the candidate child, holds its share until it is gone (no
     device work of its can overlap a timing), and nothing it says is judged: the candidate
     child does all of it again. Its wall time is `stage_seconds["warmup"]`."""
-    # Its own copy of the source, in its own dir: the warm-up gets no write access to the
-    # candidate child's dir (it could rewrite the source the static rules judged, or the
-    # trials' inputs). It builds the model without the reference's fills (shapes, not values,
-    # decide what the JIT compiles).
     warm = run.root / "warm"
-    src = Path(job.candidate_path)
-    shutil.copyfile(src, warm / src.name)
-    job = job.model_copy(update={"candidate_path": str(warm / src.name), "fills_path": None,
-                                 "trials": []})
+    job = _jit_only(job, warm)
     with run.timed("warmup"), run.on_device(
             "warmup", job, warm, ["load", "correctness"], _candidate_env(run),
             shared=True) as child:
@@ -312,6 +305,17 @@ def warmup_pass(run: EvalRun, job: CandidateJob) -> None:
     if outcome.returncode != 0:
         log.info("warm-up child of %s ended %s (%s): the candidate child will show it",
                  run.problem.id, outcome.returncode, outcome.killed_for)
+
+
+def _jit_only(job: CandidateJob, workdir: Path) -> CandidateJob:
+    """The job of a child that runs the candidate only so its JIT compiles (warm-up, prime):
+    its own copy of the source in its own dir, so it gets no write access to the candidate
+    child's dir (it could rewrite the source the static rules judged, or the trials' inputs);
+    no reference fills and no trials (shapes, not values, decide what the JIT compiles)."""
+    src = Path(job.candidate_path)
+    shutil.copyfile(src, workdir / src.name)
+    return job.model_copy(update={"candidate_path": str(workdir / src.name), "fills_path": None,
+                                  "trials": []})
 
 
 def wants_prime(run: EvalRun) -> bool:
@@ -326,11 +330,7 @@ def prime_pass(run: EvalRun, job: CandidateJob) -> None:
     hidden and it runs at idle CPU priority; it gets its own copy of the source, no fills and no
     trials, and nothing it says is judged. Its wall time is `stage_seconds["prime"]`."""
     workdir = run.root / "prime"
-    workdir.mkdir(exist_ok=True)
-    src = Path(job.candidate_path)
-    shutil.copyfile(src, workdir / src.name)
-    job = job.model_copy(update={"candidate_path": str(workdir / src.name), "fills_path": None,
-                                 "trials": []})
+    job = _jit_only(job, workdir)
     arch = (cuda_arch_list(run.device) if not run.on_cpu else None) or "9.0"
     env = {**_candidate_env(run), PRIME_ARCH_ENV: arch.split()[0].replace(".", "")}
     env.pop("TRITON_INTERPRET", None)  # it compiles for the GPU, whatever this machine is

@@ -142,7 +142,7 @@ class EvalRun:
         isolation.allow_page_locked_outputs()  # before any child (or the template) starts
         parent, contained = isolation.work_parent(config.work_root)
         root = Path(tempfile.mkdtemp(prefix="kloop-eval-", dir=parent))
-        for sub in ("cand", "warm", "ref", "compile", "triton", "inductor"):
+        for sub in ("cand", "warm", "prime", "ref", "compile", "triton", "inductor"):
             (root / sub).mkdir()
         if device != "cpu":  # Triton's runtime module, prebuilt: no gcc under the device lock
             triton_runtime.seed(config.cache_dir, root / "triton")

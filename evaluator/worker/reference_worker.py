@@ -125,13 +125,12 @@ def _prepare(job: ReferenceJob) -> _Prepared:
     torch.set_num_threads(PREPARE_THREADS)
     try:
         out.model = construct(problem.Model, init, cpu, fills_out=job.fills_path)
-        used = _bytes(out.model.parameters())
+        used = model_bytes = _bytes(out.model.parameters())
         for t in job.trials:
             inputs = draw_inputs(problem, t.input_seed, cpu)
             size = _bytes(inputs)
             second = None
-            if t.perturb_seed is not None and used + size + _bytes(out.model.parameters()) \
-                    <= PREPARED_BYTES:
+            if t.perturb_seed is not None and used + size + model_bytes <= PREPARED_BYTES:
                 second = noisy_model(problem.Model, init, cpu, t.perturb_seed,
                                      fills_out=t.fills_path)
                 size += _bytes(second.parameters())
