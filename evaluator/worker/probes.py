@@ -4,8 +4,12 @@
   the identity of timer, synchronisation and comparison functions and of kloop's own functions,
   the global backend flags, the number of Python threads. `report()` compares against it.
 - `os_threads()`: threads of the process, native ones included (counted around each call).
-- `triton_launches()`: counts, or turns into no-ops, every Triton launch (a class-level patch of
-  the launcher, so it reaches every kernel object however the candidate holds it).
+- `triton_launches()`: counts, or turns into no-ops, every Triton launch through the JIT entry (a
+  class-level patch of `JITFunction.run`, so it reaches every kernel object however the
+  candidate holds it).
+- `ghost_compiled_launches()`: the launches that skip the JIT entry (a kept `CompiledKernel`,
+  its launcher held on its own) turned into no-ops for the candidate's kernels, named by the
+  driver from the function handle each launch passes (GPU).
 - `record_extension_outputs()` / `ghost_extensions()`: the candidate's compiled extension
   functions, first watched to learn what they return, then replaced by stubs that launch
   nothing and return NaN of that layout.
@@ -266,6 +270,80 @@ def triton_launches(noop: bool = False, names: set[str] | None = None) -> Iterat
                 del cls.run
             else:
                 cls.run = original
+
+
+def _launcher_class() -> type | None:
+    """Triton's launcher class on this GPU: every compiled kernel's launch calls an instance of
+    it (`CompiledKernel.run`), whether it came through the JIT entry, `kernel[grid]` on a kept
+    `CompiledKernel`, or the launcher kept on its own. None without an active GPU driver (the
+    interpreter has no compiled kernels)."""
+    if "triton" not in sys.modules:
+        return None
+    try:
+        from triton.runtime import driver
+
+        cls = driver.active.launcher_cls
+    except Exception:  # no GPU backend active (CPU, the interpreter)
+        return None
+    return cls if isinstance(cls, type) else None
+
+
+def function_name(handle: Any) -> str | None:
+    """The name of a loaded kernel from its `CUfunction` handle, as the driver has it; None
+    when the driver cannot say (no libcuda, a driver before `cuFuncGetName`, not a handle)."""
+    lib = _driver()
+    get = getattr(lib, "cuFuncGetName", None) if lib is not None else None
+    if get is None or not isinstance(handle, int) or handle == 0:
+        return None
+    name = ctypes.c_char_p()
+    try:
+        if get(ctypes.byref(name), ctypes.c_void_p(handle)) != 0 or name.value is None:
+            return None
+    except Exception:
+        return None
+    return name.value.decode(errors="replace")
+
+
+_FUNCTION_ARG = 4
+"""Where the `CUfunction` handle sits in the launcher's positional arguments (gridX, gridY,
+gridZ, stream, function, ...: Triton 3.4-3.7)."""
+
+
+@contextlib.contextmanager
+def ghost_compiled_launches(names: set[str]) -> Iterator[Launches]:
+    """Launches of the candidate's kernels (named in `names`) that reach Triton's launcher
+    without the JIT entry become no-ops (counted): a decorative kernel kept as a
+    `CompiledKernel` used to leave the ghost trial without a stub to go through. Launches the
+    driver cannot name run as they are (the profiler then counts them as having got past the
+    stubs, and the ghost trial concludes nothing). What stays out of reach: a launch made
+    below the launcher (its C entry point, or the driver through ctypes)."""
+    seen = Launches()
+    cls = _launcher_class()
+    if cls is None or not names:
+        yield seen
+        return
+    original = cls.__dict__.get("__call__", _MISSING)
+    inherited = cls.__call__
+    named: dict[int, str | None] = {}
+
+    def call(self, *args, **kwargs):
+        handle = args[_FUNCTION_ARG] if len(args) > _FUNCTION_ARG else kwargs.get("function")
+        key = handle if isinstance(handle, int) else -1
+        if key not in named:
+            named[key] = function_name(handle)
+        if named[key] in names:
+            seen.count += 1
+            return None
+        return inherited(self, *args, **kwargs)
+
+    cls.__call__ = call
+    try:
+        yield seen
+    finally:
+        if original is _MISSING:
+            del cls.__call__
+        else:
+            cls.__call__ = original
 
 
 # Output layout of each extension function by the shapes of its arguments, recorded during a

@@ -32,6 +32,7 @@ from evaluator.worker.construct import (
 )
 from evaluator.worker.probes import (
     custom_launches,
+    ghost_compiled_launches,
     ghost_extensions,
     hooked_triton_launches,
     os_threads,
@@ -260,7 +261,8 @@ def _ghost_call(loaded: Loaded, model: torch.nn.Module, inputs: list[Any], trial
         return out
 
     def profiled() -> int | None:
-        with triton_launches(noop=True), ghost_extensions(holders):
+        with triton_launches(noop=True), ghost_compiled_launches(names), \
+                ghost_extensions(holders):
             return custom_launches(call, names)[1]
 
     # Triton-only candidates on a GPU: the stubbed call runs without the profiler; only an
@@ -268,21 +270,22 @@ def _ghost_call(loaded: Loaded, model: torch.nn.Module, inputs: list[Any], trial
     # the stubs, under the profiler (`recheck`).
     cheap = device == "cuda" and _hook_counts(loaded, job)
     try:
-        with triton_launches(noop=True) as tri, ghost_extensions(holders) as ext:
+        with triton_launches(noop=True) as tri, ghost_compiled_launches(names) as kept, \
+                ghost_extensions(holders) as ext:
             if device == "cuda" and not cheap:
                 out, real = custom_launches(call, names)
             else:
                 out, real = call(), 0
     except Exception as e:  # the stubs broke the forward: nothing to conclude
         return _Ghost(None, f"the forward raised {type(e).__name__} with its kernels stubbed")
-    if tri.count + ext.count == 0:
+    if tri.count + kept.count + ext.count == 0:
         return _Ghost(None, "no kernel call went through a stub")
     if real is None:
         return _Ghost(None, "no kernel names to check the stubs against")
     if real > 0:
         return _Ghost(None, f"{real} launches of the candidate's kernels bypassed the stubs")
     outs = [o.detach().cpu() if type(o) is torch.Tensor else None for o in as_output_list(out)]
-    return _Ghost(outs, f"{tri.count + ext.count} kernel calls stubbed",
+    return _Ghost(outs, f"{tri.count + kept.count + ext.count} kernel calls stubbed",
                   recheck=profiled if cheap else None)
 
 
