@@ -6,8 +6,9 @@ build cache saves, and how repeatable the timings are. No targets; it prints num
 1. Per-stage wall time of a fixed set of candidates, with a cold and then a warm cache.
 2. Compile time of kloop's cached `load_inline` against plain `load_inline`, side by side
    (cold: empty cache or extensions dir; warm: second run), each in a fresh process.
-3. Spread of repeated timings of one kernel: the median of each of N evaluations, their CV, and
-   the within-run CV of the trials.
+3. Spread of repeated timings of one kernel (`--cv-set`; by default a ~1.8 ms Triton MLP): the
+   median of each of N evaluations, of the eager baseline served beside it and of the speedup,
+   their CVs, the within-run CV, and the SM clock and temperature around each timing.
 """
 
 from __future__ import annotations
@@ -117,24 +118,59 @@ def compile_times(pairs: bool) -> None:
     print(f"{'cold p50':34} {plain:10.2f} {kloop:10.2f}   kloop/plain {kloop / plain:.2f}")
 
 
-def timing_spread(device: str, repeats: int) -> None:
-    print(f"\n== spread of repeated timings: {repeats} evaluations of one kernel ==")
-    problem, name, sizes = FIXED_SET[1]
-    medians, within = [], []
+CV_SETS = {
+    # The issue's target is for models of 1 ms and more: L3/1 at batch 1024 is ~1.8 ms on the
+    # H200 (bench/clock.py), and a Triton candidate needs no 35 s CUDA build first.
+    "mlp-b1024": ("L3/1", "mlp_triton.py", {"batch_size": 1024, **{
+        k: v for k, v in MLP_MEDIUM.items() if k != "batch_size"}}),
+    "mlp-cuda": FIXED_SET[1],
+    "smoke": ("L3/1", "mlp_triton.py", {"batch_size": 2, "input_size": 64,
+                                         "layer_sizes": [32], "output_size": 16}),
+    # (CPU: checks this script runs; its numbers mean nothing)
+}
+
+
+def _cv(xs: list[float]) -> float:
+    mean = statistics.fmean(xs)
+    return statistics.pstdev(xs) / mean if mean else float("nan")
+
+
+def timing_spread(device: str, repeats: int, which: str = "mlp-b1024") -> None:
+    """`repeats` evaluations of one kernel, one after another in one process, with a shared
+    baseline cache (so eager is served, not re-measured from scratch, in every one): the CV of
+    the candidate's median, of the eager median served beside it, and of their ratio; each
+    evaluation's SM clock and temperature before and after its timed calls."""
+    problem, name, sizes = CV_SETS[which]
+    print(f"\n== spread of repeated timings: {repeats} evaluations of {problem} {name} "
+          f"{sizes} ==")
+    print(f"{'#':>3} {'cand ms':>9} {'eager ms':>9} {'speedup':>8} {'SM MHz':>11} {'temp C':>7}")
+    cand, eager, speedup, within = [], [], [], []
     with tempfile.TemporaryDirectory() as cache:
-        for _ in range(repeats):
+        for i in range(repeats):
             r = evaluate(problem, candidate(name),
                          EvalConfig(device=device, cache_dir=Path(cache), problem_overrides=sizes,
-                                    baselines="none", profile=False))
+                                    baselines="eager", profile=False))
             if r.timing is None:
                 print(f"no timing ({r.status}): {r.error}")
                 return
-            medians.append(r.timing.median_ms)
-            within.append(r.timing.std_ms / r.timing.mean_ms)
-    mean = statistics.fmean(medians)
-    cv = statistics.pstdev(medians) / mean if mean else float("nan")
-    print(f"{problem} {name}: medians (ms) {', '.join(f'{m:.4f}' for m in medians)}")
-    print(f"CV across evaluations {cv:.2%}; within-run CV mean {statistics.fmean(within):.2%}")
+            t = r.timing
+            cand.append(t.median_ms)
+            within.append(t.std_ms / t.mean_ms)
+            if r.eager is not None:
+                eager.append(r.eager.median_ms)
+            if r.speedup_vs_eager is not None:
+                speedup.append(r.speedup_vs_eager)
+            b, a = t.gpu_before, t.gpu_after
+            clocks = f"{b.sm_clock_mhz if b else '-'}/{a.sm_clock_mhz if a else '-'}"
+            temp = f"{a.temperature_c if a and a.temperature_c is not None else '-'}"
+            print(f"{i:3d} {t.median_ms:9.4f} "
+                  f"{r.eager.median_ms if r.eager else float('nan'):9.4f} "
+                  f"{r.speedup_vs_eager or float('nan'):8.3f} {clocks:>11} {temp:>7}")
+    print(f"CV across evaluations: candidate {_cv(cand):.2%}"
+          + (f", eager {_cv(eager):.2%}" if len(eager) == len(cand) else "")
+          + (f", speedup {_cv(speedup):.2%}" if len(speedup) == len(cand) else "")
+          + f"; within-run CV mean {statistics.fmean(within):.2%} (target: <= 1 % across "
+          "evaluations for models of 1 ms and more)")
 
 
 def main() -> None:
@@ -143,6 +179,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", default="stages,compile,cv")
     parser.add_argument("--problems", help="stages: only these problems (L3/4,L3/1)")
+    parser.add_argument("--cv-set", default="mlp-b1024", choices=sorted(CV_SETS),
+                        help="cv: which kernel to evaluate repeatedly")
     parser.add_argument("--compile-pairs", action="store_true",
                         help="build one candidate's plain and kloop versions at a time")
     args = parser.parse_args()
@@ -152,7 +190,7 @@ def main() -> None:
     if "compile" in parts:
         compile_times(args.compile_pairs)
     if "cv" in parts:
-        timing_spread(args.device, args.repeats)
+        timing_spread(args.device, args.repeats, args.cv_set)
 
 
 if __name__ == "__main__":

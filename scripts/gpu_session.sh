@@ -54,6 +54,8 @@ for s in "$@"; do
     pch) step pch 300 python3 bench/pch.py ;;
     stages) step stages 300 python3 bench/evaluator.py --only stages \
               ${STAGES_PROBLEMS:+--problems "$STAGES_PROBLEMS"} ;;
+    cv) step cv 150 python3 bench/evaluator.py --only cv --repeats "${CV_REPEATS:-6}" \
+        --cv-set "${CV_SET:-mlp-b1024}" ;;
     builds) step builds 300 python3 bench/evaluator.py --only compile \
               ${BUILD_PAIRS:+--compile-pairs} ;;
     # Tests that assert on measured times run after the rest, one at a time (`alone`).
