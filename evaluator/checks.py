@@ -155,7 +155,9 @@ def ghost(run: EvalRun, msg: ProbeMsg) -> list[Violation]:
     if msg.probe != "ghost":
         return []
     if not msg.conclusive:
-        run.record(Flagged(flag="ghost_check_inconclusive"))
+        # Why, after the name: a stub that missed a launch reads differently from a
+        # degenerate problem, and the user deciding what the flag means needs to know which.
+        run.record(Flagged(flag=f"ghost_check_inconclusive: {msg.detail[:160]}"))
         return []
     if not msg.value or _fired(run, "no_custom_kernel"):
         return []

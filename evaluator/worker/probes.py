@@ -12,7 +12,7 @@
   driver from the function handle each launch passes (GPU).
 - `record_extension_outputs()` / `ghost_extensions()`: the candidate's compiled extension
   functions, first watched to learn what they return, then replaced by stubs that launch
-  nothing and return NaN of that layout.
+  nothing and return NaN of that layout, wherever the candidate keeps them (`refswap`).
 - `custom_launches()`: the candidate's own kernels in a profiled call (GPU).
 - `hooked_triton_launches()`: the candidate's own Triton kernels launched on the GPU, by name,
   seen by Triton's launch hook (no profiler: its first session costs seconds). A candidate can
@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from evaluator.protocol import ProbeMsg
+from evaluator.worker.refswap import swapped
 
 # Functions a candidate could replace to fake a time, a synchronisation or a comparison. Not
 # torch.manual_seed: importing torch._dynamo (the profiler may) wraps it.
@@ -380,30 +381,28 @@ def _nan_like(args: tuple, kwargs: dict) -> Any:
 
 
 @contextlib.contextmanager
-def _swap_extensions(holders: list[dict[str, Any]],
-                     make: Callable[[str, Any], Any]) -> Iterator[None]:
+def _swap_extensions(make: Callable[[str, Any], Any]) -> Iterator[None]:
     """Replace the functions of the extensions the candidate built (load_inline) by
-    `make(name, function)` wherever the modules or `holders` (module and instance dicts) refer
-    to them."""
+    `make(name, function)` wherever anything the garbage collector sees refers to them: the
+    extension modules, the candidate's module and modules, and any list, tuple, closure,
+    partial, default argument or class attribute (`evaluator.worker.refswap`)."""
     from evaluator.build.buildcache import LOADED_MODULES
 
-    funcs = {id(f): n for m in LOADED_MODULES for n, f in vars(m).items()
-             if not n.startswith("_") and callable(f) and not isinstance(f, type)}
-    made: dict[int, Any] = {}
-    swapped = []
-    for d in [vars(m) for m in LOADED_MODULES] + holders:
-        for key, value in list(d.items()):
-            if id(value) in funcs:
-                swapped.append((d, key, value))
-                d[key] = made.setdefault(id(value), make(funcs[id(value)], value))
-    try:
+    names: dict[int, str] = {}
+    originals: list[Any] = []
+    for m in LOADED_MODULES:
+        for n, f in vars(m).items():
+            if not n.startswith("_") and callable(f) and not isinstance(f, type) \
+                    and id(f) not in names:
+                names[id(f)] = n
+                originals.append(f)
+    pairs = [(f, make(names[id(f)], f)) for f in originals]
+    del originals
+    with swapped(pairs):
         yield
-    finally:
-        for d, key, value in swapped:
-            d[key] = value
 
 
-def record_extension_outputs(holders: list[dict[str, Any]]) -> contextlib.AbstractContextManager:
+def record_extension_outputs() -> contextlib.AbstractContextManager:
     """Calls go through to the real extension functions; their output layouts are recorded."""
     def make(name: str, fn: Any) -> Any:
         def recorder(*args, **kwargs):
@@ -411,11 +410,11 @@ def record_extension_outputs(holders: list[dict[str, Any]]) -> contextlib.Abstra
             _OUTPUTS[_call_key(name, args, kwargs)] = _layout(out)
             return out
         return recorder
-    return _swap_extensions(holders, make)
+    return _swap_extensions(make)
 
 
 @contextlib.contextmanager
-def ghost_extensions(holders: list[dict[str, Any]]) -> Iterator[Launches]:
+def ghost_extensions() -> Iterator[Launches]:
     """Extension functions become stubs that launch nothing and return NaN laid out as the real
     call returned it (recorded earlier), else like their first tensor argument."""
     seen = Launches()
@@ -427,7 +426,7 @@ def ghost_extensions(holders: list[dict[str, Any]]) -> Iterator[Launches]:
             return _nan_like(args, kwargs) if layout is _MISSING else _nan(layout)
         return stub
 
-    with _swap_extensions(holders, make):
+    with _swap_extensions(make):
         yield seen
 
 

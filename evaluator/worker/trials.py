@@ -144,7 +144,7 @@ def run_trial(loaded: Loaded, trial: CandTrial, job: CandidateJob,
     args = clone_all(inputs)
     launches: int | None = None
     if trial.count_launches and device == "cuda":
-        with record_extension_outputs(_holders(loaded, model)):
+        with record_extension_outputs():
             call, launches = _gpu_launches(
                 loaded, job, lambda: _call(model, args, trial, device),
                 lambda: _call(model, clone_all(inputs), trial, device))
@@ -223,7 +223,9 @@ def _same(before: list[Any], after: list[Any]) -> bool:
 
 
 def _saved(o: Any) -> Any:
-    return o.detach().cpu() if type(o) is torch.Tensor else None
+    # A copy even on CPU (where `.cpu()` returns the tensor itself): an output buffer the model
+    # reuses would otherwise change under what was kept of an earlier call.
+    return o.detach().to("cpu", copy=True) if type(o) is torch.Tensor else None
 
 
 def _type_name(obj: Any) -> str:
@@ -239,17 +241,11 @@ def _perturbed(loaded: Loaded, job: CandidateJob, trial: CandTrial) -> torch.nn.
                        trial.perturb_seed, fills_in=trial.fills_path)
 
 
-def _holders(loaded: Loaded, model: torch.nn.Module) -> list[dict[str, Any]]:
-    """Where the candidate may keep its extension functions: its module and its modules."""
-    return [vars(loaded.module)] + [vars(m) for m in model.modules()]
-
-
 def _ghost_call(loaded: Loaded, model: torch.nn.Module, inputs: list[Any], trial: CandTrial,
                 job: CandidateJob) -> _Ghost:
     """One call with every kernel of the candidate's replaced by a no-op, made before the real
     call on these inputs: memory left over from earlier calls holds other inputs' values."""
     device = job.problem.device
-    holders = _holders(loaded, model)
     names = loaded.kernel_names
 
     def call() -> Any:
@@ -262,7 +258,7 @@ def _ghost_call(loaded: Loaded, model: torch.nn.Module, inputs: list[Any], trial
 
     def profiled() -> int | None:
         with triton_launches(noop=True), ghost_compiled_launches(names), \
-                ghost_extensions(holders):
+                ghost_extensions():
             return custom_launches(call, names)[1]
 
     # Triton-only candidates on a GPU: the stubbed call runs without the profiler; only an
@@ -271,7 +267,7 @@ def _ghost_call(loaded: Loaded, model: torch.nn.Module, inputs: list[Any], trial
     cheap = device == "cuda" and _hook_counts(loaded, job)
     try:
         with triton_launches(noop=True) as tri, ghost_compiled_launches(names) as kept, \
-                ghost_extensions(holders) as ext:
+                ghost_extensions() as ext:
             if device == "cuda" and not cheap:
                 out, real = custom_launches(call, names)
             else:
@@ -284,7 +280,7 @@ def _ghost_call(loaded: Loaded, model: torch.nn.Module, inputs: list[Any], trial
         return _Ghost(None, "no kernel names to check the stubs against")
     if real > 0:
         return _Ghost(None, f"{real} launches of the candidate's kernels bypassed the stubs")
-    outs = [o.detach().cpu() if type(o) is torch.Tensor else None for o in as_output_list(out)]
+    outs = [_saved(o) for o in as_output_list(out)]
     return _Ghost(outs, f"{tri.count + kept.count + ext.count} kernel calls stubbed",
                   recheck=profiled if cheap else None)
 

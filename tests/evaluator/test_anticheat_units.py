@@ -4,6 +4,7 @@ path reachability for the sandbox uid."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 import time
@@ -175,16 +176,72 @@ def test_ghost_stubs_return_nan_laid_out_as_the_real_call_and_are_undone(monkeyp
     monkeypatch.setattr(buildcache, "LOADED_MODULES", [ext])
     net = nn.Module()
     net.attn = ext.attention  # held by the instance, as `self.fn = ext.fn` does
-    holders = [vars(net)]
     x = torch.randn(2, 4, 12)
-    with record_extension_outputs(holders):
+    with record_extension_outputs():
         real = net.attn(x, 2)
-    with ghost_extensions(holders) as seen:
+    with ghost_extensions() as seen:
         ghost, other = net.attn(x, 2), ext.attention(torch.randn(3, 6), 2)
     assert seen.count == 2
     assert ghost.shape == real.shape == (2, 4, 4) and bool(ghost.isnan().all())
     assert other.shape == (3, 6)  # never seen: shaped like its first argument
     assert net.attn is attention and ext.attention is attention
+
+
+class _Slotted:
+    __slots__ = ("fn",)
+
+
+def test_ghost_stubs_reach_the_function_wherever_the_candidate_keeps_it(monkeypatch):
+    """A decorative extension call held outside the module and instance dicts (a list, a
+    tuple, a closure, a partial, a default argument, a class attribute, a staticmethod, a slot,
+    a dict of kernels) used to run for real in the ghost call; every one goes through the stub
+    now, and each holds the real function again afterwards."""
+    ext = types.ModuleType("fake_ext")
+
+    def relu(x):
+        return x.clamp_min(0)
+
+    ext.relu = relu
+    monkeypatch.setattr(buildcache, "LOADED_MODULES", [ext])
+
+    def closure_over(fn):
+        return lambda x: fn(x)
+
+    def with_default(x, fn=ext.relu):
+        return fn(x)
+
+    def with_kw_default(x, *, fn=ext.relu):
+        return fn(x)
+
+    class Holder(nn.Module):
+        at_class = ext.relu
+        static = staticmethod(ext.relu)
+
+        def __init__(self):
+            super().__init__()
+            self.in_list = [ext.relu]
+            self.in_tuple = ((ext.relu, 1), 2)  # two tuples deep
+            self.table = {"relu": ext.relu}
+            self.partial = functools.partial(ext.relu)
+            self.closure = closure_over(ext.relu)
+
+    h = Holder()
+    slotted = _Slotted()
+    slotted.fn = ext.relu
+    calls = [
+        lambda x: h.in_list[0](x), lambda x: h.in_tuple[0][0](x), lambda x: h.table["relu"](x),
+        h.partial, h.closure, with_default, with_kw_default, lambda x: Holder.at_class(x),
+        lambda x: h.static(x), lambda x: slotted.fn(x),
+    ]
+    x = torch.randn(4)
+    with ghost_extensions() as seen:
+        outs = [c(x) for c in calls]
+    assert seen.count == len(calls)
+    assert all(bool(o.isnan().all()) for o in outs)
+    assert [torch.equal(c(x), x.clamp_min(0)) for c in calls] == [True] * len(calls)
+    assert (h.in_list[0], h.in_tuple[0][0], h.table["relu"], h.partial.func, slotted.fn,
+            Holder.at_class, Holder.__dict__["static"].__func__) == (relu,) * 7
+    assert with_default.__defaults__ == (relu,) and with_kw_default.__kwdefaults__ == {"fn": relu}
 
 
 def test_ghost_check_is_inconclusive_when_other_inputs_give_the_same_output():
