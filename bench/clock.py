@@ -13,6 +13,14 @@ way (the issue asks for agreement within 3 % on L3/1 and L3/4). `fair sp` is the
 same code when the eager baseline is measured as a candidate (`eager_baseline_from: candidate`):
 1.000 is fair. `tf/plain` is the median with `l2_flush: trusted` (the harness's flusher process
 flushes too) over the median without, and `tf sp` that run's speedup of the same code.
+
+    python bench/clock.py --kb [--repeats 3] [--only L3/1,L3/4]
+
+prints only the `kernelbench` policy's numbers, which divide the workers' CUDA events bounded
+by the trusted clock (`result.BoundedEvents`), beside KernelBench's own event mean in this
+process, `--repeats` times per model: the eager baseline's and the same code's (as a
+candidate) bounded-event means, their ratios to KernelBench's, the same code's speedup, the
+bound and how many calls it moved up.
 """
 
 from __future__ import annotations
@@ -84,6 +92,30 @@ def kernelbench_events(problem_id: str, overrides: dict, trials: int = 100) -> t
     return statistics.median(times), statistics.fmean(times)
 
 
+def kb_table(models, args) -> int:
+    print(f"{'model':<12} {'KB mean':>8} | {'eager ev':>8} {'ratio':>6} | {'cand ev':>8} "
+          f"{'ratio':>6} | {'speedup':>7} {'clock':>14} | {'bound':>6} {'raised c/e':>10} | "
+          f"{'eager floor':>11} {'ratio':>6}", flush=True)
+    for label, pid, overrides in models:
+        cfg = EvalConfig(device="cuda", policy="kernelbench", baselines="eager", profile=False,
+                         cache_dir=args.cache_dir, problem_overrides=overrides)
+        for _ in range(args.repeats):
+            r = evaluate(pid, honest_source(pid), cfg)
+            _, kb_mean = kernelbench_events(pid, overrides)
+            t, e = r.timing, r.eager
+            if r.status != "correct" or t is None or e is None or not t.events or not e.events:
+                print(f"{label:<12} {r.status}: no bounded events "
+                      f"({r.error.message if r.error else r.speedup_clock})", flush=True)
+                continue
+            print(f"{label:<12} {kb_mean:>8.4f} | {e.events.mean_ms:>8.4f} "
+                  f"{e.events.mean_ms / kb_mean:>6.3f} | {t.events.mean_ms:>8.4f} "
+                  f"{t.events.mean_ms / kb_mean:>6.3f} | {r.speedup_vs_eager or 0:>7.3f} "
+                  f"{r.speedup_clock:>14} | {e.events.bound_ms:>6.3f} "
+                  f"{t.events.raised:>4}/{e.events.raised:<5} | {e.mean_ms:>11.4f} "
+                  f"{e.mean_ms / kb_mean:>6.3f}", flush=True)
+    return 0
+
+
 def _mhz(stats) -> str:
     """The SM clock the harness read (NVML) before the first and after the last timed call."""
     b, a = (getattr(stats, k, None) if stats is not None else None for k in ("gpu_before",
@@ -103,8 +135,13 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true",
                     help="the strict evaluation and the in-process events only (the kernelbench, "
                          "fair and trusted-flush columns read 0)")
+    ap.add_argument("--kb", action="store_true",
+                    help="the kernelbench policy's bounded events beside KernelBench's means")
+    ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args()
     wanted = set(args.only.split(",")) if args.only else None
+    if args.kb:
+        return kb_table([m for m in MODELS if wanted is None or m[0] in wanted], args)
     print(f"{'model':<12} {'events med':>10} {'trusted':>9} {'ratio':>6} {'handshake':>9} "
           f"{'calibrated':>10} {'worker ev':>9} {'speedup':>7} | {'KB mean':>9} {'kb-policy':>9} "
           f"{'ratio':>6} | {'cand raw':>8} {'cand ev':>8} {'ref raw':>8} {'ref ev':>8} | "

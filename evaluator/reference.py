@@ -27,7 +27,14 @@ from pydantic import BaseModel, ConfigDict
 
 from evaluator.harness.clock import CallResult, ChannelBroken
 from evaluator.harness.expected import ExpectedStore
-from evaluator.harness.served import CallPlan, decode, overhead_ms, run_plan, timing_stats
+from evaluator.harness.served import (
+    CallPlan,
+    decode,
+    event_bound_ms,
+    overhead_ms,
+    run_plan,
+    timing_stats,
+)
 from evaluator.protocol import (
     Control,
     DoneMsg,
@@ -111,6 +118,9 @@ class ReferenceOutput:
     null_call_ms: float | None = None
     calibrated_overhead_ms: float | None = None
     """`served.overhead_ms` of the eager calls: for the calibrated estimate only."""
+    event_bound_ms: float | None = None
+    """`served.event_bound_ms` of the eager calls: how far below its wall time (less the
+    bound) no call's events are believed, the reference's and the candidate's alike."""
     eager: TimingStats | None = None
     compiled: TimingStats | None = None
     flags: list[str] = field(default_factory=list)
@@ -216,21 +226,26 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput) 
         out.null_call_ms = served.null_median_ms()
         out.handshake_ms = served.handshake_ms()
         out.calibrated_overhead_ms = overhead_ms(served)
+        out.event_bound_ms = event_bound_ms(served, out.handshake_ms)
         out.eager = timing_stats(served, out.handshake_ms, on_cuda=serving.on_cuda,
                                  null_call_ms=out.null_call_ms,
-                                 calibrated_overhead_ms=out.calibrated_overhead_ms)
+                                 calibrated_overhead_ms=out.calibrated_overhead_ms,
+                                 event_bound=out.event_bound_ms)
         _store(path, record, out, serving)  # `kloop baseline` lists what was measured
     else:
         out.compiled = timing_stats(served, out.handshake_ms, on_cuda=serving.on_cuda,
                                     null_call_ms=out.null_call_ms,
-                                    calibrated_overhead_ms=out.calibrated_overhead_ms)
+                                    calibrated_overhead_ms=out.calibrated_overhead_ms,
+                                    event_bound=out.event_bound_ms)
         _store(path, record, out, serving)
 
 
 def key_fields(serving: Serving, env: EnvInfo) -> dict[str, Any]:
     return {
         "device": env.device_name, "gpu_arch": env.gpu_arch, "torch": env.torch,
-        "cuda": env.cuda, "timing": timing_key(serving.timing), "clock": "harness",
+        # "+events": records carry bounded events (a compiled baseline from before is measured
+        # again rather than divided on another clock than the eager one).
+        "cuda": env.cuda, "timing": timing_key(serving.timing), "clock": "harness+events",
         "n_calls": len(serving.seeds), **serving.key_extra,
     }
 

@@ -150,6 +150,29 @@ class GpuSample(_Record):
     `hw_thermal`...), as NVML's clock-event reasons."""
 
 
+class BoundedEvents(_Record):
+    """The worker's own CUDA-event time of each timed call, kept inside the interval the trusted
+    clock allows for that call: at most its wall time less the handshake (`TimingStats.
+    handshake_ms`), at least its wall time less `bound_ms`. The events are the process's word
+    (a candidate can forge them); the interval is the harness's. So a forged event moves a
+    number by at most `bound_ms - handshake_ms` per call, and an honest one is the number
+    KernelBench would report. The `kernelbench` policy computes its speedups from these
+    (`Policy.timing_of_record`); `strict` never does."""
+
+    median_ms: float
+    mean_ms: float
+    std_ms: float
+    min_ms: float
+    max_ms: float
+    bound_ms: float
+    """The most serving overhead (wall minus events) one call may hide: the 90th percentile of
+    the trusted reference worker's own calls in this evaluation, never below the handshake."""
+    raised: int
+    """Calls whose event time was below `wall - bound_ms` (moved up to it)."""
+    lowered: int
+    """Calls whose event time was above `wall - handshake` (moved down to it)."""
+
+
 class TimingStats(_Record):
     median_ms: float
     mean_ms: float
@@ -181,6 +204,8 @@ class TimingStats(_Record):
     worker_event_median_ms: float | None = None
     """The worker's own CUDA-event median of the forward: what the process says, kept as a
     cross-check only (a candidate's process can forge it)."""
+    events: BoundedEvents | None = None
+    """The worker's events, each bounded by the trusted clock (GPU runs with a known bound)."""
     measured_as: Literal["reference", "candidate"] | None = None
     """Baselines: served by the reference worker, or the reference's own code judged as a
     candidate (`eager_baseline_from: candidate`, `evaluator.fair_baseline`); None: a
@@ -263,6 +288,11 @@ class EvalResult(_Record):
     """The torch.compile baseline."""
     speedup_vs_eager: float | None = None
     speedup_vs_compile: float | None = None
+    speedup_clock: Literal["harness", "events_bounded"] | None = None
+    """Which numbers `speedup_vs_eager` divides: the trusted clock's (`TimingStats.median_ms`
+    etc.) or the bounded events (`TimingStats.events`), as the policy asks where both sides have
+    them. `speedup_vs_compile` uses the same, or the trusted clock's where the compiled
+    baseline (cached from before events were bounded) has none."""
     profile: ProfileSummary | None = None
     precision: PrecisionCheck | None = None
     violations: list[Violation] = Field(default_factory=list)

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Literal
 
 from evaluator import __version__, board, devicepool, isolation, uidpool
 from evaluator.build import triton_runtime
@@ -65,6 +66,33 @@ def cuda_arch_list(device: str) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out or None
+
+
+SpeedupClock = Literal["harness", "events_bounded"]
+
+
+def speedup_clock(policy: Policy, timing: TimingStats | None,
+                  eager: TimingStats | None) -> SpeedupClock | None:
+    """The policy's clock where the candidate and the eager baseline both have its numbers,
+    else the trusted clock's: one clock is never divided by the other."""
+    if timing is None or not timing.comparable:
+        return None
+    if policy.timing_of_record == "events_bounded" and timing.events and eager and eager.events:
+        return "events_bounded"
+    return "harness"
+
+
+def speedup(timing: TimingStats | None, baseline: TimingStats | None,
+            stat: Literal["median", "mean"], clock: SpeedupClock | None) -> float | None:
+    """baseline / candidate in `stat`, on `clock`'s numbers (the trusted clock's for a
+    baseline without bounded events, e.g. a compiled baseline cached before they existed)."""
+    if timing is None or baseline is None or clock is None:
+        return None
+    if clock == "events_bounded" and timing.events and baseline.events:
+        cand, base = getattr(timing.events, f"{stat}_ms"), getattr(baseline.events, f"{stat}_ms")
+    else:
+        cand, base = getattr(timing, f"{stat}_ms"), getattr(baseline, f"{stat}_ms")
+    return base / cand if cand > 0 else None
 
 
 def derive_seed(salt: str, purpose: str, index: int) -> int:
@@ -404,16 +432,18 @@ class EvalRun:
             problem_overrides=self.config.problem_overrides, compile=self.compile,
             correctness=self.trials, timing=self.timing, eager=self.eager,
             compiled=self.compiled, speedup_vs_eager=self.speedup(self.eager),
-            speedup_vs_compile=self.speedup(self.compiled), profile=self.profile,
+            speedup_vs_compile=self.speedup(self.compiled), speedup_clock=self.speedup_clock(),
+            profile=self.profile,
             precision=self.precision,
             violations=self.violations, flags=sorted(set(self.flags)), error=self.error,
             stage_seconds=self.stage_seconds, env=self.env, started_at=self.started_at,
         )
 
     def speedup(self, baseline: TimingStats | None) -> float | None:
-        t = self.timing
-        if t is None or baseline is None or not t.comparable or self.status != "correct":
+        if self.status != "correct":
             return None
-        stat = f"{self.policy.speedup_stat}_ms"
-        cand, base = getattr(t, stat), getattr(baseline, stat)
-        return base / cand if cand > 0 else None
+        return speedup(self.timing, baseline, self.policy.speedup_stat, self.speedup_clock())
+
+    def speedup_clock(self) -> SpeedupClock | None:
+        return None if self.status != "correct" else \
+            speedup_clock(self.policy, self.timing, self.eager)

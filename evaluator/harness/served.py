@@ -21,7 +21,7 @@ from evaluator.harness import gpustate
 from evaluator.harness.clock import CallChannel, CallResult, ChannelBroken
 from evaluator.harness.cputhreads import one_cpu_thread
 from evaluator.harness.flusher import flusher
-from evaluator.result import GpuSample, TimingStats
+from evaluator.result import BoundedEvents, GpuSample, TimingStats
 from evaluator.worker.serve import DTYPES, OK, ServeLayout
 
 _MAX_WARMUP_CALLS = 1000
@@ -165,13 +165,42 @@ def overhead_ms(served: Served) -> float | None:
     return max(float(np.median(served.wall_ms)) - float(np.median(events)), 0.0)
 
 
+def event_bound_ms(served: Served, handshake_ms: float | None) -> float | None:
+    """The most serving overhead one call may hide from events: the 90th percentile of wall
+    minus events over the trusted reference worker's own calls, never below the handshake.
+    The 90th, not the largest: one slow wake-up would otherwise widen every candidate's room
+    to forge; an honest candidate's slower calls are only moved up (never flattered)."""
+    gaps = [w - e for w, e in zip(served.wall_ms, served.event_ms, strict=True) if e is not None]
+    if not gaps:
+        return None
+    return max(float(np.percentile(gaps, 90)), handshake_ms or 0.0, 0.0)
+
+
+def bounded_events(served: Served, handshake_ms: float | None,
+                   bound_ms: float | None) -> BoundedEvents | None:
+    """Each call's event time kept within [wall - bound, wall - handshake]; None unless every
+    timed call has one (a worker that withholds some gets the trusted clock's numbers)."""
+    if bound_ms is None or not served.wall_ms or any(e is None for e in served.event_ms):
+        return None
+    wall = np.asarray(served.wall_ms, dtype=np.float64)
+    ev = np.asarray(served.event_ms, dtype=np.float64)
+    lo = np.maximum(wall - bound_ms, 0.0)
+    hi = np.maximum(wall - (handshake_ms or 0.0), lo)
+    kept = np.clip(ev, lo, hi)
+    return BoundedEvents(
+        median_ms=float(np.median(kept)), mean_ms=float(kept.mean()), std_ms=float(kept.std()),
+        min_ms=float(kept.min()), max_ms=float(kept.max()), bound_ms=bound_ms,
+        raised=int((ev < lo).sum()), lowered=int((ev > hi).sum()))
+
+
 def timing_stats(served: Served, handshake_ms: float | None, *, on_cuda: bool,
                  null_call_ms: float | None = None,
-                 calibrated_overhead_ms: float | None = None) -> TimingStats | None:
+                 calibrated_overhead_ms: float | None = None,
+                 event_bound: float | None = None) -> TimingStats | None:
     """The trusted numbers of record: wall time per call net of `handshake_ms`, the fastest
     null call (what no candidate can serve a call below; never below 0), with the raw median,
-    the null calls' median, the calibrated estimate and the worker's own event median kept
-    beside them."""
+    the null calls' median, the calibrated estimate, the worker's own event median and its
+    events bounded by `event_bound` (`bounded_events`) kept beside them."""
     if not served.wall_ms:
         return None
     raw = np.asarray(served.wall_ms, dtype=np.float64)
@@ -188,5 +217,6 @@ def timing_stats(served: Served, handshake_ms: float | None, *, on_cuda: bool,
         calibrated_median_ms=None if calibrated_overhead_ms is None
         else max(float(np.median(raw)) - calibrated_overhead_ms, 0.0),
         worker_event_median_ms=float(np.median(events)) if events else None,
+        events=bounded_events(served, handshake_ms, event_bound) if on_cuda else None,
         gpu_before=served.gpu_before, gpu_after=served.gpu_after,
     )

@@ -91,12 +91,13 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
         return
     if len(served.wall_ms) < len(seeds):
         return
-    # The worker's own event median rides along as data only: on the H200 the clock's overhead
-    # differs between processes by more than any threshold that would catch forged events
-    # (GPU_VALIDATION.md, 2026-12-01), and the number of record is the clock's either way.
+    # The worker's own events are never believed alone: they ride along bounded by the
+    # reference worker's serving overhead (`served.bounded_events`), which only the
+    # `kernelbench` policy divides (`Policy.timing_of_record`).
     run.record(Measured(what="timing", stats=timing_stats(
         served, handshake(ref.handshake_ms, served.handshake_ms()), on_cuda=not run.on_cpu,
-        null_call_ms=ref.null_call_ms, calibrated_overhead_ms=ref.calibrated_overhead_ms)))
+        null_call_ms=ref.null_call_ms, calibrated_overhead_ms=ref.calibrated_overhead_ms,
+        event_bound=ref.event_bound_ms)))
 
 
 def handshake(reference_ms: float | None, session_ms: float | None) -> float | None:

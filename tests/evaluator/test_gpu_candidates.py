@@ -55,6 +55,23 @@ def test_fused_triton_linear_relu_for_mlp(cache_dir):
     assert any(k.kind == "custom" and "linear_kernel" in k.name for k in r.profile.kernels)
 
 
+def test_kernelbench_divides_bounded_events_on_the_gpu(cache_dir):
+    """Under `kernelbench` the speedup divides the workers' CUDA events, each kept within the
+    trusted clock's interval; strict's numbers (wall less the fastest null call) stay beside."""
+    r = evaluate("L3/1", candidate("mlp_torch.py"),
+                 gpu_config(cache_dir, policy="kernelbench", problem_overrides=MLP_MEDIUM))
+    assert r.status == "correct", r.error
+    assert r.speedup_clock == "events_bounded"
+    for t in (r.timing, r.eager):
+        ev = t.events
+        assert ev is not None and ev.bound_ms >= (t.handshake_ms or 0.0)
+        assert ev.min_ms >= t.min_ms + (t.handshake_ms or 0) - ev.bound_ms - 1e-9
+        # Events leave the serving out: below the trusted clock's numbers, which keep it in.
+        assert ev.mean_ms <= t.mean_ms
+        assert ev.raised + ev.lowered < t.n_trials // 2, ev
+    assert r.speedup_vs_eager == pytest.approx(r.eager.events.mean_ms / r.timing.events.mean_ms)
+
+
 def test_cuda_candidates_build_in_parallel_and_are_correct(cache_dir):
     items = [
         ("L3/43", candidate("attention_cuda.py")),

@@ -11,10 +11,16 @@ import torch
 
 from evaluator.config import POLICIES, EvalConfig, UnknownPolicyError, get_policy
 from evaluator.correctness import compare_outputs, compare_tensor
-from evaluator.harness.served import Served, overhead_ms, timing_stats
+from evaluator.harness.served import (
+    Served,
+    bounded_events,
+    event_bound_ms,
+    overhead_ms,
+    timing_stats,
+)
 from evaluator.result import EvalResult
 from evaluator.sandbox import child_env
-from evaluator.state import derive_seed
+from evaluator.state import derive_seed, speedup, speedup_clock
 
 
 def test_allclose_semantics_and_worst_elements():
@@ -93,6 +99,66 @@ def test_the_handshake_is_the_fastest_null_call_and_the_calibration_only_an_esti
     assert s.median_ms == pytest.approx(2.0) and s.calibrated_median_ms == pytest.approx(1.6)
     assert s.null_call_ms == pytest.approx(0.3)
     assert overhead_ms(Served(wall_ms=[2.0], event_ms=[None], null_ms=[0.2])) is None
+
+
+def _reference_calls() -> Served:
+    # Ten calls of ~2 ms whose serving overhead (wall minus events) is 0.10-0.19 ms.
+    wall = [2.0 + 0.01 * i for i in range(10)]
+    return Served(wall_ms=wall, event_ms=[w - 0.10 - 0.01 * i for i, w in enumerate(wall)],
+                  null_ms=[0.05, 0.06])
+
+
+def test_the_event_bound_is_the_reference_overhead_90th_percentile_never_below_the_handshake():
+    ref = _reference_calls()
+    assert event_bound_ms(ref, 0.05) == pytest.approx(0.181)
+    assert event_bound_ms(ref, 0.5) == 0.5  # a handshake is served in any call
+    assert event_bound_ms(Served(wall_ms=[2.0], event_ms=[None]), 0.05) is None
+
+
+def test_bounded_events_are_the_events_where_the_trusted_clock_allows_them():
+    ref = _reference_calls()
+    bound = event_bound_ms(ref, 0.05)
+    honest = bounded_events(ref, 0.05, bound)
+    assert honest.median_ms == pytest.approx(float(torch.tensor(ref.event_ms).median()), abs=0.006)
+    # The call with the slowest serving (0.19 ms, above the 90th percentile) is moved up.
+    assert (honest.raised, honest.lowered) == (1, 0)
+    assert honest.mean_ms == pytest.approx(sum(ref.event_ms) / 10 + (0.19 - bound) / 10)
+    # Events forged to an eighth: every call is moved up to its wall time less the bound, so
+    # the forgery gains at most `bound - handshake` per call.
+    forged = Served(wall_ms=ref.wall_ms, event_ms=[w / 8 for w in ref.wall_ms])
+    f = bounded_events(forged, 0.05, bound)
+    assert f.raised == 10 and f.min_ms == pytest.approx(2.0 - bound)
+    # Events longer than the call less its fastest serving are cut to that.
+    slow = Served(wall_ms=ref.wall_ms, event_ms=[w * 3 for w in ref.wall_ms])
+    s = bounded_events(slow, 0.05, bound)
+    assert s.lowered == 10 and s.max_ms == pytest.approx(2.09 - 0.05)
+    # A worker that withholds one call's events gets the trusted clock's numbers only.
+    gap = Served(wall_ms=ref.wall_ms, event_ms=[*ref.event_ms[:9], None])
+    assert bounded_events(gap, 0.05, bound) is None
+    assert timing_stats(gap, 0.05, on_cuda=True, event_bound=bound).events is None
+    assert timing_stats(ref, 0.05, on_cuda=False, event_bound=bound).events is None
+    assert timing_stats(ref, 0.05, on_cuda=True, event_bound=bound).events == honest
+
+
+def test_kernelbench_divides_bounded_events_and_strict_the_trusted_clock():
+    ref = _reference_calls()
+    bound = event_bound_ms(ref, 0.05)
+    eager = timing_stats(ref, 0.05, on_cuda=True, event_bound=bound)
+    twice = Served(wall_ms=[w / 2 + 0.1 for w in ref.wall_ms],
+                   event_ms=[e / 2 for e in ref.event_ms])
+    cand = timing_stats(twice, 0.05, on_cuda=True, event_bound=bound)
+    kb, strict = get_policy("kernelbench"), get_policy("strict")
+    assert speedup_clock(strict, cand, eager) == "harness"
+    assert speedup_clock(kb, cand, eager) == "events_bounded"
+    assert speedup(cand, eager, "mean", "events_bounded") == pytest.approx(
+        eager.events.mean_ms / cand.events.mean_ms)
+    assert speedup(cand, eager, "mean", "events_bounded") != pytest.approx(
+        speedup(cand, eager, "mean", "harness"))
+    # A baseline without events (cached before they were kept) is divided on the clock.
+    old = eager.model_copy(update={"events": None})
+    assert speedup_clock(kb, cand, old) == "harness"
+    assert speedup(cand, old, "mean", "events_bounded") == pytest.approx(
+        old.mean_ms / cand.mean_ms)
 
 
 def test_child_env_is_an_allow_list(monkeypatch, tmp_path):
