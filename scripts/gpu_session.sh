@@ -40,6 +40,7 @@ for s in "$@"; do
     cupti) step cupti 120 python3 bench/cupti.py ;;
     interference) step interference 150 python3 bench/init_interference.py \
                 --seconds "${INTERFERENCE_SECONDS:-8}" --rounds "${INTERFERENCE_ROUNDS:-1}" ;;
+    diag-prime) step diag-prime 150 python3 bench/diag_prime.py ;;
     kb) step kb 240 python3 bench/clock.py --kb --repeats "${KB_REPEATS:-3}" --only "${KB_ONLY:-L3/1,L3/4}" ;;
     clock) step clock 300 python3 bench/clock.py ${CLOCK_QUICK:+--quick} --only "${CLOCK_ONLY:-L3/1-b8,L3/1-b1024,L3/1,L3/4}" ;;
     # Tests that need no GPU, run on the GPU host: a real pool uid and root harness there.

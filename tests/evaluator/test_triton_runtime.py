@@ -64,11 +64,22 @@ def test_a_failed_build_seeds_nothing_and_is_not_retried(tmp_path, monkeypatch):
 def test_the_candidate_child_loads_the_prebuilt_runtime(tmp_path):
     """On the GPU: the evaluation's Triton cache holds exactly the prebuilt module after a
     Triton candidate ran (the child found it under the key Triton computes, and built none)."""
+    from evaluator import stages
+
     cache = tmp_path / "cache"
-    r = evaluate("L3/1", candidate("mlp_triton.py"),
-                 cpu_config(cache, device="cuda", keep_workdir=True, work_root=tmp_path / "work"))
+    # The evaluation's own root, as the candidate stage sees it (a work root of the test's own,
+    # under pytest's private tmp dir, is closed to the sandbox uid the candidate runs as).
+    roots: list[Path] = []
+    wants_prime = stages.wants_prime
+    mp = pytest.MonkeyPatch()
+    mp.setattr(stages, "wants_prime", lambda run: roots.append(run.root) or wants_prime(run))
+    try:
+        r = evaluate("L3/1", candidate("mlp_triton.py"),
+                     cpu_config(cache, device="cuda", keep_workdir=True))
+    finally:
+        mp.undo()
     assert r.status == "correct", r.error
-    (root,) = [d / "triton" for d in (tmp_path / "work").rglob("kloop-eval-*")]
+    root = roots[0] / "triton"
     built = triton_runtime.built_runtime(cache)
     assert built is not None
     prebuilt = {p.relative_to(built): p.read_bytes() for p in built.rglob("cuda_utils*")}
