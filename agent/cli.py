@@ -163,3 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         code = 130
     sys.exit(code if isinstance(code, int) else 0)
 
+
+
+if __name__ == "__main__":  # python -m agent.cli (a driver started without the kloop script)
+    main()

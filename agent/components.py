@@ -60,17 +60,24 @@ def build_model(cfg: RunConfig) -> Model:
         raise ConfigError(str(e)) from None
 
 
+def problem_configs(base: EvalConfig, overrides: dict[str, dict[str, Any]],
+                    problems: list[Problem]) -> dict[str, EvalConfig]:
+    """Each problem's EvalConfig: the run's, with that problem's constant overrides."""
+    configs = {}
+    for p in problems:
+        extra = next((v for k, v in overrides.items() if k.lower() in (p.id.lower(), p.stem.lower())), {})
+        configs[p.id] = base.model_copy(
+            update={"problem_overrides": {**base.problem_overrides, **extra}})
+    return configs
+
+
 class LocalEvaluator:
     """kloop's own evaluator with the run's EvalConfig and per-problem constant overrides."""
 
     def __init__(self, base: EvalConfig, overrides: dict[str, dict[str, Any]],
                  problems: list[Problem]):
         self._evaluate = _import_evaluate()
-        self.configs: dict[str, Any] = {}
-        for p in problems:
-            extra = next((v for k, v in overrides.items() if k.lower() in (p.id.lower(), p.stem.lower())), {})
-            self.configs[p.id] = base.model_copy(
-                update={"problem_overrides": {**base.problem_overrides, **extra}})
+        self.configs: dict[str, Any] = problem_configs(base, overrides, problems)
         self.base = base
 
     def evaluate(self, problem: Problem, source: str) -> EvalResult:
@@ -88,4 +95,11 @@ def _import_evaluate():
 
 
 def build_evaluator(cfg: RunConfig, problems: list[Problem]) -> Evaluator:
+    """The evaluator of `cfg.executor`: this process's, or a pool of workers on a Ray cluster
+    (`agent.executor.ray_pool`) that run the same evaluator."""
+    if cfg.executor.kind == "ray":
+        from agent.executor.ray_pool import RayEvaluator
+
+        return RayEvaluator(cfg, problems)
     return LocalEvaluator(cfg.eval, cfg.problem_overrides, problems)
+

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,8 +21,8 @@ from agent.models.base import ModelConfig
 from evaluator.config import EvalConfig
 from kloop.errors import KloopError
 
-ContextPolicy = Literal["full", "last_k", "last"]
-StrategyKind = Literal["sequential", "best_of_n", "grid", "beam"]
+ContextPolicy = Literal["full", "last_k", "last", "digest", "summary"]
+StrategyKind = Literal["sequential", "best_of_n", "grid", "beam", "tree"]
 
 
 class ConfigError(KloopError, ValueError):
@@ -38,9 +39,19 @@ class AgentConfig(_Config):
     backend: Literal["cuda", "triton"] = "triton"
     """Which kernel language the prompt asks for."""
     context: ContextPolicy = "full"
-    """Which earlier turns the model sees: all, the last `context_k`, or only the last one."""
+    """Which earlier turns the model sees: `full` all of them, `last_k` the last `context_k`,
+    `last` only the last one. `digest` and `summary` show the latest turns in full and condense
+    the older ones into one message after the task: `digest` a table rendered from the records
+    (status, error head, runtime and speedups per turn; no call), `summary` the text of a model
+    call (prompts/summarize.j2) that is charged to the budget and recorded on the turn it
+    precedes (`TurnRecord.summary`); replay and fork reuse the recorded summary. Which turns
+    are condensed: see `context_k`."""
     context_k: int = Field(2, ge=1)
-    """Number of earlier turns kept by the `last_k` context policy."""
+    """`last_k`: the number of earlier turns kept. `digest`/`summary`: the fewest turns shown in
+    full. Turns are condensed in steps of k: with n earlier turns, the first
+    k*floor((n-k)/k) are condensed (none while n < 2k) and the rest, k to 2k-1 of them, shown in
+    full. The condensed part, and the prompt before the latest turns, so changes only every k
+    turns: a summary costs one call per k turns and provider prompt caches stay warm."""
     max_consecutive_format_errors: int = Field(3, ge=1)
     """Stop the episode after this many replies in a row without a usable code block."""
     stop_when_correct: bool = False
@@ -68,13 +79,18 @@ class StrategyConfig(_Config):
 
     `sequential` is 1×T refinement, `best_of_n` N×1 independent samples, `grid` N×T, and `beam`
     keeps the `beam_width` best kernels after each round and expands each `expand` times by
-    `turns` more turns. Left unset, the kind follows from `samples` and `turns`.
+    `turns` more turns. `tree` keeps every turn of a problem as a node of one search tree: it
+    starts `roots` episodes from scratch, then `expansions` more, each continuing the node with
+    the highest score, value + exploration * sqrt(ln n(parent) / n(node)) (n: the nodes in a
+    subtree, itself included; value: see `agent.tree.node_value`), among nodes with a kernel
+    and fewer than `max_children` children. Left unset, the kind follows from `samples` and
+    `turns`.
     """
 
     kind: StrategyKind | None = None
-    """sequential, best_of_n, grid or beam (None: inferred from samples and turns)."""
+    """sequential, best_of_n, grid, beam or tree (None: inferred from samples and turns)."""
     turns: int | None = Field(None, ge=1)
-    """Turns per episode (T); for beam, turns per round."""
+    """Turns per episode (T); for beam, turns per round; for tree, turns per expansion."""
     samples: int | None = Field(None, ge=1)
     """Independent episodes per problem (N)."""
     beam_width: int = Field(2, ge=1)
@@ -83,6 +99,19 @@ class StrategyConfig(_Config):
     """Beam search: children started from each kept kernel per round (m)."""
     rounds: int = Field(3, ge=1)
     """Beam search: number of rounds (the first round samples k×m episodes from scratch)."""
+    roots: int = Field(2, ge=1)
+    """Tree search: episodes started from scratch before the first expansion."""
+    expansions: int = Field(6, ge=0)
+    """Tree search: episodes started after the roots, each from the node the score picks. A
+    tree makes (roots + expansions) × turns calls, as many as a 1×that sequential run."""
+    exploration: float = Field(0.5, ge=0)
+    """Tree search: c, the weight of the exploration bonus (0: always the best node; values lie
+    in [0, 1): a failed kernel scores below 0.35, a correct one 0.5 + speedup/(1 + speedup)/2)."""
+    max_children: int = Field(3, ge=1)
+    """Tree search: children a node may have (keeps the search from piling onto one node)."""
+    batch: int = Field(1, ge=1)
+    """Tree search: nodes picked per step and expanded at once (up to `concurrency`); each pick
+    counts as a visit for the next, so one step's picks spread over the tree."""
 
     @model_validator(mode="after")
     def _resolve(self) -> StrategyConfig:
@@ -96,7 +125,10 @@ class StrategyConfig(_Config):
             raise ValueError("strategy best_of_n runs one turn per episode; use grid for turns > 1")
         if kind == "beam" and (n or 1) != 1:
             raise ValueError("strategy beam starts beam_width x expand episodes; samples must be 1")
-        defaults = {"sequential": (4, 1), "best_of_n": (1, 4), "grid": (4, 4), "beam": (1, 1)}
+        if kind == "tree" and (n or 1) != 1:
+            raise ValueError("strategy tree starts roots + expansions episodes; samples must be 1")
+        defaults = {"sequential": (4, 1), "best_of_n": (1, 4), "grid": (4, 4), "beam": (1, 1),
+                    "tree": (1, 1)}
         dt, dn = defaults[kind]
         self.kind, self.turns, self.samples = kind, t or dt, n or dn
         return self
@@ -132,6 +164,46 @@ class BudgetConfig(_Config):
     """Limits of the run; episodes not yet started are skipped once one is reached."""
 
 
+_RAY_ADDRESS = re.compile(r"auto|(ray://)?[A-Za-z0-9_.\-]+:\d{1,5}")
+
+
+class ExecutorConfig(_Config):
+    """Where evaluations run. `local`: in this process, on this host's devices. `ray`: on the
+    workers of a Ray cluster, one per GPU on every node; the LLM calls and the run directory stay
+    with this process (the driver). Neither choice changes an episode's key or a verdict."""
+
+    kind: Literal["local", "ray"] = "local"
+    """local (default) or ray (`pip install "kloop[ray]"`)."""
+    address: str | None = None
+    """Ray only: the cluster to join, `auto` (the one this machine is part of), `HOST:PORT` or
+    `ray://HOST:PORT`; None starts a Ray instance on this machine alone."""
+    resource: str = "GPU"
+    """Ray only: the node resource each evaluation worker holds one unit of. `GPU` gives one worker
+    per GPU; another name (a custom resource) stands in for GPUs on CPU-only clusters."""
+    worker_concurrency: int = Field(4, ge=1)
+    """Ray only: evaluations in flight per worker, as `concurrency` is on one host: builds and
+    process starts overlap while one candidate holds the worker's GPU (timings never overlap)."""
+    max_attempts: int = Field(3, ge=1)
+    """Ray only: tries per candidate whose worker or node is lost mid-evaluation (an
+    infrastructure fault, never the model's; the candidate goes to another worker)."""
+    drain_after: int = Field(2, ge=1)
+    """Ray only: evaluations lost on one node after which it gets no more work (drained)."""
+
+    @field_validator("address")
+    @classmethod
+    def _an_address(cls, v: str | None) -> str | None:
+        if v is not None and not _RAY_ADDRESS.fullmatch(v):
+            raise ValueError(f"{v!r} is not a Ray address: give auto, HOST:PORT or ray://HOST:PORT")
+        return v
+
+    @model_validator(mode="after")
+    def _ray_fields(self) -> ExecutorConfig:
+        if self.kind == "local" and self.address is not None:
+            raise ValueError("address is for the ray executor: add --executor ray "
+                             "(executor.kind: ray)")
+        return self
+
+
 class RunConfig(_Config):
     """Everything a run needs; saved resolved in `runs/<id>/config.json`."""
 
@@ -156,6 +228,8 @@ class RunConfig(_Config):
     evaluator draws fresh inputs per evaluation (`eval.salt` fixes those)."""
     concurrency: int = Field(4, ge=1)
     """Episodes run in parallel threads (LLM calls are I/O bound; the evaluator serialises GPU work)."""
+    executor: ExecutorConfig = ExecutorConfig()
+    """Where candidates are judged: this host (`local`) or a Ray cluster (`ray`)."""
     runs_dir: Path = Path("runs")
     """Where run directories are created."""
     run_id: str | None = None
@@ -172,6 +246,9 @@ class RunConfig(_Config):
         for name, default in _EVAL_ADDED.items():  # older runs' keys stay valid at the default
             if data["eval"].get(name) == default:
                 data["eval"].pop(name)
+        for name, default in _STRATEGY_ADDED.items():
+            if data["strategy"].get(name) == default:
+                data["strategy"].pop(name)
         data["eval_policy"] = self.eval.resolved_policy().model_dump(mode="json")
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
@@ -179,9 +256,11 @@ class RunConfig(_Config):
 # Evaluator fields added after episode keys were first written: digested only when set to
 # something other than the default, which is the behaviour from before they existed.
 _EVAL_ADDED = {"eager_baseline_from": "reference", "l2_flush": "worker", "disk_limit_gb": 16.0}
+_STRATEGY_ADDED = {"roots": 2, "expansions": 6, "exploration": 0.5, "max_children": 3, "batch": 1}
 # Fields that say where and how fast a run goes, or which problems it covers (each episode key
 # already holds its problem's hash): changing them must not change episode keys.
-_OPERATIONAL = {"problems", "level", "problems_dir", "concurrency", "runs_dir", "run_id"}
+_OPERATIONAL = {"problems", "level", "problems_dir", "concurrency", "runs_dir", "run_id",
+                "executor"}
 # The evaluator's machine-local knobs: where caches and work dirs live, what is kept for debugging.
 _EVAL_OPERATIONAL = {"cache_dir", "work_root", "keep_workdir", "device_lock", "output_tail_bytes",
                      "template_process", "hidden_from_builds", "build_slots", "jit_warmup",

@@ -13,11 +13,12 @@ from typing import Any, NamedTuple, Protocol
 
 from agent.budget import Meter, Spend
 from agent.config import AgentConfig, Limits
-from agent.models.base import Message
+from agent.models.base import Address, Message, ModelReply
 from agent.prompts import PromptSet
 from agent.protocols import Evaluator, Model
 from agent.records import BestKernel, ModelFaultInfo, TurnRecord, TurnRef
 from agent.tally import best_turn
+from evaluator.config import Comparison
 from evaluator.result import EvalResult
 from problems.registry import Problem
 
@@ -58,6 +59,8 @@ class EpisodeEnv:
     run_meter: Meter
     sink: TurnSink
     prompts: PromptSet
+    comparison: Comparison
+    """How the evaluator compares outputs (precision, tolerance): the task prompt states it."""
     on_turn: Callable[[TurnRecord], None] | None = None
 
 
@@ -125,6 +128,13 @@ class EpisodeState:
         return self.spec.prefix + self.own
 
     @property
+    def parent(self) -> TurnRef | None:
+        """The node the next turn continues: this episode's last turn, else where it branched from."""
+        if self.own:
+            return TurnRef(episode_key=self.spec.key, turn=self.own[-1].turn)
+        return self.spec.parent
+
+    @property
     def position(self) -> int:
         """Trajectory position of the next turn (1-based, inherited turns included)."""
         return len(self.spec.prefix) + len(self.own) + 1
@@ -137,26 +147,18 @@ def opening(spec: EpisodeSpec, env: EpisodeEnv) -> list[Message]:
     """The system and task messages every turn of the episode starts with."""
     total = len(spec.prefix) + spec.max_turns
     variables = {"problem": spec.problem, "backend": env.agent.backend, "gpu": env.agent.gpu,
-                 "max_turns": total}
+                 "max_turns": total, "comparison": env.comparison}
     return [
         Message(role="system", content=env.prompts.render("system", **variables)),
         Message(role="user", content=env.prompts.render("task", **variables)),
     ]
 
 
-def build_messages(opening_msgs: list[Message], trajectory: list[TurnRecord],
-                   agent: AgentConfig) -> list[Message]:
-    """Opening messages, then (reply, feedback) pairs of the turns the context policy keeps."""
-    if agent.context == "full":
-        kept = trajectory
-    else:
-        kept = trajectory[-(agent.context_k if agent.context == "last_k" else 1):]
-    messages = list(opening_msgs)
-    for rec in kept:
-        # An empty assistant message is refused by some APIs; the model still sees it said nothing.
-        messages.append(Message(role="assistant", content=rec.reply.text or "(empty reply)"))
-        messages.append(Message(role="user", content=rec.feedback))
-    return messages
+def ask(model: Model, messages: list[Message], at: Address) -> ModelReply:
+    """One query; a model whose replies depend on where they are asked (addressed scripted
+    replies, see `agent.protocols.Addressed`) is told where."""
+    query_at = getattr(model, "query_at", None)
+    return query_at(messages, at) if query_at is not None else model.query(messages)
 
 
 def feedback_vars(state: EpisodeState, result: EvalResult | None, fault: ModelFaultInfo | None,

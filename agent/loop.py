@@ -1,9 +1,10 @@
 """The agent loop: query → extract → evaluate → render feedback → append the turn.
 
 One function, `run_episode`, on one screen. Limits are all checked before each model call and
-every episode ends with a recorded stop reason. Model faults (no usable code block) become
-feedback and count as a turn; infrastructure faults (provider or evaluator) end the episode with
-`infra_error` and are never scored as the model's failure.
+every episode ends with a recorded stop reason. Under the `summary` context policy a turn's query
+may follow a summary call (agent/context.py), recorded and charged with the turn. Model faults
+(no usable code block) become feedback and count as a turn; infrastructure faults (provider or
+evaluator) end the episode with `infra_error` and are never scored as the model's failure.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import logging
 import time
 
 from agent.budget import Meter, Spend
+from agent.context import Condensed, build_messages, condense
 from agent.episode import (
     EpisodeEnv,
     EpisodeSpec,
     EpisodeState,
-    build_messages,
+    ask,
     feedback_template,
     feedback_vars,
     opening,
@@ -24,8 +26,7 @@ from agent.episode import (
 )
 from agent.errors import InfraFault, ModelFault
 from agent.extract import extract_code
-from agent.models.base import Address, Message, ModelReply
-from agent.protocols import Model
+from agent.models.base import Address, ModelReply
 from agent.records import EpisodeRecord, ModelFaultInfo, StopReason, TurnRecord, utcnow
 from evaluator.result import ErrorInfo, EvalResult
 
@@ -53,13 +54,6 @@ def evaluate_timed(env: EpisodeEnv, spec: EpisodeSpec, code: str) -> tuple[EvalR
     return result, time.monotonic() - start
 
 
-def ask(model: Model, messages: list[Message], at: Address) -> ModelReply:
-    """One query; a model whose replies depend on where they are asked (addressed scripted
-    replies, see `agent.protocols.Addressed`) is told where."""
-    query_at = getattr(model, "query_at", None)
-    return query_at(messages, at) if query_at is not None else model.query(messages)
-
-
 def extract(reply: ModelReply) -> tuple[str | None, ModelFaultInfo | None]:
     """The kernel of a reply, or why there is none (a model fault: feedback, and a turn)."""
     try:
@@ -79,11 +73,15 @@ def run_episode(spec: EpisodeSpec, env: EpisodeEnv,
     unrecorded = Spend()
     while (stop := check_stop(spec, env, state, meter)) is None:
         turn_start, clock = utcnow(), time.monotonic()
-        messages = build_messages(opening_msgs, state.trajectory, env.agent)
         at = Address(problem=spec.problem.id, episode=spec.episode, turn=len(state.own) + 1)
+        context = Condensed()
         try:
+            context = condense(state.trajectory, env, at, spec.problem.stem)
+            meter.charge(context.spend)
+            messages = build_messages(opening_msgs, state.trajectory, env.agent, context)
             reply = ask(env.model, messages, at)
         except InfraFault as e:
+            unrecorded = context.spend
             stop, error = ("infra_error", f"model call failed: {e}"), _error_info(e)
             break
         meter.charge(Spend.of_reply(reply))
@@ -93,19 +91,20 @@ def run_episode(spec: EpisodeSpec, env: EpisodeEnv,
             try:
                 result, eval_s = evaluate_timed(env, spec, code)
             except InfraFault as e:
-                unrecorded = Spend.of_reply(reply)
+                unrecorded = context.spend + Spend.of_reply(reply)
                 stop, error = ("infra_error", f"evaluation failed: {e}"), _error_info(e)
                 break
             meter.charge(Spend(eval_s=eval_s))
         feedback = env.prompts.render(feedback_template(result),
                                       **feedback_vars(state, result, fault, env.agent))
         turn = len(state.own) + 1
-        spend = Spend.of_reply(reply).model_copy(
+        spend = (context.spend + Spend.of_reply(reply)).model_copy(
             update={"eval_s": eval_s, "wall_s": time.monotonic() - clock})
         rec = TurnRecord(
             run_id=env.run_id, episode_key=spec.key, episode=spec.episode,
             problem_id=spec.problem.id, problem_stem=spec.problem.stem, turn=turn,
-            messages=messages, reply=reply, fault=fault, code=code,
+            parent=state.parent, messages=messages, reply=reply, summary=context.call, fault=fault,
+            code=code,
             code_sha256=sha256_text(code) if code is not None else None,
             kernel_path=env.sink.kernel_relpath(spec.problem.stem, spec.episode, turn) if code else None,
             eval=result, feedback=feedback, spend=spend, started_at=turn_start, finished_at=utcnow())

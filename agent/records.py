@@ -29,10 +29,28 @@ class _Record(BaseModel):
 
 
 class TurnRef(_Record):
-    """A turn of an episode: where a beam child or a fork starts from."""
+    """A turn of an episode: where a beam or tree child, or a fork, starts from."""
 
     episode_key: str
     turn: int
+
+
+class NodeAddress(_Record):
+    """A node of a problem's search tree as `kloop show --tree` names it (`EPISODE:TURN`): the
+    episode's index within its problem and the turn's index within that episode."""
+
+    episode: int
+    turn: int
+
+    @classmethod
+    def parse(cls, text: str) -> NodeAddress:
+        episode, sep, turn = text.partition(":")
+        if not sep or not episode.strip().isdigit() or not turn.strip().isdigit() or int(turn) < 1:
+            raise ValueError(f"{text!r} is not a node address EPISODE:TURN (like 3:1)")
+        return cls(episode=int(episode), turn=int(turn))
+
+    def __str__(self) -> str:
+        return f"{self.episode}:{self.turn}"
 
 
 class ModelFaultInfo(_Record):
@@ -40,6 +58,21 @@ class ModelFaultInfo(_Record):
 
     type: str
     message: str
+
+
+class SummaryCall(_Record):
+    """The model call that condensed older turns before a turn's query (`summary` context policy)."""
+
+    covers: int
+    """The first `covers` turns of the trajectory (inherited ones included) are condensed."""
+    messages: list[Message]
+    """Exactly what the summarising call was sent (prompts/summarize.j2)."""
+    reply: ModelReply
+    """Its text, usage and cost, as for any call; its spend is part of the turn's `spend`."""
+    text: str
+    """What the model is shown: the reply's text, or the digest of the same turns when the
+    reply was unusable (`fault`)."""
+    fault: ModelFaultInfo | None = None
 
 
 class TurnRecord(_Record):
@@ -55,10 +88,16 @@ class TurnRecord(_Record):
     problem_stem: str
     turn: int
     """1-based index of this turn within its episode (turns inherited from a parent excluded)."""
+    parent: TurnRef | None = None
+    """The node this turn continues: its episode's previous turn or, for a first turn, the turn the
+    episode branched from (beam, tree, fork); None for the first turn of an episode from scratch.
+    Records written before this field existed hold None on every turn (see `agent.tree`)."""
     messages: list[Message]
     """Exactly what the model was sent."""
     reply: ModelReply
     """Text, reasoning, usage, cost, finish reason, latency, retries and the raw response."""
+    summary: SummaryCall | None = None
+    """The summary call made before this turn's query, if one was due (`summary` policy)."""
     fault: ModelFaultInfo | None = None
     code: str | None = None
     code_sha256: str | None = None
@@ -67,7 +106,8 @@ class TurnRecord(_Record):
     eval: EvalResult | None = None
     feedback: str
     spend: Spend
-    """What this turn cost: the call, its tokens and dollars, evaluation and wall seconds."""
+    """What this turn cost: its calls (the summary call included), their tokens and dollars,
+    evaluation and wall seconds."""
     started_at: str
     finished_at: str
 
@@ -103,7 +143,8 @@ class EpisodeRecord(_Record):
     sample: int
     round: int = 0
     parent: TurnRef | None = None
-    """The turn this episode continues (beam children); its history is the model's context."""
+    """The turn this episode continues (beam and tree children, forks); its history is the
+    model's context."""
     turns: int
     statuses: list[str] = Field(default_factory=list)
     stop_reason: StopReason
@@ -128,6 +169,36 @@ class ProblemSummary(_Record):
     stop_reasons: dict[str, int] = Field(default_factory=dict)
 
 
+class NodeReport(_Record):
+    """One node of a Ray cluster as the run used it."""
+
+    node_id: str
+    address: str
+    hardware: str | None = None
+    """The device its workers evaluate on (`NVIDIA H200`, `cpu`); None until one reported."""
+    workers: int
+    evaluations: int = 0
+    """Evaluations that came back from this node (any verdict)."""
+    lost: int = 0
+    """Evaluations lost with a worker or the node (each re-queued elsewhere)."""
+    state: Literal["active", "drained", "lost"] = "active"
+    """drained: it lost `executor.drain_after` evaluations and got no more work; lost: the
+    cluster reports it dead."""
+
+
+class ExecutorReport(_Record):
+    """Where a run's evaluations went (the ray executor; a local run has none)."""
+
+    kind: Literal["ray"] = "ray"
+    address: str | None
+    nodes: list[NodeReport] = Field(default_factory=list)
+    requeued: int = 0
+    """Evaluations started again on another worker after theirs was lost."""
+
+    def gone(self) -> list[NodeReport]:
+        return [n for n in self.nodes if n.state != "active"]
+
+
 class RunSummary(_Record):
     """Derived from the JSONL files; rewritten whenever the run advances."""
 
@@ -138,3 +209,5 @@ class RunSummary(_Record):
     problems: list[ProblemSummary]
     spend: Spend
     updated_at: str
+    executor: ExecutorReport | None = None
+    """The ray executor's nodes: which were used, drained or lost (None for a local run)."""

@@ -4,8 +4,9 @@
   replies (`replay:<run-dir>`, no API call); reports every turn whose verdict now differs.
 - rescore: every logged kernel evaluated again by the current evaluator (a new GPU, a new
   policy); turns, replies and stop reasons are kept, verdicts and feedback are new.
-- fork: each episode's trajectory up to turn N becomes the context of a new episode that goes
-  on with another model or config.
+- fork: each episode's trajectory up to turn N (or the trajectory that led to one node of a search
+  tree, `EPISODE:TURN`) becomes the context of a new episode that goes on with another model or
+  config.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from agent.episode import EpisodeSpec, EpisodeState, feedback_template, feedback
 from agent.models.replay import ReplayModel
 from agent.prompts import PromptSet
 from agent.protocols import Evaluator, Model
-from agent.records import TRAJECTORY_SCHEMA_VERSION, TurnRecord, utcnow
+from agent.records import TRAJECTORY_SCHEMA_VERSION, NodeAddress, TurnRecord, utcnow
 from agent.store import RunDirError, RunStore
 from agent.strategies import Runner, summarize
 from agent.tally import best_per_problem
@@ -80,7 +81,8 @@ def derived_config(source: RunStore, out: Path, layers: list[dict]) -> RunConfig
 
 def replay(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
            eval_overrides: dict | None = None,
-           on_turn: Callable[[TurnRecord], None] | None = None) -> ReplayReport:
+           on_turn: Callable[[TurnRecord], None] | None = None,
+           executor: dict | None = None) -> ReplayReport:
     """Re-drive the loop with the recorded replies; report turns whose verdict changed."""
     source = RunStore.open(source_dir)
     if source.config_record().kind == "fork":
@@ -89,7 +91,8 @@ def replay(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
     # One episode at a time, so identical prompts (first turns of samples) get their replies in
     # recorded order.
     layer = {"model": {"spec": f"replay:{source_dir}"}, "concurrency": 1}
-    cfg = derived_config(source, out, [layer, {"eval": eval_overrides or {}}])
+    cfg = derived_config(source, out, [layer, {"eval": eval_overrides or {}},
+                                       {"executor": executor or {}}])
     problems = load_problems(cfg)
     model = ReplayModel.from_run(source_dir)
     evaluator = evaluator or build_evaluator(cfg, problems)
@@ -105,11 +108,13 @@ def replay(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
 def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
             eval_overrides: dict | None = None,
             on_turn: Callable[[TurnRecord], None] | None = None,
-            concurrency: int | None = None) -> ReplayReport:
+            concurrency: int | None = None, executor: dict | None = None) -> ReplayReport:
     """Evaluate every logged kernel again into a new run; replies and stop reasons are kept.
-    `concurrency` evaluations run at once (default: the source run's setting)."""
+    `concurrency` evaluations run at once (default: the source run's setting); `executor`
+    (`{"kind": "ray", ...}`) judges them elsewhere (an imported KernelBench folder too)."""
     source = RunStore.open(source_dir)
-    cfg = derived_config(source, out, [{"eval": eval_overrides or {}}])
+    cfg = derived_config(source, out, [{"eval": eval_overrides or {}},
+                                       {"executor": executor or {}}])
     problems = {p.id: p for p in load_problems(cfg)}
     evaluator = evaluator or build_evaluator(cfg, list(problems.values()))
     store = RunStore.create(out, cfg, kind="rescore", source_run=str(source_dir))
@@ -161,7 +166,11 @@ def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
     best = best_per_problem(t for ts in runner_turns.values() for t in ts)
     for rec in best.values():
         store.write_best(rec.problem_stem, rec.code or "")
-    store.write_summary(summarize(store.run_id, runner_turns, records, best, "finished"))
+    summary = summarize(store.run_id, runner_turns, records, best, "finished")
+    report_of = getattr(evaluator, "report", None)  # the ray executor's nodes (agent.executor)
+    if report_of is not None:
+        summary = summary.model_copy(update={"executor": report_of()})
+    store.write_summary(summary)
     compared, diffs = diff_turns(old_turns, store.turns())
     report = ReplayReport(kind="rescore", source_run=str(source_dir), new_run=str(out),
                           turns_compared=compared, differences=diffs)
@@ -169,10 +178,11 @@ def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
     return report
 
 
-def fork(source_dir: Path, out: Path, at_turn: int, layers: list[dict], model: Model | None = None,
-         evaluator: Evaluator | None = None,
+def fork(source_dir: Path, out: Path, at_turn: int | NodeAddress, layers: list[dict],
+         model: Model | None = None, evaluator: Evaluator | None = None,
          on_turn: Callable[[TurnRecord], None] | None = None) -> Runner:
-    """Continue every episode of a run after its turn `at_turn` with another model or config."""
+    """Continue every episode of a run after its turn `at_turn` (or, given a node address, that
+    node of each problem's search tree) with another model or config."""
     from agent.components import build_model
 
     source = RunStore.open(source_dir)

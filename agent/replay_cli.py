@@ -10,6 +10,7 @@ import typer
 
 from agent import replay as replay_lib
 from agent.config import ConfigError, parse_layer
+from agent.records import NodeAddress
 from agent.run import Reporter, _setup_logging, console, print_summary
 from agent.store import RunStore
 
@@ -19,13 +20,15 @@ Opt = typer.Option
 def replay_command(
     run_dir: Annotated[Path, typer.Argument(help="The recorded run directory.")],
     rescore: Annotated[bool, Opt(help="Re-evaluate every logged kernel instead of re-driving the loop.")] = False,
-    fork_at: Annotated[int | None, Opt(help="Continue each episode after this turn (with --model / -c).")] = None,
+    fork_at: Annotated[str | None, Opt(help="Continue each episode after turn N, or one node EPISODE:TURN of each problem's search tree (`kloop show --tree` names them), with --model / -c.")] = None,
     model: Annotated[str | None, Opt(help="Model for --fork-at.")] = None,
     config: Annotated[list[str], Opt("-c", "--config", help="Overrides for --fork-at (file or key=value).")] = [],  # noqa: B006
     device: Annotated[str | None, Opt(help="Evaluator device.")] = None,
     policy: Annotated[str | None, Opt(help="Evaluator policy.")] = None,
     out: Annotated[Path | None, Opt(help="The new run directory (default runs/<source>-<kind>-<time>).")] = None,
     concurrency: Annotated[int | None, Opt(min=1, help="Kernels judged at once by --rescore (default: the run's own).")] = None,
+    executor: Annotated[str | None, Opt(help="Where kernels are judged: local or ray (default: the run's own).")] = None,
+    ray_address: Annotated[str | None, Opt(help="Ray cluster for --executor ray: auto, HOST:PORT or ray://HOST:PORT.")] = None,
     verbose: Annotated[bool, Opt("--verbose", "-v")] = False,
 ) -> None:
     """Re-drive a run with its recorded replies (no API calls), rescore it, or fork it."""
@@ -34,6 +37,10 @@ def replay_command(
     stamp = f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     out = out or Path("runs") / f"{run_dir.name}-{kind}-{stamp}"
     eval_overrides = {k: v for k, v in {"device": device, "policy": policy}.items() if v is not None}
+    point = fork_point(fork_at) if fork_at is not None else None
+    ex = {k: v for k, v in {"kind": executor, "address": ray_address}.items() if v is not None}
+    if executor == "local":
+        ex["address"] = None  # a ray run's cluster address means nothing locally
     if (model or config) and fork_at is None:
         raise ConfigError("--model and -c apply to --fork-at only")
     if concurrency is not None and not rescore:
@@ -41,19 +48,21 @@ def replay_command(
     # Replay and rescore go through every recorded turn once: that is the bar's total.
     total = None if fork_at is not None else len(RunStore.open(run_dir).turns())
     with Reporter(total) as rep:
-        if fork_at is not None:
-            layers = [parse_layer(c) for c in config] + [{"eval": eval_overrides}]
+        if point is not None:
+            layers = [parse_layer(c) for c in config] + [{"eval": eval_overrides},
+                                                          {"executor": ex}]
             if model:
                 layers.append({"model": {"spec": model}})
-            runner = replay_lib.fork(run_dir, out, fork_at, layers, on_turn=rep.on_turn)
+            runner = replay_lib.fork(run_dir, out, point, layers, on_turn=rep.on_turn)
             summary = runner.write_summary("finished")
         else:
             if rescore:
                 report = replay_lib.rescore(run_dir, out, eval_overrides=eval_overrides,
-                                            on_turn=rep.on_turn, concurrency=concurrency)
+                                            on_turn=rep.on_turn, concurrency=concurrency,
+                                            executor=ex)
             else:
                 report = replay_lib.replay(run_dir, out, eval_overrides=eval_overrides,
-                                           on_turn=rep.on_turn)
+                                           on_turn=rep.on_turn, executor=ex)
     if fork_at is not None:
         print_summary(summary, out)
         return
@@ -64,3 +73,15 @@ def replay_command(
         console.print(f"  differs: {d.problem_id} ep {d.episode} turn {d.turn}: {d.before} -> {d.after}")
     if report.replies_unused:
         console.print(f"{report.replies_unused} recorded replies were not asked for (the path diverged)")
+
+
+def fork_point(text: str) -> int | NodeAddress:
+    """`--fork-at`: a turn number N, or a node address EPISODE:TURN."""
+    try:
+        if ":" in text:
+            return NodeAddress.parse(text)
+        if text.strip().isdigit():
+            return int(text)
+    except ValueError as e:
+        raise ConfigError(f"--fork-at: {e}") from None
+    raise ConfigError(f"--fork-at: {text!r} is neither a turn number nor a node EPISODE:TURN (like 3:1)")

@@ -81,13 +81,14 @@ def show_command(
     episode: Annotated[int | None, Opt(help="Only this episode.")] = None,
     turn: Annotated[int | None, Opt(help="Only this turn.")] = None,
     full: Annotated[bool, Opt(help="Do not shorten prompts, replies and kernels.")] = False,
+    tree: Annotated[bool, Opt("--tree", help="Draw the search tree of --problem (of every problem without it): which turn continues which.")] = False,
 ) -> None:
-    """A trajectory turn by turn: prompt, reply, kernel, verdict, feedback."""
+    """A trajectory turn by turn: prompt, reply, kernel, verdict, feedback (--tree: the search tree)."""
     from agent.report.show import show
 
     console = make_console()
     try:
-        shown = show(run_dir, console, problem, episode, turn, full)
+        shown = show(run_dir, console, problem, episode, turn, full, tree=tree)
     except RunDirError as e:
         raise _fail(str(e)) from None
     if problem is not None and shown == 0:

@@ -50,6 +50,7 @@ def _flags(**given: Any) -> dict[str, Any]:
         "runs_dir": "runs_dir", "run_id": "run_id", "budget_calls": "budget.run.calls",
         "budget_tokens": "budget.run.total_tokens", "budget_cost": "budget.run.cost_usd",
         "budget_eval_s": "budget.run.eval_s", "budget_wall_s": "budget.run.wall_s",
+        "executor": "executor.kind", "ray_address": "executor.address",
     }
     layer: dict[str, Any] = {}
     for name, value in given.items():
@@ -74,7 +75,8 @@ def _setup_logging(verbose: bool) -> None:
 
 def planned_turns(cfg: RunConfig, problems: int) -> int:
     s = cfg.strategy
-    per_problem = s.rounds * s.beam_width * s.expand if s.kind == "beam" else s.samples
+    per_problem = {"beam": s.rounds * s.beam_width * s.expand,
+                   "tree": s.roots + s.expansions}.get(s.kind or "", s.samples)
     return problems * per_problem * s.turns
 
 
@@ -83,9 +85,10 @@ class PipelineColumn(ProgressColumn):
     each refresh, so the line moves between turns too."""
 
     def render(self, task: Task) -> Text:
+        from agent.executor import ray_pool
         from evaluator import board
 
-        return Text(board.describe(), style="dim")
+        return Text(ray_pool.describe() or board.describe(), style="dim")
 
 
 class Reporter:
@@ -139,6 +142,12 @@ def print_summary(summary: RunSummary, root: Path) -> None:
         console.print("runtimes were measured with a host clock (no GPU): not comparable with GPU numbers")
     if summary.stop_detail:
         console.print(f"stopped: {summary.stop_detail}")
+    ex = summary.executor
+    if ex is not None:
+        used = f"{len(ex.nodes)} Ray node(s), {ex.requeued} evaluation(s) re-queued"
+        gone = "; ".join(f"{n.address} [{n.node_id[:12]}] {n.state} after {n.lost} lost "
+                         "evaluation(s)" for n in ex.gone())
+        console.print(f"{used}{'; ' + gone if gone else ''}")
 
 
 @contextmanager
@@ -213,8 +222,8 @@ def run_command(
     base_url: Annotated[str | None, Opt(help="OpenAI-compatible server URL.")] = None,
     turns: Annotated[int | None, Opt(help="Turns per episode (T).")] = None,
     samples: Annotated[int | None, Opt(help="Episodes per problem (N).")] = None,
-    strategy: Annotated[str | None, Opt(help="sequential, best_of_n, grid or beam.")] = None,
-    context: Annotated[str | None, Opt(help="full, last_k or last.")] = None,
+    strategy: Annotated[str | None, Opt(help="sequential, best_of_n, grid, beam or tree.")] = None,
+    context: Annotated[str | None, Opt(help="full, last_k, last, digest or summary.")] = None,
     backend: Annotated[str | None, Opt(help="cuda or triton.")] = None,
     device: Annotated[str | None, Opt(help="Evaluator device: auto, cpu, cuda, cuda:N.")] = None,
     policy: Annotated[str | None, Opt(help="Evaluator policy (strict, kernelbench).")] = None,
@@ -222,6 +231,9 @@ def run_command(
     out: Annotated[Path | None, Opt(help="The run directory to create (default RUNS_DIR/<time-digest>).")] = None,
     runs_dir: Annotated[Path | None, Opt(help="Parent of run directories (default runs/).")] = None,
     concurrency: Annotated[int | None, Opt(help="Episodes in parallel.")] = None,
+    executor: Annotated[str | None, Opt(help="Where candidates are judged: local (default) or ray.")] = None,
+    ray_address: Annotated[str | None, Opt(help="Ray cluster: auto, HOST:PORT or ray://HOST:PORT (default: a local one).")] = None,
+    dry_run: Annotated[bool, Opt(help="Print where evaluations would run (the placement) and stop.")] = False,
     budget_calls: Annotated[int | None, Opt(help="Run limit: LLM calls.")] = None,
     budget_tokens: Annotated[int | None, Opt(help="Run limit: input + output tokens.")] = None,
     budget_cost: Annotated[float | None, Opt(help="Run limit: dollars.")] = None,
@@ -237,6 +249,7 @@ def run_command(
     flags = _flags(problem=problem, level=level, model=model, base_url=base_url, turns=turns,
                    samples=samples, strategy=strategy, context=context, backend=backend,
                    prompts_dir=prompts_dir, device=device, policy=policy, concurrency=concurrency,
+                   executor=executor, ray_address=ray_address,
                    runs_dir=out.parent if out else runs_dir, run_id=out.name if out else None,
                    budget_calls=budget_calls, budget_tokens=budget_tokens, budget_cost=budget_cost,
                    budget_eval_s=budget_eval_s, budget_wall_s=budget_wall_s)
@@ -246,7 +259,7 @@ def run_command(
         _run_sweep(Path(config[0]))
         return
     if resume_dir is not None:
-        if flags or config or demo or size:
+        if flags or config or demo or size or dry_run:
             raise ConfigError("--resume continues a run with its saved config; give no other options")
         summary, root = resume(resume_dir)
     else:
@@ -255,10 +268,38 @@ def run_command(
         cfg = resolve(layers + [parse_layer(c) for c in config] + [flags])
         if size is not None:
             cfg = with_size(cfg, size)
+        if dry_run:
+            for line in placement(cfg):
+                make_console().print(line)
+            return
         if demo and cfg.run_id is None:
             cfg = cfg.model_copy(update={"run_id": f"demo-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"})
         summary, root = start(cfg)
     print_summary(summary, root)
+
+
+def placement(cfg: RunConfig) -> list[str]:
+    """Where `cfg`'s evaluations would run, in words (`kloop run --dry-run`)."""
+    ex = cfg.executor
+    if ex.kind == "local":
+        from evaluator.devicepool import pool
+
+        return [f"local executor: evaluations run in this process on {', '.join(pool(cfg.eval.device))}"
+                f" ({cfg.concurrency} episode(s) at once)"]
+    from agent.executor.placement import describe, plan
+    from agent.executor.ray_pool import connect, import_ray
+
+    ray = import_ray()
+    owns = connect(ex)
+    try:
+        slots = plan(ray.nodes(), ex.resource)
+    finally:
+        if owns:
+            ray.shutdown()
+    where = ex.address or "a Ray instance started on this machine"
+    return [f"ray executor on {where}:"] + [f"  {line}" for line in
+                                            describe(slots, ex.resource, ex.worker_concurrency,
+                                                     cfg.concurrency)]
 
 
 def _run_sweep(path: Path) -> None:

@@ -31,6 +31,7 @@ from agent.config import RunConfig
 from agent.records import (
     TRAJECTORY_SCHEMA_VERSION,
     EpisodeRecord,
+    NodeAddress,
     RunSummary,
     TurnRecord,
     utcnow,
@@ -60,8 +61,8 @@ class RunConfigRecord(BaseModel):
     kind: Literal["run", "replay", "rescore", "fork"] = "run"
     source_run: str | None = None
     """For replays, rescores and forks: the run directory they were made from."""
-    fork_at: int | None = None
-    """For forks: the source turn after which each episode continues."""
+    fork_at: int | NodeAddress | None = None
+    """For forks: the source turn after which each episode continues, or the one node continued."""
     config: RunConfig
 
 
@@ -146,7 +147,7 @@ class RunStore:
 
     @classmethod
     def create(cls, root: Path, config: RunConfig, *, kind: str = "run",
-               source_run: str | None = None, fork_at: int | None = None) -> RunStore:
+               source_run: str | None = None, fork_at: int | NodeAddress | None = None) -> RunStore:
         root = Path(root)
         if root.exists() and any(root.iterdir()):
             raise RunDirError(f"{root} already exists; resume it with --resume {root}, or pick another run id")

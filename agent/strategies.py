@@ -3,6 +3,10 @@
 - sequential (1×T), best_of_n (N×1) and grid (N×T): N independent episodes of T turns;
 - beam: round 0 runs k×m episodes from scratch; each later round keeps the k best kernels seen
   so far and starts m children from each, with the parent's trajectory as their context.
+- tree: `roots` episodes from scratch, then `expansions` more, one step at a time, each from
+  the node of the problem's search tree (agent/tree.py) with the highest UCT score. Every pick
+  is a function of the turns on disk, so a resumed run makes the same picks and finds their
+  episodes finished (or continues the one that was cut off).
 
 Every episode has a key, sha256(problem hash, config digest, its place in the strategy), so a
 resumed run skips finished episodes and continues cut-off ones from their last turn on disk.
@@ -22,9 +26,18 @@ from agent.episode import EpisodeEnv, EpisodeSpec, best_of, episode_key
 from agent.loop import run_episode
 from agent.prompts import PromptSet
 from agent.protocols import Evaluator, Model
-from agent.records import EpisodeRecord, ProblemSummary, RunSummary, TurnRecord, TurnRef, utcnow
+from agent.records import (
+    EpisodeRecord,
+    NodeAddress,
+    ProblemSummary,
+    RunSummary,
+    TurnRecord,
+    TurnRef,
+    utcnow,
+)
 from agent.store import RunStore
 from agent.tally import best_turn, rank_key, total_spend
+from agent.tree import Tree
 from problems.registry import Problem
 
 log = logging.getLogger(__name__)
@@ -63,7 +76,8 @@ class Runner:
         self.env = EpisodeEnv(
             run_id=store.run_id, model=model, evaluator=evaluator, agent=cfg.agent,
             limits=cfg.budget.episode, run_meter=self.run_meter, sink=store,
-            prompts=PromptSet(cfg.agent.prompts_dir), on_turn=self._on_turn,
+            prompts=PromptSet(cfg.agent.prompts_dir), comparison=cfg.eval.comparison(),
+            on_turn=self._on_turn,
         )
 
     # -- state from disk ----------------------------------------------------------------------
@@ -151,6 +165,9 @@ class Runner:
         if strategy.kind == "beam":
             self._beam(problem)
             return
+        if strategy.kind == "tree":
+            self._tree(problem)
+            return
         self.run_wave([self.spec(problem, i, f"sample={i}", sample=i) for i in range(strategy.samples)])
 
     def _beam(self, problem: Problem) -> None:
@@ -177,24 +194,61 @@ class Runner:
                                            parent=parent))
                     episode += 1
 
-    def fork_problem(self, problem: Problem, source: RunStore, at_turn: int) -> None:
-        """Continue each source episode of `problem` after its turn `at_turn`, as a new episode."""
-        source_turns: dict[str, list[TurnRecord]] = {}
-        for t in source.turns():
-            source_turns.setdefault(t.episode_key, []).append(t)
+    def _tree(self, problem: Problem) -> None:
+        s = self.cfg.strategy
+        specs = [self.spec(problem, j, f"tree:root:{j}", sample=j) for j in range(s.roots)]
+        keys = [sp.key for sp in specs]
+        episode, step, total = s.roots, 1, s.roots + s.expansions
+        results = self.run_wave(specs)
+        # A step whose episodes were all skipped means the run budget is spent.
+        while episode < total and any(r is not None for r in results):
+            # Only the episodes of the steps so far: a resumed run has later ones on disk already.
+            tree = Tree([t for k in keys for t in self.turns.get(k, [])])
+            specs = []
+            picks = tree.select(s.exploration, s.max_children, min(s.batch, total - episode))
+            for i, node in enumerate(picks):
+                where = "root" if node is None else f"{node.rec.episode_key}:{node.rec.turn}"
+                specs.append(self.spec(problem, episode, f"tree:{episode}:{where}", sample=i,
+                                       round_=step, parent=None if node is None else node.rec))
+                episode += 1
+            keys += [sp.key for sp in specs]
+            results = self.run_wave(specs)
+            step += 1
+
+    def fork_problem(self, problem: Problem, source: RunStore, at: int | NodeAddress) -> None:
+        """Continue each source episode of `problem` after its turn `at` (or only the node `at`)
+        as a new episode, whose context is the whole trajectory that led there."""
         latest = {e.episode_key: e for e in source.episodes() if e.problem_id == problem.id}
+        tree = Tree([t for t in source.turns() if t.problem_id == problem.id],
+                    {k: e.parent for k, e in latest.items()})
+        # (episode, sample, source episode key, turn asked for, trajectory to continue)
+        points: list[tuple[int, int, str, int, list[TurnRecord]]] = []
+        if isinstance(at, NodeAddress):
+            node = tree.find(at)
+            if node is None:
+                log.warning("%s: the source run has no node %s; nothing to fork", problem.id, at)
+                return
+            ep = latest.get(node.rec.episode_key)
+            points.append((node.rec.episode, ep.sample if ep else 0, node.rec.episode_key,
+                           node.rec.turn, tree.path(node)))
+        else:
+            for ep in sorted(latest.values(), key=lambda e: e.episode):
+                own = sorted((n for n in tree.nodes.values() if n.rec.episode_key == ep.episode_key),
+                             key=lambda n: n.rec.turn)[:at]
+                prefix = tree.path(own[-1]) if own else tree.path_to(ep.parent)
+                points.append((ep.episode, ep.sample, ep.episode_key, at, prefix))
         specs = []
-        for ep in sorted(latest.values(), key=lambda e: e.episode):
-            prefix = sorted(source_turns.get(ep.episode_key, []), key=lambda t: t.turn)[:at_turn]
-            lineage = f"fork:{ep.episode_key}:{at_turn}"
+        for episode, sample, key, turn, prefix in points:
+            last = prefix[-1] if prefix else None
             specs.append(EpisodeSpec(
-                problem=problem, key=episode_key(problem.sha256, self.digest, lineage),
-                episode=ep.episode, sample=ep.sample, max_turns=self.cfg.strategy.turns,
-                parent=TurnRef(episode_key=ep.episode_key, turn=len(prefix)), prefix=prefix))
+                problem=problem, key=episode_key(problem.sha256, self.digest, f"fork:{key}:{turn}"),
+                episode=episode, sample=sample, max_turns=self.cfg.strategy.turns, prefix=prefix,
+                parent=TurnRef(episode_key=last.episode_key if last else key, turn=last.turn if last else 0)))
         self.run_wave(specs)
 
-    def run(self, problems: list[Problem], fork: tuple[RunStore, int] | None = None) -> RunSummary:
-        """Run the strategy over `problems` (or, given `fork=(source, N)`, fork the source run)."""
+    def run(self, problems: list[Problem],
+            fork: tuple[RunStore, int | NodeAddress] | None = None) -> RunSummary:
+        """Run the strategy over `problems` (or, given `fork=(source, at)`, fork the source run)."""
         def one(problem: Problem) -> None:
             if fork is None:
                 self.run_problem(problem)
@@ -218,6 +272,10 @@ class Runner:
     def write_summary(self, status: str, detail: str | None = None) -> RunSummary:
         with self._lock:
             summary = summarize(self.store.run_id, self.turns, self.records, self.best, status, detail)
+            # An executor of several nodes says which it used, drained or lost (agent.executor).
+            report = getattr(self.env.evaluator, "report", None)
+            if report is not None:
+                summary = summary.model_copy(update={"executor": report()})
             self.store.write_summary(summary)
         return summary
 
@@ -229,7 +287,8 @@ def restore_position(model: Model, turns: list[TurnRecord]) -> None:
     """
     restore = getattr(model, "restore", None)
     if restore is not None and turns:
-        restore([t.reply for t in turns])
+        # A turn's summary call came before its query.
+        restore([r for t in turns for r in ([t.summary.reply] if t.summary else []) + [t.reply]])
 
 
 def summarize(run_id: str, turns: dict[str, list[TurnRecord]], records: list[EpisodeRecord],

@@ -56,7 +56,7 @@ CELLS_DIR = "cells"
 DONE_STATUSES = ("finished", "budget")
 """Summary statuses after which a run has nothing left to do (a run budget is final too)."""
 # Fields that may differ between a cell's saved config and the sweep without changing its work.
-_WHERE = {"runs_dir", "run_id", "concurrency"}
+_WHERE = {"runs_dir", "run_id", "concurrency", "executor"}
 
 
 class SweepError(KloopError, ValueError):
@@ -231,6 +231,8 @@ def _strategy_label(s: StrategyItem) -> str:
         return s.label
     if s.kind == "beam":
         return f"beam-w{s.beam_width}-e{s.expand}-r{s.rounds}-t{s.turns}"
+    if s.kind == "tree":
+        return f"tree-r{s.roots}-x{s.expansions}-t{s.turns}"
     return f"{s.samples}x{s.turns}"
 
 
@@ -241,7 +243,8 @@ def _context_values(sweep: SweepConfig) -> list[tuple[str, dict]]:
             out.append((c, {"agent": {"context": c}}))
         else:
             layer = {"context": c.context, **({"context_k": c.context_k} if c.context_k else {})}
-            label = c.label or (f"last{c.context_k}" if c.context == "last_k" and c.context_k else c.context)
+            stem = {"last_k": "last", "digest": "digest", "summary": "summary"}.get(c.context)
+            label = c.label or (f"{stem}{c.context_k}" if stem and c.context_k else c.context)
             out.append((label, {"agent": layer}))
     return out
 

@@ -12,6 +12,7 @@ kernel name: what the prime must match.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -42,6 +43,8 @@ def _entries(root: Path) -> dict[str, dict]:
 
 
 def main() -> int:
+    # The prime's failure (its stderr tail) is logged at INFO by evaluator.stages.
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     seen: dict = {}
     prime = stages.prime_pass
 

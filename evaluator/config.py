@@ -104,6 +104,19 @@ POLICIES: dict[str, Policy] = {
 }
 
 
+class Comparison(BaseModel):
+    """How one configuration compares outputs, as the prompts tell the model
+    (`EvalConfig.comparison`); each result records its own `EvalResult.tolerance`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: str
+    precision: Precision
+    """The dtype models and inputs are cast to; outputs are widened to fp32 to be compared."""
+    tolerance: float
+    """atol = rtol: |got - expected| <= tolerance + tolerance * |expected|, elementwise."""
+
+
 class UnknownPolicyError(ValueError):
     """A policy name that is not in `POLICIES`."""
 
@@ -276,3 +289,8 @@ class EvalConfig(BaseModel):
 
     def resolved_policy(self) -> Policy:
         return get_policy(self.policy)
+
+    def comparison(self) -> Comparison:
+        policy = self.resolved_policy()
+        return Comparison(policy=policy.name, precision=self.precision,
+                          tolerance=policy.tolerance(self.precision))

@@ -277,6 +277,9 @@ class EvalResult(_Record):
     problem_sha256: str
     candidate_sha256: str
     policy: str
+    tolerance: float | None = None
+    """atol = rtol the outputs were compared with: the policy's for the run's precision
+    (`Policy.tolerance`); None in records written before it was kept."""
     device: str
     problem_overrides: dict[str, Any] = Field(default_factory=dict)
     """Module constants of the problem replaced for this run (e.g. reduced sizes in CI)."""

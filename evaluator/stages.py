@@ -341,7 +341,7 @@ def prime_pass(run: EvalRun, job: CandidateJob) -> None:
         outcome = child.outcome()
     if outcome.returncode != 0:
         log.info("JIT prime of %s ended %s: the candidate child compiles what it did not\n%s",
-                 run.problem.id, outcome.returncode, outcome.stderr_tail[-800:])
+                 run.problem.id, outcome.returncode, outcome.stderr_tail[-3000:])
 
 
 def _ncu_pass(run: EvalRun, job: CandidateJob) -> None:

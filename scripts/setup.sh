@@ -63,6 +63,7 @@ fi
 if ! "$VENV/bin/python" -c "import triton" 2>/dev/null; then
   "${PIP[@]}" install "triton==3.7.1"
 fi
-"${PIP[@]}" install -e ".[dev]"
+# The ray extra too: CI runs the multi-node executor tests on a local Ray cluster.
+"${PIP[@]}" install -e ".[dev,ray]"
 VENV="$VENV" bash scripts/cuda_headers.sh
 echo "kloop installed in $VENV ($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

@@ -76,9 +76,13 @@ class Address(BaseModel):
     problem: str
     episode: int = Field(ge=0)
     turn: int = Field(ge=1)
+    call: Literal["turn", "summary"] = "turn"
+    """Which call of the turn: its query, or the summary of older turns made before it (the
+    `summary` context policy)."""
 
     def __str__(self) -> str:
-        return f"{self.problem} episode {self.episode} turn {self.turn}"
+        where = f"{self.problem} episode {self.episode} turn {self.turn}"
+        return where if self.call == "turn" else f"{where} ({self.call} call)"
 
 
 class ModelConfig(BaseModel):

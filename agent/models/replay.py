@@ -5,6 +5,14 @@ messages (the evaluator may judge a kernel differently today, so the feedback, a
 prompt, can change while the model's earlier replies stay the same). Identical prompts (the
 first turn of several samples) get their replies in recorded order. Each recorded reply is given
 out once; a query with no reply left raises `ScriptExhausted`, which ends that episode.
+
+A turn's query has a third fallback: the reply recorded at the same problem, episode and turn
+after the same replies of the model, whatever kloop's own text around them says (the system,
+task and feedback templates change between kloop versions; a run recorded before must replay).
+
+Summary calls (the `summary` context policy) are served the same way, with one more fallback:
+the reply recorded at the same problem, episode and turn. Their prompt quotes the feedback
+whole, so a changed verdict changes it, while the summary the run went on with stays the same.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import threading
 from pathlib import Path
 
 from agent.errors import ScriptExhausted
-from agent.models.base import Message, ModelConfig, ModelReply
+from agent.models.base import Address, Message, ModelConfig, ModelReply
 
 
 def _digest(parts: list[tuple[str, str]]) -> str:
@@ -24,6 +32,12 @@ def _digest(parts: list[tuple[str, str]]) -> str:
 
 def exact_key(messages: list[Message]) -> str:
     return _digest([(m.role, m.content) for m in messages])
+
+
+def replies_key(at: Address, messages: list[Message]) -> str:
+    """Where a query is asked and what the model said before it: none of kloop's own text."""
+    return _digest([("at", at.model_dump_json())] +
+                   [(m.role, m.content) for m in messages if m.role == "assistant"])
 
 
 def loose_key(messages: list[Message]) -> str:
@@ -38,8 +52,16 @@ def loose_key(messages: list[Message]) -> str:
 class ReplayModel:
     """Serves recorded (messages, reply) pairs, each once."""
 
-    def __init__(self, recorded: list[tuple[list[Message], ModelReply]], name: str = "replay"):
+    def __init__(self, recorded: list[tuple[list[Message], ModelReply]], name: str = "replay",
+                 summaries: dict[Address, int] | None = None,
+                 turns: dict[int, Address] | None = None):
+        """`summaries`: the index in `recorded` of the summary call made at each address;
+        `turns`: the address of each turn's query, by its index in `recorded`."""
         self.name = name
+        self._summaries = summaries or {}
+        self._addressed: dict[str, list[int]] = {}
+        for i, at in (turns or {}).items():
+            self._addressed.setdefault(replies_key(at, recorded[i][0]), []).append(i)
         self._replies = [reply for _, reply in recorded]
         self._used = [False] * len(recorded)
         self._exact: dict[str, list[int]] = {}
@@ -55,7 +77,17 @@ class ReplayModel:
 
         store = RunStore.open(Path(run_dir))
         turns = sorted(store.turns(), key=lambda t: (t.problem_id, t.episode, t.turn))
-        return cls([(t.messages, t.reply) for t in turns], name=f"replay:{run_dir}")
+        recorded: list[tuple[list[Message], ModelReply]] = []
+        summaries: dict[Address, int] = {}
+        addressed: dict[int, Address] = {}
+        for t in turns:
+            if t.summary is not None:
+                at = Address(problem=t.problem_id, episode=t.episode, turn=t.turn, call="summary")
+                summaries[at] = len(recorded)
+                recorded.append((t.summary.messages, t.summary.reply))
+            addressed[len(recorded)] = Address(problem=t.problem_id, episode=t.episode, turn=t.turn)
+            recorded.append((t.messages, t.reply))
+        return cls(recorded, name=f"replay:{run_dir}", summaries=summaries, turns=addressed)
 
     @classmethod
     def from_spec(cls, arg: str, cfg: ModelConfig) -> ReplayModel:
@@ -80,6 +112,27 @@ class ReplayModel:
                 self._used[i] = True
                 return i
         return None
+
+    def query_at(self, messages: list[Message], at: Address) -> ModelReply:
+        """A turn's query as `query`; a summary call falls back to the reply recorded at `at`."""
+        if at.call == "summary":
+            with self._lock:
+                i = self._take(self._exact, exact_key(messages))
+                if i is None and (j := self._summaries.get(at)) is not None and not self._used[j]:
+                    self._used[j] = True
+                    i = j
+                if i is not None:
+                    return self._replies[i]
+            return self.query(messages)
+        with self._lock:
+            i = self._take(self._exact, exact_key(messages))
+            if i is None:
+                i = self._take(self._loose, loose_key(messages))
+            if i is None:
+                i = self._take(self._addressed, replies_key(at, messages))
+            if i is not None:
+                return self._replies[i]
+        return self.query(messages)  # says why nothing matched
 
     def query(self, messages: list[Message]) -> ModelReply:
         with self._lock:

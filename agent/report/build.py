@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.budget import Spend
 from agent.report import plots
+from agent.report.bound import PEAKS, DevicePeaks
 from agent.report.curves import Curve, MatchedBudget, Scope, matched_budgets, run_curves
 from agent.report.load import Loaded, RunData, load_targets
 from agent.report.metrics import (
@@ -21,12 +22,14 @@ from agent.report.metrics import (
     Counts,
     Metrics,
     ProblemRow,
+    by_hardware,
     compute_metrics,
     count,
     problem_rows,
 )
 from agent.store import kloop_version
 from agent.tally import total_spend
+from agent.tree import Tree, TreeRow
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,11 @@ class RunReport(_Record):
     spend: Spend
     """Totals over the run; `wall_s` is the span from the first turn's start to the last's end."""
     curves: list[Curve]
+    trees: dict[str, list[TreeRow]] = Field(default_factory=dict)
+    """Tree-search runs: problem id -> its search tree, drawn (agent/tree.py)."""
+    by_hardware: dict[str, Metrics] = Field(default_factory=dict)
+    """Where a run's problems were judged on more than one device (a Ray cluster of mixed GPU
+    models): the metrics over each device's problems alone (`metrics.by_hardware`)."""
 
 
 class SeedGroup(_Record):
@@ -87,12 +95,20 @@ class Report(_Record):
     runs: list[RunReport]
     seed_groups: list[SeedGroup] = Field(default_factory=list)
     matched: list[MatchedBudget] = Field(default_factory=list)
+    peaks: list[DevicePeaks] = Field(default_factory=list)
+    """Datasheet peaks of the GPUs the best kernels were timed on, where the table has them
+    (`agent.report.bound`): what the speed-of-light fractions divide by."""
+    unknown_gpus: list[str] = Field(default_factory=list)
+    """GPUs of best kernels that the peaks table lacks (no fraction for them)."""
 
 
 def _strategy(run: RunData) -> str:
     s = run.config.strategy
     if s.kind == "beam":
         return f"beam k={s.beam_width} m={s.expand} rounds={s.rounds} turns={s.turns}"
+    if s.kind == "tree":
+        return (f"tree roots={s.roots} expansions={s.expansions} turns={s.turns} c={s.exploration:g} "
+                f"max_children={s.max_children}")
     return f"{s.kind} {s.samples}x{s.turns}"
 
 
@@ -109,6 +125,11 @@ def _run_warnings(run: RunData, m: Metrics) -> list[str]:
     out = list(run.warnings)
     if run.imported and m.unevaluated:
         out.append(f"{m.unevaluated} imported problem(s) not evaluated yet: run `kloop replay {run.path} --rescore`")
+    devices = sorted({t.eval.env.device_name for t in run.turns
+                      if t.eval is not None and t.eval.env is not None and t.eval.device != "cpu"})
+    if len(devices) > 1:
+        out.append(f"judged on {len(devices)} GPU models ({', '.join(devices)}): the section "
+                   "'By hardware' gives the metrics of each alone")
     if m.host_clock:
         out.append(f"{m.host_clock} best kernel(s) timed with a host clock (CPU): speedups are not GPU numbers")
     if m.not_run:
@@ -133,14 +154,24 @@ def run_report(run: RunData, n_boot: int, seed: int, scope: Scope) -> RunReport:
     return RunReport(
         label=run.label, path=str(run.path), run_id=run.record.run_id, kind=run.record.kind,
         source_run=run.record.source_run, model=cfg.model.spec, strategy=_strategy(run),
-        context=cfg.agent.context if cfg.agent.context != "last_k" else f"last_k={cfg.agent.context_k}",
+        context=cfg.agent.context if cfg.agent.context in ("full", "last")
+        else f"{cfg.agent.context}={cfg.agent.context_k}",
         backend=cfg.agent.backend, policy=cfg.eval.policy,
         device=cfg.eval.device, tolerance=run.tolerance, seed=cfg.seed,
         axes=run.axes, imported=run.imported, warnings=_run_warnings(run, metrics),
         degenerate=degenerate, problems=rows, metrics=metrics,
         metrics_excluding_degenerate=compute_metrics([rows], n_boot, seed, exclude_degenerate=True)
         if degenerate else None,
-        counts=count(run, rows), spend=_spend(run), curves=run_curves(run, scope))
+        counts=count(run, rows), spend=_spend(run), curves=run_curves(run, scope),
+        trees=_trees(run) if cfg.strategy.kind == "tree" else {},
+        by_hardware={hw: compute_metrics([group], n_boot, seed)
+                     for hw, group in by_hardware(rows).items()})
+
+
+def _trees(run: RunData) -> dict[str, list[TreeRow]]:
+    parents = {e.episode_key: e.parent for e in run.episodes}
+    return {p.id: Tree([t for t in run.turns if t.problem_id == p.id], parents).rows()
+            for p in run.problems if any(t.problem_id == p.id for t in run.turns)}
 
 
 def _seed_groups(runs: list[RunData], reports: list[RunReport], n_boot: int, seed: int) -> list[SeedGroup]:
@@ -172,11 +203,13 @@ def build_report(paths: list[Path], n_boot: int = 1000, seed: int = 0, scope: Sc
     """Everything a report shows, computed from the run and experiment directories in `paths`."""
     loaded = loaded or load_targets(paths)
     reports = [run_report(r, n_boot, seed, scope) for r in loaded.runs]
+    gpus = {p.gpu for r in reports for p in r.problems if p.correct and p.gpu is not None}
     return Report(
         kloop_version=kloop_version(), sources=[str(p) for p in paths], bootstrap_n=n_boot,
         bootstrap_seed=seed, scope=scope, notes=loaded.notes, runs=reports,
         seed_groups=_seed_groups(loaded.runs, reports, n_boot, seed),
-        matched=matched_budgets([c for r in reports for c in r.curves]) if len(reports) > 1 else [])
+        matched=matched_budgets([c for r in reports for c in r.curves]) if len(reports) > 1 else [],
+        peaks=[PEAKS[g] for g in sorted(gpus & PEAKS.keys())], unknown_gpus=sorted(gpus - PEAKS.keys()))
 
 
 class ReportFiles(_Record):

@@ -71,6 +71,10 @@ def speed(e: Estimate | float | None, ci: bool = True) -> str:
     return text + (f" [{e.lo:.3g}, {e.hi:.3g}]" if ci and e.lo is not None and e.hi is not None else "")
 
 
+def fraction(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2g}"
+
+
 def _num(x: float, digits: int = 3) -> str:
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.{digits}g}"
 
@@ -192,10 +196,42 @@ def _problem_table(r: RunReport) -> Table:
         where = f"ep {p.best_episode} turn {p.best_turn}" if p.best_turn is not None else "-"
         name = p.problem_id + (" (degenerate)" if p.degenerate else "")
         rows.append([name, p.stem, p.status, speed(p.speedup_vs_eager), speed(p.speedup_vs_compile),
-                     where, str(p.turns), str(p.episodes), cost,
+                     fraction(p.sol_fraction), where, str(p.turns), str(p.episodes), cost,
                      "-" if r.imported else _num(p.spend.total_tokens), ", ".join(p.flags) or "-"])
-    return Table(["problem", "name", "status", "vs eager", "vs compile", "best at", "turns", "episodes",
+    return Table(["problem", "name", "status", "vs eager", "vs compile", "of SOL", "best at", "turns", "episodes",
                   "cost", "tokens", "flags"], rows)
+
+
+def _tree_blocks(r: RunReport) -> list[Block]:
+    """Each problem's search tree: one row per node, indented under the node it continues (with
+    no-break spaces: Markdown and HTML drop a cell's leading spaces)."""
+    out: list[Block] = []
+    for pid, rows in r.trees.items():
+        out += [Para(f"Search tree of {pid}: every turn is a node under the turn it continues; "
+                     "value is what the UCT score starts from; `--fork-at EPISODE:TURN` continues any node."),
+                Table(["node", "status", "vs eager", "value", "children"],
+                      [[row.prefix.replace(" ", "\u00a0") + row.node + (" (best)" if row.best else ""), row.status,
+                        speed(row.speedup_vs_eager), f"{row.value:.2f}", str(row.children)] for row in rows])]
+    return out
+
+
+def _speed_of_light(doc: Document, report: Report) -> None:
+    if not report.peaks and not report.unknown_gpus:
+        return
+    doc.add(Heading("Speed of light"),
+            Para("`of SOL` in the per-problem tables: the best kernel's speed-of-light time over its "
+                 "runtime, where speed of light = max(FLOPs / peak FLOP/s, bytes / peak bandwidth) per "
+                 "forward. FLOPs count matrix products and convolutions only; bytes count each input, "
+                 "weight and output once (problems/level3_cost.json), so both are lower bounds. fp32 "
+                 "runs use the FP32 CUDA-core peak (TF32 is off under the strict policy), fp16 and bf16 "
+                 "runs the dense tensor-core peak."))
+    if report.peaks:
+        doc.add(Table(["GPU", "reported as", "FP32 TFLOP/s", "TF32 TFLOP/s (dense)",
+                       "FP16/BF16 TFLOP/s (dense)", "memory TB/s", "source"],
+                      [[p.label, p.device_name, f"{p.fp32_tflops:g}", f"{p.tf32_tflops:g}",
+                        f"{p.half_tflops:g}", f"{p.hbm_tb_s:g}", p.source] for p in report.peaks]))
+    if report.unknown_gpus:
+        doc.add(Para(f"No peaks known for {', '.join(report.unknown_gpus)}: their kernels show `-`."))
 
 
 def _counts_bullets(c: Counts) -> Bullets:
@@ -204,6 +240,19 @@ def _counts_bullets(c: Counts) -> Bullets:
                     f"rejections by rule: {_counts(c.rejections)}",
                     f"rules flagged (not failed): {_counts(c.flagged_rules)}",
                     f"model faults: {_counts(c.faults)}", f"episode stop reasons: {_counts(c.stop_reasons)}"])
+
+
+def _hardware(doc: Document, runs: list[RunReport]) -> None:
+    """Runs judged on several devices: their metrics per device, never pooled across them."""
+    items = [(f"{r.label} on {hw}", m) for r in runs for hw, m in r.by_hardware.items()]
+    if not items:
+        return
+    doc.add(Heading("By hardware"),
+            Para("Problems judged on different GPU models are compared within their model only: "
+                 "each line covers the problems judged on that device (a run's summary above "
+                 "pools them)."),
+            Table(_SUMMARY_HEADER, [_summary_row(label, m) for label, m in items]),
+            Heading("fast_p by hardware", 3), _fast_p_table(items))
 
 
 def build(report: Report, images: dict[str, str]) -> Document:
@@ -232,9 +281,11 @@ def build(report: Report, images: dict[str, str]) -> Document:
             Image(images["fast_p"], "fast_p vs eager and vs torch.compile"),
             Image(images["speedups"], "distribution of best speedups"))
     _side_by_side(doc, runs)
+    _hardware(doc, runs)
+    _speed_of_light(doc, report)
     for r in runs:
         doc.add(Heading(f"Run {r.label}"),
                 Para(f"`{r.path}`: {r.model}, {r.strategy}, context {r.context}, policy {r.policy}" +
                      (f", axes {r.axes}" if r.axes else "")),
-                _problem_table(r), _counts_bullets(r.counts))
+                _problem_table(r), _counts_bullets(r.counts), *_tree_blocks(r))
     return doc

@@ -20,6 +20,7 @@ from agent.records import EpisodeRecord, TurnRecord
 from agent.store import RunConfigRecord, RunDirError, RunStore
 from agent.sweep import MANIFEST_NAME, ExperimentManifest
 from kloop.errors import KloopError
+from problems.cost import ProblemCost, cost_of
 from problems.registry import ProblemError, ProblemSet, load_problem_set
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ class ProblemInfo:
     """Its output does not depend on its input at the run's tolerance (a constant passes)."""
     degenerate_at: float | None = None
     reason: str | None = None
+    cost: ProblemCost | None = None
+    """Its counted FLOPs and bytes per forward (`problems.cost`), for this version of its file."""
 
 
 @dataclass
@@ -111,7 +114,7 @@ def _problem_set_of(cfg: RunConfig, tol: float | None, seen: list[str], episodes
     for p in chosen:
         at = p.meta.degenerate_at
         out.append(ProblemInfo(id=p.id, stem=p.stem, degenerate=at is not None and tol is not None and tol >= at,
-                               degenerate_at=at, reason=p.meta.degenerate_reason))
+                               degenerate_at=at, reason=p.meta.degenerate_reason, cost=cost_of(p)))
     extra = [pid for pid in seen if pid not in {p.id for p in out}]
     if extra:
         warnings.append(f"records hold problems outside the config's set (left out): {extra}")

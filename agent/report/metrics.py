@@ -18,14 +18,17 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.budget import Spend
 from agent.records import TurnRecord
-from agent.report.load import RunData
+from agent.report.bound import peaks_for, sol_ms
+from agent.report.load import ProblemInfo, RunData
 from agent.tally import best_turn, total_spend
+from evaluator.result import EvalResult
 
 P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 _STATUS_ORDER = ("correct", "incorrect", "not_run", "rejected", "timeout", "runtime_error",
@@ -58,8 +61,19 @@ class ProblemRow(_Record):
     runtime_ms: float | None = None
     comparable: bool | None = None
     """False when the best kernel was timed with a host clock (CPU)."""
+    gpu: str | None = None
+    """The GPU the best kernel was timed on, as the device reported its name."""
+    sol_ms: float | None = None
+    """Speed-of-light time of one forward on that GPU (`agent.report.bound`); None where the
+    GPU is not in the peaks table, the problem has no committed count for its file, its sizes
+    were overridden, or the timing is not a GPU timing."""
+    sol_fraction: float | None = None
+    """sol_ms / runtime_ms: how close the best kernel came to the bound (1 = at it)."""
     custom_share: float | None = None
     """Share of the best kernel's profiled device time in its own kernels (0 when it has none)."""
+    hardware: str | None = None
+    """The device the problem's kernels were judged on (its GPU's name, `cpu`); the most common
+    one when they were judged on several (a Ray cluster moved the problem). None: never judged."""
     best_episode: int | None = None
     best_turn: int | None = None
     kernel_path: str | None = None
@@ -86,6 +100,9 @@ def problem_rows(run: RunData) -> list[ProblemRow]:
         row = ProblemRow(problem_id=info.id, stem=info.stem, degenerate=info.degenerate,
                          status=min(statuses, key=_STATUS_ORDER.index) if statuses else "missing",
                          turns=len(turns), episodes=len(eps), statuses=dict(statuses), spend=spend)
+        devices = Counter(_device_of(t.eval) for t in turns if t.eval is not None)
+        if devices:
+            row = row.model_copy(update={"hardware": devices.most_common(1)[0][0]})
         best = best_turn(turns)
         if best is not None and best.eval is not None:
             ev = best.eval
@@ -93,12 +110,47 @@ def problem_rows(run: RunData) -> list[ProblemRow]:
             if ev.profile is not None:
                 share = ev.profile.custom_share if ev.profile.custom_share is not None else 0.0
             row = row.model_copy(update=dict(
+                **_bound(info, ev, run.config.eval.precision)._asdict(),
                 correct=True, speedup_vs_eager=ev.speedup_vs_eager, speedup_vs_compile=ev.speedup_vs_compile,
                 runtime_ms=ev.runtime_ms, comparable=ev.timing.comparable if ev.timing else None,
                 custom_share=share, best_episode=best.episode, best_turn=best.turn,
                 kernel_path=best.kernel_path, code_sha256=best.code_sha256, flags=list(ev.flags)))
         rows.append(row)
     return rows
+
+
+def _device_of(ev: EvalResult) -> str:
+    if ev.device == "cpu" or ev.env is None:
+        return "cpu"
+    return ev.env.device_name
+
+
+def by_hardware(rows: list[ProblemRow]) -> dict[str, list[ProblemRow]]:
+    """Rows grouped by the device their problem was judged on, where there is more than one:
+    speedups are ratios to baselines of the same GPU, but which kernels are fast differs by GPU,
+    so metrics are kept per model (problems never judged join no group)."""
+    groups: dict[str, list[ProblemRow]] = {}
+    for r in rows:
+        if r.hardware is not None:
+            groups.setdefault(r.hardware, []).append(r)
+    return groups if len(groups) > 1 else {}
+
+
+class Bound(NamedTuple):
+    gpu: str | None
+    sol_ms: float | None = None
+    sol_fraction: float | None = None
+
+
+def _bound(info: ProblemInfo, ev: EvalResult, precision: str) -> Bound:
+    gpu = ev.env.device_name if ev.env is not None and ev.device != "cpu" else None
+    peaks = peaks_for(gpu)
+    runtime = ev.runtime_ms if ev.timing is not None and ev.timing.comparable else None
+    # The committed counts are of the full-size problem: overridden sizes get no bound.
+    if peaks is None or info.cost is None or ev.problem_overrides or not runtime:
+        return Bound(gpu)
+    sol = sol_ms(info.cost, peaks, precision)
+    return Bound(gpu, sol, sol / runtime)
 
 
 class Counts(_Record):

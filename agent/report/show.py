@@ -1,5 +1,6 @@
 """`kloop show`: one trajectory in the terminal, turn by turn: the prompt the model got, its
-reply, the kernel, the evaluator's verdict and the feedback the next turn starts from."""
+reply, the kernel, the evaluator's verdict and the feedback the next turn starts from; with
+`--tree`, each problem's search tree (which turn continues which), node by node."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from rich.text import Text
 from agent.records import EpisodeRecord, TurnRecord
 from agent.report.metrics import turn_status
 from agent.store import RunStore
+from agent.tree import Tree, draw
 from evaluator.result import EvalResult
 
 CLIP_CHARS = 2500
@@ -84,6 +86,11 @@ def render_turn(t: TurnRecord, full: bool = False, prompt: bool = True) -> list[
                 out.append(Panel(Text(_clip(m.content, full)), title=title, title_align="left"))
         else:
             out.append(Text("prompt: not recorded (imported kernel)", style="dim"))
+    if t.summary is not None:
+        sc = t.summary
+        note = f"; unusable ({sc.fault.message}), the digest stood in" if sc.fault else ""
+        out.append(Panel(Text(_clip(sc.text, full)), title_align="left",
+                         title=f"summary call before this turn: turns 1-{sc.covers}{note}"))
     if t.reply.reasoning:
         out.append(Panel(Text(_clip(t.reply.reasoning, full), style="dim"), title="reasoning", title_align="left"))
     u = t.reply.usage
@@ -117,7 +124,7 @@ def _matches(t: TurnRecord, problem: str) -> bool:
 
 def index_table(turns: list[TurnRecord], episodes: list[EpisodeRecord]) -> Table:
     """Problems and episodes of a run, to pick one from."""
-    table = Table(title="episodes (pick one with --problem ID [--episode N])")
+    table = Table(title="episodes (pick one with --problem ID [--episode N]; --tree draws the search tree)")
     for col in ("problem", "episode", "turns", "verdicts", "stop"):
         table.add_column(col)
     stops = {(e.problem_id, e.episode): e.stop_reason for e in episodes}
@@ -131,12 +138,26 @@ def index_table(turns: list[TurnRecord], episodes: list[EpisodeRecord]) -> Table
     return table
 
 
+def tree_text(turns: list[TurnRecord], episodes: list[EpisodeRecord], problem_id: str) -> list[str]:
+    """One problem's search tree as lines of text (every turn a node under the one it continues)."""
+    mine = [t for t in turns if t.problem_id == problem_id]
+    tree = Tree(mine, {e.episode_key: e.parent for e in episodes if e.problem_id == problem_id})
+    stem = mine[0].problem_stem if mine else ""
+    return draw(tree.rows(), f"{problem_id} {stem}: {len(tree.nodes)} nodes (EPISODE:TURN, as --fork-at takes)")
+
+
 def show(run_dir: Path, console: Console, problem: str | None = None, episode: int | None = None,
-         turn: int | None = None, full: bool = False) -> int:
+         turn: int | None = None, full: bool = False, tree: bool = False) -> int:
     """Print the selected turns (all episodes of `problem` unless `episode` is given); returns how
-    many were shown. Without a problem, prints the run's index of episodes."""
+    many were shown. Without a problem, prints the run's index of episodes. `tree`: print the
+    search tree of `problem` (of every problem without one) instead; returns its node count."""
     store = RunStore.open(run_dir)
     turns, episodes = store.turns(), store.episodes()
+    if tree:
+        ids = list(dict.fromkeys(t.problem_id for t in turns if problem is None or _matches(t, problem)))
+        for pid in ids:
+            console.print(Text("\n".join(tree_text(turns, episodes, pid))))
+        return sum(1 for t in turns if t.problem_id in ids)
     if problem is None:
         console.print(index_table(turns, episodes))
         return 0

@@ -26,6 +26,8 @@ def test_demo_runs_through_the_real_evaluator(tmp_path):
         (t.status, t.eval and t.eval.error) for t in turns]
     assert "never closed" in turns[0].feedback
     assert "max abs error" in turns[1].feedback
+    assert "|yours - ref| <= 0.0001 + 0.0001 * |ref|" in turns[1].feedback
+    assert "`atol = rtol = 0.0001`" in turns[0].messages[1].content
     assert all(t.eval.problem_sha256 == turns[0].eval.problem_sha256 for t in turns)
     ep = store.episodes()[0]
     assert ep.stop_reason == "max_turns"

@@ -12,12 +12,14 @@ from agent.episode import EpisodeSpec, EpisodeState, feedback_template, feedback
 from agent.models.base import ModelReply, Usage
 from agent.prompts import PACKAGED_DIR, PromptSet, clip
 from agent.records import ModelFaultInfo, TurnRecord
+from evaluator.config import POLICIES, EvalConfig
 from evaluator.result import ErrorInfo, OutputDiff, Violation
 from problems.registry import get_problem
 
 MARKERS = {"compile_error": "SYNTAX", "runtime_error": "CRASH", "timeout": "HANG", "incorrect": "BUG",
            "rejected": "CHEAT", "not_run": "CUDA_ONLY", "correct": ""}
 PROBLEM = get_problem("L3/4")
+STRICT_FP32 = EvalConfig().comparison()
 
 
 def turn_with(result=None, fault=None) -> TurnRecord:
@@ -88,8 +90,9 @@ def test_format_error_feedback():
 @pytest.mark.parametrize("gpu", ["h200", None])
 def test_task_and_system_prompts_render_for_each_backend(backend, gpu):
     prompts = PromptSet()
-    task = prompts.render("task", problem=PROBLEM, backend=backend, gpu=gpu, max_turns=4)
-    system = prompts.render("system", problem=PROBLEM, backend=backend, gpu=gpu, max_turns=4)
+    variables = dict(problem=PROBLEM, backend=backend, gpu=gpu, max_turns=4, comparison=STRICT_FP32)
+    task = prompts.render("task", **variables)
+    system = prompts.render("system", **variables)
     assert PROBLEM.source.strip() in task and "ModelNew" in task and "manual_seed(42)" in task
     assert ("load_inline" in task) == (backend == "cuda")
     assert ("@triton.jit" in task) == (backend == "triton")
@@ -97,22 +100,57 @@ def test_task_and_system_prompts_render_for_each_backend(backend, gpu):
     assert ("CUDA C++" in system) == (backend == "cuda")
 
 
+# What each (policy, precision) allows, written out rather than read from the policy table, so a
+# changed tolerance shows up here as well as in the prompts.
+SHOWN_TOLERANCE = {("strict", "fp32"): "0.0001", ("kernelbench", "fp32"): "0.0001",
+                   ("strict", "bf16"): "0.01", ("kernelbench", "bf16"): "0.01",
+                   ("strict", "fp16"): "0.01", ("kernelbench", "fp16"): "0.01"}
+
+
+@pytest.mark.parametrize(("policy", "precision"), sorted(SHOWN_TOLERANCE))
+def test_prompts_state_the_tolerance_of_the_policy_and_precision(policy, precision):
+    assert set(POLICIES) == {p for p, _ in SHOWN_TOLERANCE}
+    shown = SHOWN_TOLERANCE[policy, precision]
+    comparison = EvalConfig(policy=policy, precision=precision).comparison()
+    task = PromptSet().render("task", problem=PROBLEM, backend="triton", gpu=None, max_turns=4,
+                              comparison=comparison)
+    assert f"Models and inputs are in {precision}." in task
+    assert f"`atol = rtol = {shown}`" in task and f"(policy `{policy}`)" in task
+
+    # The feedback shows the tolerance the result itself was judged with.
+    bad = FakeEvaluator().evaluate(PROBLEM, kernel("BUG"))
+    bad = bad.model_copy(update={"policy": policy, "tolerance": comparison.tolerance})
+    text = render_feedback(turn_with(bad))
+    assert f"(policy `{policy}`: every element must satisfy |yours - ref| <= {shown} + {shown} * |ref|)" in text
+    assert "1e-4" not in task + text  # the hard-coded number of old
+
+
+def test_incorrect_feedback_without_a_recorded_tolerance_states_no_number():
+    bad = FakeEvaluator().evaluate(PROBLEM, kernel("BUG"))
+    assert bad.tolerance is None  # a record from before results kept their tolerance
+    text = render_feedback(turn_with(bad))
+    assert "checks (policy `strict`).\n" in text and "|ref|" not in text
+
+
 def test_every_packaged_template_is_covered():
     names = set(PromptSet().names())
     covered = {"system.j2", "task.j2", "feedback_format_error.j2"} | {f"feedback_{s}.j2" for s in MARKERS}
+    # The condensing context policies' templates render in tests/agent/test_context.py.
+    covered |= {"context_digest.j2", "context_summary.j2", "summarize.j2"}
     assert names == covered
 
 
 def test_a_missing_variable_is_an_error_not_an_empty_string():
     with pytest.raises(jinja2.UndefinedError, match="max_turns"):
-        PromptSet().render("task", problem=PROBLEM, backend="triton", gpu="h200")
+        PromptSet().render("task", problem=PROBLEM, backend="triton", gpu="h200", comparison=STRICT_FP32)
 
 
 def test_a_user_prompts_dir_overrides_single_templates(tmp_path):
     (tmp_path / "system.j2").write_text("Custom system for {{ backend }}.\n")
     prompts = PromptSet(tmp_path)
     assert prompts.render("system", backend="cuda") == "Custom system for cuda.\n"
-    assert "@triton.jit" in prompts.render("task", problem=PROBLEM, backend="triton", gpu=None, max_turns=1)
+    assert "@triton.jit" in prompts.render("task", problem=PROBLEM, backend="triton", gpu=None, max_turns=1,
+                                          comparison=STRICT_FP32)
     assert (PACKAGED_DIR / "system.j2").exists()
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from agent_fakes import FakeEvaluator, kernel, make_runner, reply
 
 from agent import replay as replay_lib
 from agent.components import load_problems
-from agent.models.base import Message
+from agent.models.base import Message, ModelReply
 from agent.models.replay import ReplayModel
 from agent.models.scripted import ScriptedModel
 from agent.store import RunStore
@@ -65,6 +66,31 @@ def test_replay_model_serves_identical_prompts_in_recorded_order():
     assert model.query(opening).text == "first"
     assert model.query(opening).text == "second"
     assert model.remaining == 0
+
+
+def test_replay_model_serves_a_turn_whose_templates_changed_by_its_address_and_history():
+    """A run recorded by an older kloop (other system, task or feedback text) replays: the reply
+    recorded at the same problem, episode and turn after the same model replies is served."""
+    from agent.errors import ScriptExhausted
+    from agent.models.base import Address, Message
+
+    def asked(system: str, *replies: str) -> list[Message]:
+        msgs = [Message(role="system", content=system), Message(role="user", content="task")]
+        for r in replies:
+            msgs += [Message(role="assistant", content=r), Message(role="user", content="fb")]
+        return msgs
+
+    one, two = (ModelReply(text=t, usage=None, cost_usd=None, finish_reason="stop", latency_s=0.0,
+                           model="m", raw={}) for t in ("first", "second"))
+    at1, at2 = Address(problem="L3/1", episode=0, turn=1), Address(problem="L3/1", episode=0, turn=2)
+    model = ReplayModel([(asked("old"), one), (asked("old", "first"), two)],
+                        turns={0: at1, 1: at2})
+    assert model.query_at(asked("new"), at1) is one
+    with pytest.raises(ScriptExhausted):  # the same turn after other replies of the model
+        model.query_at(asked("new", "another"), at2)
+    assert model.query_at(asked("new", "first"), at2) is two
+    with pytest.raises(ScriptExhausted):  # without an address, the prompt must match
+        ReplayModel([(asked("old"), one)], turns={0: at1}).query(asked("new"))
 
 
 def test_rescore_reevaluates_every_kernel_into_a_new_run(tmp_path):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from eval_helpers import candidate, cpu_config
 
-from evaluator.pipeline import evaluate_many
+from evaluator.pipeline import evaluate, evaluate_many
 
 BROKEN = [
     "syntax_error.py", "no_modelnew.py", "off_by_little.py", "wrong_shape.py",
@@ -48,6 +48,17 @@ def test_missing_modelnew_is_a_compile_error(results):
     assert r.error.type == "no_model_new"
 
 
+@pytest.mark.parametrize(("policy", "precision", "tolerance"), [
+    ("strict", "fp32", 1e-4), ("kernelbench", "fp32", 1e-4), ("strict", "bf16", 1e-2),
+    ("kernelbench", "fp16", 1e-2)])
+def test_every_result_records_the_tolerance_it_was_judged_with(tmp_path, policy, precision, tolerance):
+    # Stopped by the static pre-check, before any process starts: the record still says what
+    # its outputs would have been held to (the feedback states it).
+    r = evaluate("L3/1", candidate("no_modelnew.py"),
+                 cpu_config(tmp_path, policy=policy, precision=precision))
+    assert (r.status, r.policy, r.tolerance) == ("compile_error", policy, tolerance)
+
+
 def test_output_just_outside_tolerance_is_incorrect_with_its_error(results):
     r = results["off_by_little.py"]
     assert (r.status, r.stage_reached) == ("incorrect", "correctness")
@@ -56,6 +67,7 @@ def test_output_just_outside_tolerance_is_incorrect_with_its_error(results):
     diff = r.correctness[0].outputs[0]
     assert 2.5e-4 < diff.max_abs_err < 3.5e-4
     assert diff.mismatch_fraction == 1.0
+    assert r.tolerance == 1e-4
     assert len(diff.worst) == 5
     assert r.timing is None  # an incorrect candidate is never timed
 

@@ -19,6 +19,7 @@ from agent.store import RunStore
 from evaluator.result import (
     CompileLog,
     CorrectnessTrial,
+    EnvInfo,
     EvalResult,
     ProfileSummary,
     TimingStats,
@@ -39,12 +40,13 @@ def timing(ms: float, comparable: bool = True) -> TimingStats:
 def eval_result(problem: Problem, status: str = "correct", eager: float | None = None,
                 compile: float | None = None, runtime_ms: float = 1.0, flags: tuple[str, ...] = (),
                 rule: str | None = None, custom_share: float | None = 0.9, comparable: bool = True,
-                source: str = "") -> EvalResult:
+                source: str = "", gpu: str | None = None) -> EvalResult:
     """A real EvalResult; for `correct`, baselines are derived so the speedups are exactly as given."""
     base = dict(evaluator_version="test-1", problem_id=problem.id, problem_sha256=problem.sha256,
                 candidate_sha256=hashlib.sha256(source.encode()).hexdigest(), policy="strict",
                 device="cuda:0" if comparable else "cpu", backend="triton", started_at=T0.isoformat(),
-                flags=list(flags))
+                flags=list(flags),
+                env=EnvInfo(python="3.12", torch="2.9", device_name=gpu) if gpu is not None else None)
     if status == "correct":
         profile = ProfileSummary(activity="cuda", total_ms=runtime_ms, custom_share=custom_share,
                                  text="kernel 90%")
@@ -84,6 +86,8 @@ class T:
     fault: bool = False
     """A reply without code (a model fault): no kernel, no evaluation."""
     comparable: bool = True
+    gpu: str | None = None
+    """The device name the evaluation recorded (`EnvInfo.device_name`); None: no env recorded."""
 
 
 def write_run(root: Path, problems: list[str], turns: list[T], seed: int = 0,
@@ -114,7 +118,8 @@ def write_run(root: Path, problems: list[str], turns: list[T], seed: int = 0,
             kernel_path=store.kernel_relpath(problem.stem, spec.episode, turn) if code else None,
             eval=None if spec.fault else eval_result(problem, spec.status, spec.eager, spec.compile,
                                                     spec.runtime_ms, spec.flags, spec.rule,
-                                                    comparable=spec.comparable, source=code or ""),
+                                                    comparable=spec.comparable, source=code or "",
+                                                    gpu=spec.gpu),
             feedback=f"FEEDBACK for turn {turn}: {spec.status}",
             spend=Spend(calls=1, input_tokens=reply.usage.input_tokens, output_tokens=reply.usage.output_tokens,
                         cost_usd=spec.cost, eval_s=spec.eval_s, wall_s=spec.wall_s),
