@@ -63,6 +63,8 @@ for s in "$@"; do
     # Tests that assert on measured times run after the rest, one at a time (`alone`).
     evaluator) step evaluator 540 python3 -m pytest -m "gpu and not alone" -q -rA \
                 -p no:cacheprovider -n 4 tests/evaluator ${EVALUATOR_K:+-k "$EVALUATOR_K"} ;;
+    # The ray executor's worker class on the GPU (Ray itself does not fit in a device call).
+    agent) step agent 150 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/agent ;;
     alone) step alone 240 python3 -m pytest -m "gpu and alone" -q -rA -p no:cacheprovider \
                 tests ${EVALUATOR_K:+-k "$EVALUATOR_K"} ;;
     exploits) step exploits 540 python3 -m pytest -m gpu -q -rA -p no:cacheprovider -n 8 \
