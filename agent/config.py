@@ -255,7 +255,8 @@ class RunConfig(_Config):
 
 # Evaluator fields added after episode keys were first written: digested only when set to
 # something other than the default, which is the behaviour from before they existed.
-_EVAL_ADDED = {"eager_baseline_from": "reference", "l2_flush": "worker", "disk_limit_gb": 16.0}
+_EVAL_ADDED = {"eager_baseline_from": "reference", "l2_flush": "worker", "disk_limit_gb": 16.0,
+               "ncu_kernels": 3}
 _STRATEGY_ADDED = {"roots": 2, "expansions": 6, "exploration": 0.5, "max_children": 3, "batch": 1}
 # Fields that say where and how fast a run goes, or which problems it covers (each episode key
 # already holds its problem's hash): changing them must not change episode keys.

@@ -98,6 +98,8 @@ def best_of(rec: TurnRecord) -> BestKernel:
         runtime_ms=ev.runtime_ms,
         speedup_vs_eager=ev.speedup_vs_eager,
         speedup_vs_compile=ev.speedup_vs_compile,
+        speedup_vs_best=ev.speedup_vs_best,
+        best_baseline=ev.best_baseline,
         comparable=bool(ev.timing and ev.timing.comparable),
     )
 

@@ -14,6 +14,8 @@ from typing import Any
 import jinja2
 
 import prompts as prompts_package
+from agent.ncu_hints import hint, stalls_text
+from evaluator.resources import bare_name
 from kloop.errors import KloopError
 
 PACKAGED_DIR = Path(prompts_package.__file__).resolve().parent
@@ -40,6 +42,16 @@ def fmt_x(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
 
+def fmt_num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def fmt_bytes(value: int | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value} B" if value < 1024 else f"{value / 1024:.1f} KB"
+
+
 class PromptsDirError(KloopError):
     """A `--prompts-dir` that is not a folder."""
 
@@ -60,7 +72,8 @@ class PromptSet:
             lstrip_blocks=True,
             autoescape=False,
         )
-        self.env.filters.update(clip=clip, ms=fmt_ms, x=fmt_x)
+        self.env.filters.update(clip=clip, ms=fmt_ms, x=fmt_x, num=fmt_num, nbytes=fmt_bytes,
+                                bare_name=bare_name, stalls=stalls_text, ncu_hint=hint)
 
     def render(self, name: str, **variables: Any) -> str:
         """Render `name` (with or without `.j2`); a missing variable raises at once."""

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.budget import Spend
 from agent.models.base import Message, ModelReply
-from evaluator.result import ErrorInfo, EvalResult
+from evaluator.result import BaselineName, ErrorInfo, EvalResult
 
 TRAJECTORY_SCHEMA_VERSION = 1
 
@@ -125,6 +125,9 @@ class BestKernel(_Record):
     runtime_ms: float | None
     speedup_vs_eager: float | None = None
     speedup_vs_compile: float | None = None
+    speedup_vs_best: float | None = None
+    """Against the fastest baseline measured (`EvalResult.best_baseline`)."""
+    best_baseline: BaselineName | None = None
     comparable: bool
     """False when runtimes come from a host clock (CPU): the pick is by runtime all the same."""
 

@@ -61,12 +61,13 @@ def report_command(
         raise _fail(str(e)) from None
     files = write_report(report, out or _default_out(paths), html=html, json=as_json)
     table = Table(title="kloop report")
-    for col in ("run", "correct", "fast_1.0 eager", "fast_1.0 compile", "geomean eager (correct)"):
+    for col in ("run", "correct", "fast_1.0 eager", "fast_1.0 compile", "fast_1.0 best", "geomean eager (correct)"):
         table.add_column(col)
     for r in report.runs:
         m = r.metrics
         fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
         table.add_row(r.label, f"{m.correct:g}/{m.problems}", fmt(m.fast(1.0)), fmt(m.fast(1.0, "compile")),
+                      fmt(m.fast(1.0, "best")),
                       "-" if m.geomean_vs_eager.value is None else f"{m.geomean_vs_eager.value:.3g}x")
     err.print(table)
     for name in filter(None, [files.markdown, files.html, files.json_path]):

@@ -119,9 +119,14 @@ class Reporter:
         console.print(f"{e.problem_id} episode {e.episode} stopped: {e.stop_reason} ({e.stop_detail})")
 
 
+_BASELINE_SHORT = {"eager": "eager", "compile": "compile", "compile_ro": "ro"}
+"""How the `x best` column names the fastest baseline (`ro`: torch.compile reduce-overhead)."""
+
+
 def print_summary(summary: RunSummary, root: Path) -> None:
     table = Table(title=f"run {summary.run_id}: {summary.status}")
-    for col in ("problem", "eps", "turns", "best (ep/turn)", "runtime", "x eager", "x compile", "stops"):
+    for col in ("problem", "eps", "turns", "best (ep/turn)", "runtime", "x eager", "x compile", "x best",
+                "stops"):
         table.add_column(col, overflow="fold")
     host_clock = False
     for p in summary.problems:
@@ -132,6 +137,8 @@ def print_summary(summary: RunSummary, root: Path) -> None:
                       f"{p.best_episode}/{b.turn}" if b else "none correct",
                       fmt(b and b.runtime_ms, " ms"), fmt(b and b.speedup_vs_eager, "x"),
                       fmt(b and b.speedup_vs_compile, "x"),
+                      fmt(b and b.speedup_vs_best, f"x {_BASELINE_SHORT[b.best_baseline]}"
+                          if b and b.best_baseline else "x"),
                       ", ".join(f"{k} {v}" for k, v in p.stop_reasons.items()))
     make_console().print(table)
     s = summary.spend

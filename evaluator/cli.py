@@ -186,7 +186,8 @@ def baseline_command(
         "--use-cache/--rebuild", help="Keep cached timings (default: time again).")] = False,
     size: Annotated[str, typer.Option(help="full, or small: every size constant shrunk for CPU use.")] = "full",
 ) -> None:
-    """Time the eager and torch.compile baselines of a level's references (cached on disk)."""
+    """Time the eager and torch.compile baselines (default and reduce-overhead modes) of a level's
+    references (cached on disk)."""
     from evaluator.pipeline import build_baselines
     from evaluator.reference import ReferenceFailure
 
@@ -199,16 +200,17 @@ def baseline_command(
     console = make_console()
     first = configs[probs[0].id]
     table = Table(title=f"baselines ({first.policy}, {first.device})")
-    for col in ("problem", "eager median ms", "compile median ms", "note"):
+    for col in ("problem", "eager median ms", "compile median ms", "reduce-overhead median ms", "note"):
         table.add_column(col)
     for i, prob in enumerate(probs, start=1):
         try:
             with stage_line(f"kloop baseline {prob.id} ({i}/{len(probs)})", True):
                 out = build_baselines(prob, configs[prob.id], rebuild=not use_cache)
         except ReferenceFailure as e:
-            table.add_row(prob.id, "-", "-", str(e).splitlines()[0][:80])
+            table.add_row(prob.id, "-", "-", "-", str(e).splitlines()[0][:80])
             continue
-        table.add_row(prob.id, _ms(out.eager), _ms(out.compiled), " ".join(out.flags)[:80])
+        table.add_row(prob.id, _ms(out.eager), _ms(out.compiled), _ms(out.compiled_ro),
+                      " ".join(out.flags)[:80])
     console.print(table)
 
 
@@ -255,7 +257,8 @@ def render(r: EvalResult, console: Console) -> None:
 
 def _render_timing(r: EvalResult, console: Console) -> None:
     rows = [(n, t) for n, t in (("candidate", r.timing), ("eager", r.eager),
-                                ("torch.compile", r.compiled)) if t]
+                                ("torch.compile", r.compiled),
+                                ("torch.compile reduce-overhead", r.compiled_ro)) if t]
     if not rows:
         return
     table = Table(title="timing (ms)" + ("" if rows[0][1].comparable else
@@ -266,9 +269,11 @@ def _render_timing(r: EvalResult, console: Console) -> None:
         table.add_row(name, *(f"{x:.4g}" for x in (t.median_ms, t.mean_ms, t.std_ms, t.min_ms,
                                                    t.max_ms, t.iqr_ms)), str(t.n_trials))
     console.print(table)
-    if r.speedup_vs_eager or r.speedup_vs_compile:
+    if r.speedup_vs_best is not None:
         console.print(f"speedup vs eager {_num(r.speedup_vs_eager)}x, "
-                      f"vs torch.compile {_num(r.speedup_vs_compile)}x")
+                      f"vs torch.compile {_num(r.speedup_vs_compile)}x, "
+                      f"vs reduce-overhead {_num(r.speedup_vs_compile_ro)}x; "
+                      f"vs the fastest ({r.best_baseline}) {_num(r.speedup_vs_best)}x")
 
 
 def _num(x: float | None) -> str:

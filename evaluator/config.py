@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Precision = Literal["fp32", "fp16", "bf16"]
-BaselineMode = Literal["auto", "eager", "compile", "both", "none"]
+BaselineMode = Literal["auto", "eager", "compile", "both", "all", "none"]
 
 
 class Policy(BaseModel):
@@ -147,7 +147,8 @@ class StageTimeouts(BaseModel):
     reference: float = 600.0
     """Reference worker: build the reference, draw inputs, compute expected outputs."""
     baselines: float = 1800.0
-    """Reference worker: time eager and torch.compile baselines (compile includes inductor)."""
+    """Reference worker: time the eager and torch.compile baselines, both modes (each compile
+    includes inductor; CUDA graphs capture for reduce-overhead)."""
 
 
 def _default_cache_dir() -> Path:
@@ -183,7 +184,10 @@ class EvalConfig(BaseModel):
     """Intra-op threads of CPU children (OMP_NUM_THREADS): one by default, so parallel
     evaluations on a small machine do not oversubscribe it."""
     baselines: BaselineMode = "auto"
-    """Which reference baselines to time: `auto` is both on CUDA and eager only on CPU."""
+    """Which reference baselines to time: `both` is eager and torch.compile, `all` adds
+    torch.compile(mode="reduce-overhead") (CUDA graphs: one more compile per problem, cached
+    like the others); `auto` is `all` on CUDA and eager only on CPU (where reduce-overhead
+    has no CUDA graphs and is flagged `baseline_compile_ro_no_cudagraphs` if asked for)."""
     l2_flush: Literal["worker", "trusted"] = "worker"
     """Who flushes the L2 before each timed call: the serving process in its `prep` (a
     candidate's native code could skip it), or also a trusted flusher process of the harness's
@@ -246,7 +250,13 @@ class EvalConfig(BaseModel):
     file tree is read-only for them (root without capabilities, a non-root harness): the
     tests' drop boxes. Never put anything here that the harness reads as trusted."""
     ncu: bool = False
-    """Also collect Nsight Compute metrics for the top custom kernel (GPU with ncu only)."""
+    """Also collect Nsight Compute metrics for the custom kernels that dominate a correct
+    candidate's profile (GPU with ncu only), shown in the next turn's feedback. Off by default:
+    the ncu run (`stage_seconds["ncu"]`, seconds to tens of seconds) is evaluation time, charged
+    to the `eval_s` budget."""
+    ncu_kernels: int = Field(3, ge=1)
+    """`ncu`: at most this many kernels, most device time first, stopping once they cover 80 %
+    of the custom kernels' device time."""
     triton_aot: bool = True
     """On a machine without a GPU, also compile Triton kernels for sm_90 to catch errors the
     interpreter misses."""

@@ -88,7 +88,7 @@ class Failed(_Finding):
 
 
 class Measured(_Finding):
-    what: Literal["timing", "eager", "compiled"]
+    what: Literal["timing", "eager", "compiled", "compiled_ro"]
     stats: TimingStats | None
 
 

@@ -92,10 +92,16 @@ class ReferenceJob(_Rec):
     trials: list[RefTrial]
     fills_path: str | None = None
     """Strict construction: where to write the main model's constant fills for the candidate."""
-    baselines: list[Literal["eager", "compile"]]
+    baselines: list[Literal["eager", "compile", "compile_ro"]]
     timing: TimingSpec | None
     early_cuda_init: bool = False
     """Create the CUDA context before reporting ready (`EvalConfig.cuda_init`)."""
+
+    def roles(self) -> list[str]:
+        """What the worker serves, in this order, one session each on one call channel: eager
+        always (its outputs are what the candidate's timed calls are checked against), then
+        each compiled baseline asked for."""
+        return ["eager"] + [r for r in ("compile", "compile_ro") if r in self.baselines]
 
 
 class CandTrial(_Rec):
@@ -182,7 +188,7 @@ class ServeMsg(_Rec):
     of the shared output memory, or `skip`); `outputs` are the reference's (shape, dtype)."""
 
     kind: Literal["serve"] = "serve"
-    role: Literal["eager", "compile", "candidate"]
+    role: Literal["eager", "compile", "compile_ro", "candidate"]
     outputs: list[tuple[list[int], str]] = Field(default_factory=list)
 
 

@@ -3,9 +3,12 @@
 
 `collect_reference` drives it: the eager model's served calls give the handshake
 (null calls), the eager baseline and the reference's output for every timed call's seed; the
-compile baseline is cached per problem hash + device + versions + policy + timing settings, in
-the harness-private cache. Expected outputs are loaded into memory and their files deleted
-before any candidate process starts.
+compiled baselines (torch.compile in its default mode, `compile`, and in mode="reduce-overhead",
+`compile_ro`) are cached per problem hash + device + versions + policy + timing settings, in
+the harness-private cache, with the flags the worker raised while serving them: a compiled
+baseline that failed is not served again until the record is rebuilt (`kloop baseline`).
+Expected outputs are loaded into memory and their files deleted before any candidate process
+starts.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from evaluator.harness.clock import CallResult, ChannelBroken
 from evaluator.harness.expected import ExpectedStore
@@ -51,7 +54,9 @@ from evaluator.sandbox import Child, ChildOutcome
 from evaluator.worker.serve import OK, ServeLayout
 
 log = logging.getLogger(__name__)
-BASELINE_SCHEMA_VERSION = 2
+BASELINE_SCHEMA_VERSION = 3
+COMPILED = {"compile": "compiled", "compile_ro": "compiled_ro"}
+"""The compiled baselines' roles and the fields that keep their timings."""
 
 
 class ReferenceFailure(RuntimeError):
@@ -65,7 +70,9 @@ class ReferenceFailure(RuntimeError):
 
 
 class BaselineRecord(BaseModel):
-    """One cached pair of baseline timings (absent ones are None)."""
+    """One cached set of baseline timings (absent ones are None); records of schema 2 (no
+    `compiled_ro`, no `flags`) read as records whose reduce-overhead baseline is not measured
+    yet."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -74,8 +81,18 @@ class BaselineRecord(BaseModel):
     key_fields: dict[str, Any]
     eager: TimingStats | None = None
     compiled: TimingStats | None = None
+    compiled_ro: TimingStats | None = None
+    flags: dict[str, list[str]] = Field(default_factory=dict)
+    """Compiled role -> the flags the worker raised while serving it (`baseline_compile_ro_
+    failed: ...`, `baseline_compile_ro_no_cudagraphs: ...`), raised again whenever the record
+    is read."""
     env: EnvInfo
     updated_at: str
+
+    def settled(self, role: str) -> bool:
+        """Whether the compiled baseline `role` was measured, or failed, already."""
+        return getattr(self, COMPILED[role]) is not None or any(
+            f.startswith(f"baseline_{role}_failed") for f in self.flags.get(role, []))
 
 
 def timing_key(timing: TimingSpec) -> dict[str, Any]:
@@ -123,7 +140,11 @@ class ReferenceOutput:
     bound) no call's events are believed, the reference's and the candidate's alike."""
     eager: TimingStats | None = None
     compiled: TimingStats | None = None
+    compiled_ro: TimingStats | None = None
     flags: list[str] = field(default_factory=list)
+    served_roles: dict[str, list[str]] = field(default_factory=dict)
+    """The compiled roles served in this session (not read from the cache) -> the flags the
+    worker raised while serving each."""
     wall_s: float = 0.0
     stage_seconds: dict[str, float] = field(default_factory=dict)
     """Wall time of the worker's stages (`ref_reference`, `ref_baselines`)."""
@@ -151,6 +172,8 @@ def collect_reference(child: Child, job: ReferenceJob, serving: Serving | None) 
     error: ErrorInfo | None = None
     done = False
     mark: tuple[str, float] | None = None
+    role: str | None = None  # the role served now: the flags raised before the next are its
+    last = job.roles()[-1]
     for msg in child.messages():
         if isinstance(msg, StageMsg | DoneMsg) and mark is not None:
             out.stage_seconds[f"ref_{mark[0]}"] = round(time.monotonic() - mark[1], 3)
@@ -159,12 +182,15 @@ def collect_reference(child: Child, job: ReferenceJob, serving: Serving | None) 
         elif isinstance(msg, EnvMsg):
             out.env = msg.env
         elif isinstance(msg, ServeMsg):
+            role = msg.role
             if serving is None or error is not None:
                 child.send(Control(next="skip"))
             else:
-                _serve(child, msg, serving, out)
+                _serve(child, msg, serving, out, last=msg.role == last)
         elif isinstance(msg, FlagMsg):
             out.flags.append(msg.flag)
+            if role in out.served_roles:
+                out.served_roles[role].append(msg.flag)
         elif isinstance(msg, ErrorMsg):
             error = msg.error
         elif isinstance(msg, DoneMsg):
@@ -173,6 +199,9 @@ def collect_reference(child: Child, job: ReferenceJob, serving: Serving | None) 
     out.wall_s = outcome.wall_s
     if not done or error is not None:
         raise ReferenceFailure(_failure_text(outcome, error), error, outcome.stderr_tail)
+    if serving is not None and out.served_roles:
+        record, path = _cached(serving, out)
+        _store(path, record, out, serving)  # with their flags, which came after their calls
     for t in job.trials:
         out.expected[t.index] = torch.load(t.expected_path, weights_only=True)
         os.unlink(t.expected_path)
@@ -182,15 +211,17 @@ def collect_reference(child: Child, job: ReferenceJob, serving: Serving | None) 
     return out
 
 
-def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput) -> None:
+def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput,
+           last: bool) -> None:
     assert child.calls is not None
     layout = ServeLayout.of(msg.outputs)
     child.calls.set_layout(layout)
     child.calls.spin = serving.on_cuda
     out.layout = layout
     record, path = _cached(serving, out)
-    if msg.role == "compile" and record is not None and record.compiled is not None:
-        out.compiled = record.compiled
+    if msg.role in COMPILED and record is not None and record.settled(msg.role):
+        setattr(out, COMPILED[msg.role], getattr(record, COMPILED[msg.role]))
+        out.flags += record.flags.get(msg.role, [])
         child.send(Control(next="skip"))
         return
     child.send(Control(next="serve", data=layout.model_dump_json()))
@@ -219,9 +250,11 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput) 
         child.kill(e.kind)
         raise ReferenceFailure(f"the reference worker's {msg.role} calls failed: {e}") from None
     finally:
-        child.calls.stop(last=not eager)  # compile may come next
+        child.calls.stop(last=last)  # else more roles come on this channel
+    if not eager:
+        out.served_roles[msg.role] = []
     if failed or len(served.wall_ms) < len(plan.seeds):
-        return  # the worker reported why (an error for eager, a flag for compile)
+        return  # the worker reported why (an error for eager, a flag for the others)
     if eager:
         out.null_call_ms = served.null_median_ms()
         out.handshake_ms = served.handshake_ms()
@@ -233,11 +266,9 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput) 
                                  event_bound=out.event_bound_ms)
         _store(path, record, out, serving)  # `kloop baseline` lists what was measured
     else:
-        out.compiled = timing_stats(served, out.handshake_ms, on_cuda=serving.on_cuda,
-                                    null_call_ms=out.null_call_ms,
-                                    calibrated_overhead_ms=out.calibrated_overhead_ms,
-                                    event_bound=out.event_bound_ms)
-        _store(path, record, out, serving)
+        setattr(out, COMPILED[msg.role], timing_stats(
+            served, out.handshake_ms, on_cuda=serving.on_cuda, null_call_ms=out.null_call_ms,
+            calibrated_overhead_ms=out.calibrated_overhead_ms, event_bound=out.event_bound_ms))
 
 
 def key_fields(serving: Serving, env: EnvInfo) -> dict[str, Any]:
@@ -269,10 +300,13 @@ def _store(path: Path | None, record: BaselineRecord | None, out: ReferenceOutpu
     if path is None or out.env is None:
         return
     fields = key_fields(serving, out.env)
-    # A compile baseline measured earlier is kept until one is measured again.
-    compiled = out.compiled or (record.compiled if record is not None else None)
+    # A compiled baseline measured (or failed) earlier is kept until it is served again.
+    timings = {f: getattr(out, f) or (getattr(record, f) if record is not None else None)
+               for f in COMPILED.values()}
+    flags = dict(record.flags) if record is not None else {}
+    flags.update(out.served_roles)
     new = BaselineRecord(key=baseline_key(fields), key_fields=fields, env=out.env,
-                         eager=out.eager, compiled=compiled,
+                         eager=out.eager, **timings, flags={r: f for r, f in flags.items() if f},
                          updated_at=datetime.now(timezone.utc).isoformat())
     atomic_write(path, new.model_dump_json(indent=1))
 

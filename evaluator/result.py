@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 EVAL_SCHEMA_VERSION = 2
 
@@ -24,6 +24,8 @@ Status = Literal[
 ]
 Stage = Literal["static", "compile", "load", "correctness", "timing", "profile", "done"]
 Backend = Literal["cuda", "triton", "torch"]
+BaselineName = Literal["eager", "compile", "compile_ro"]
+"""PyTorch eager, torch.compile (default mode), torch.compile(mode="reduce-overhead")."""
 
 
 class _Record(BaseModel):
@@ -225,6 +227,9 @@ class ProfileKernel(_Record):
 
 
 class NcuMetrics(_Record):
+    """Nsight Compute's numbers for one launch of one kernel (`evaluator.ncu`); percentages are
+    of the device's peak."""
+
     kernel: str
     duration_us: float | None = None
     dram_throughput_pct: float | None = None
@@ -233,6 +238,27 @@ class NcuMetrics(_Record):
     registers_per_thread: int | None = None
     spill_bytes: int | None = None
     l2_hit_rate_pct: float | None = None
+    theoretical_occupancy_pct: float | None = None
+    """The occupancy the launch's resources allow (registers, shared memory, block size)."""
+    block_size: int | None = None
+    grid_size: int | None = None
+    static_shared_bytes: int | None = None
+    dynamic_shared_bytes: int | None = None
+    blocks_limit_registers: int | None = None
+    """Blocks one SM could hold if registers were the only limit (likewise shared memory and
+    warps below): the smallest of the three caps the theoretical occupancy."""
+    blocks_limit_shared_mem: int | None = None
+    blocks_limit_warps: int | None = None
+    sm_count: int | None = None
+    """SMs on the device the kernel ran on."""
+    stalls: dict[str, float] = Field(default_factory=dict)
+    """Warp-stall reason -> warps stalled for it per issued instruction (`ncu.STALL_REASONS`)."""
+
+    @property
+    def shared_bytes(self) -> int | None:
+        """Shared memory per block, static and dynamic together."""
+        parts = [b for b in (self.static_shared_bytes, self.dynamic_shared_bytes) if b is not None]
+        return sum(parts) if parts else None
 
 
 class ProfileSummary(_Record):
@@ -244,6 +270,16 @@ class ProfileSummary(_Record):
     text: str = ""
     """Compact rendering (at most 40 lines) for the model's feedback."""
     ncu: NcuMetrics | None = None
+    """The first of `ncu_kernels`, kept for readers of records from before that list."""
+    ncu_kernels: list[NcuMetrics] = Field(default_factory=list)
+    """Nsight Compute metrics of the custom kernels that dominate the profile, one launch each,
+    most device time first (`EvalConfig.ncu`)."""
+
+    @model_validator(mode="after")
+    def _ncu_kernels_of_old_records(self) -> ProfileSummary:
+        if self.ncu is not None and not self.ncu_kernels:
+            self.ncu_kernels = [self.ncu]
+        return self
 
 
 class Violation(_Record):
@@ -289,13 +325,22 @@ class EvalResult(_Record):
     eager: TimingStats | None = None
     compiled: TimingStats | None = None
     """The torch.compile baseline."""
+    compiled_ro: TimingStats | None = None
+    """The torch.compile(mode="reduce-overhead") baseline (CUDA graphs); None where it was not
+    asked for (CPU by default), failed (flagged `baseline_compile_ro_failed`) or predates it."""
     speedup_vs_eager: float | None = None
     speedup_vs_compile: float | None = None
+    speedup_vs_compile_ro: float | None = None
+    speedup_vs_best: float | None = None
+    """Against the fastest baseline this result has a speedup for: the smallest of the three
+    speedups (`evaluator.baselines.best_of`)."""
+    best_baseline: BaselineName | None = None
+    """Which baseline that was; None where there is no speedup at all."""
     speedup_clock: Literal["harness", "events_bounded"] | None = None
     """Which numbers `speedup_vs_eager` divides: the trusted clock's (`TimingStats.median_ms`
     etc.) or the bounded events (`TimingStats.events`), as the policy asks where both sides have
-    them. `speedup_vs_compile` uses the same, or the trusted clock's where the compiled
-    baseline (cached from before events were bounded) has none."""
+    them. `speedup_vs_compile` and `speedup_vs_compile_ro` use the same, or the trusted clock's
+    where the baseline (cached from before events were bounded) has none."""
     profile: ProfileSummary | None = None
     precision: PrecisionCheck | None = None
     violations: list[Violation] = Field(default_factory=list)

@@ -197,6 +197,8 @@ def reference_stage(run: EvalRun, job: ReferenceJob | None = None,
                Measured(what="eager", stats=_as_reference(out.eager) if "eager" in kinds else None),
                Measured(what="compiled",
                         stats=_as_reference(out.compiled) if "compile" in kinds else None),
+               Measured(what="compiled_ro",
+                        stats=_as_reference(out.compiled_ro) if "compile_ro" in kinds else None),
                *(Flagged(flag=f) for f in out.flags))
 
 
@@ -232,9 +234,9 @@ def reference_serving(run: EvalRun, rebuild: bool = False) -> Serving:
 def baseline_kinds(run: EvalRun) -> list[str]:
     mode = run.config.baselines
     if mode == "auto":
-        mode = "eager" if run.on_cpu else "both"
+        mode = "eager" if run.on_cpu else "all"
     return {"none": [], "eager": ["eager"], "compile": ["compile"],
-            "both": ["eager", "compile"]}[mode]
+            "both": ["eager", "compile"], "all": ["eager", "compile", "compile_ro"]}[mode]
 
 
 def candidate_stage(run: EvalRun) -> None:
@@ -323,6 +325,16 @@ def wants_prime(run: EvalRun) -> bool:
     return mode == "on" or (mode == "auto" and not run.on_cpu and run.backend == "triton")
 
 
+def triton_arch(arch_list: str) -> int:
+    """Triton's `GPUTarget` arch of the first entry of a `TORCH_CUDA_ARCH_LIST`: `9.0`, `9.0a`
+    and `9.0+PTX` are all 90 (Triton adds the `a` of sm_90a itself; the H200's environment
+    sets `9.0a`, which `int()` refused, so the prime compiled nothing there)."""
+    major_minor = re.match(r"(\d+)\.(\d)", arch_list.split()[0].split(";")[0])
+    if major_minor is None:
+        raise ValueError(f"not a CUDA architecture: {arch_list!r}")
+    return int(major_minor.group(1)) * 10 + int(major_minor.group(2))
+
+
 def prime_pass(run: EvalRun, job: CandidateJob) -> None:
     """Compile the candidate's Triton kernels into this evaluation's Triton cache in a child
     with no GPU and no lock (`evaluator.worker.prime`). Like the compile child it runs candidate
@@ -332,7 +344,7 @@ def prime_pass(run: EvalRun, job: CandidateJob) -> None:
     workdir = run.root / "prime"
     job = _jit_only(job, workdir)
     arch = (cuda_arch_list(run.device) if not run.on_cpu else None) or "9.0"
-    env = {**_candidate_env(run), PRIME_ARCH_ENV: arch.split()[0].replace(".", "")}
+    env = {**_candidate_env(run), PRIME_ARCH_ENV: str(triton_arch(arch))}
     env.pop("TRITON_INTERPRET", None)  # it compiles for the GPU, whatever this machine is
     with run.timed("prime"), run.spawn("prime", job, workdir, ["load", "correctness"], env,
                                        device="cpu") as child:
@@ -345,23 +357,26 @@ def prime_pass(run: EvalRun, job: CandidateJob) -> None:
 
 
 def _ncu_pass(run: EvalRun, job: CandidateJob) -> None:
-    """Nsight Compute metrics for the top custom kernel of the profile (optional feedback)."""
-    from evaluator.ncu import ncu_metrics
-    from evaluator.resources import bare_name
+    """Nsight Compute metrics for the custom kernels that dominate the profile (optional
+    feedback), from one ncu run. Its wall time is `stage_seconds["ncu"]`: part of the
+    evaluation's, and so of the agent's `eval_s` budget."""
+    from evaluator.ncu import dominant_custom_kernels, ncu_kernel_metrics
 
-    top = next((k for k in (run.profile.kernels if run.profile else []) if k.kind == "custom"),
-               None)
-    if top is None or run.profile is None:
+    if run.profile is None:
+        return
+    targets = dominant_custom_kernels(run.profile, run.config.ncu_kernels)
+    if not targets:
         return
     workdir = run.root / "cand"
     job_path = workdir / "job_forward.json"
     job_path.write_text(job.model_dump_json())
     cmd, env = forward_command(run, job_path)
-    metrics = ncu_metrics(cmd, re.escape(bare_name(top.name)), env, run.config.timeouts.profile)
-    if metrics is None:
+    metrics = ncu_kernel_metrics(cmd, targets, env, run.config.timeouts.profile)
+    if not metrics:
         run.record(Flagged(flag="ncu_unavailable"))
         return
-    run.record(Profiled(summary=run.profile.model_copy(update={"ncu": metrics})))
+    run.record(Profiled(summary=run.profile.model_copy(
+        update={"ncu": metrics[0], "ncu_kernels": metrics})))
 
 
 def forward_command(run: EvalRun, job_path: Path) -> tuple[list[str], dict[str, str]]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from evaluator import __version__, board, devicepool, isolation, uidpool
+from evaluator.baselines import best_of
 from evaluator.build import triton_runtime
 from evaluator.config import EvalConfig, Policy
 from evaluator.devicelock import device_lock
@@ -134,6 +135,7 @@ class EvalRun:
     timing: TimingStats | None = None
     eager: TimingStats | None = None
     compiled: TimingStats | None = None
+    compiled_ro: TimingStats | None = None
     profile: ProfileSummary | None = None
     violations: list[Violation] = field(default_factory=list)
     flags: list[str] = field(default_factory=list)
@@ -423,6 +425,9 @@ class EvalRun:
 
     def to_result(self) -> EvalResult:
         assert self.status is not None
+        vs = {"eager": self.speedup(self.eager), "compile": self.speedup(self.compiled),
+              "compile_ro": self.speedup(self.compiled_ro)}
+        best = best_of(vs)
         return EvalResult(
             evaluator_version=__version__, status=self.status, stage_reached=self.stage,
             backend=self.backend, has_custom_kernel=self.has_custom_kernel,
@@ -432,8 +437,10 @@ class EvalRun:
             device=self.device,
             problem_overrides=self.config.problem_overrides, compile=self.compile,
             correctness=self.trials, timing=self.timing, eager=self.eager,
-            compiled=self.compiled, speedup_vs_eager=self.speedup(self.eager),
-            speedup_vs_compile=self.speedup(self.compiled), speedup_clock=self.speedup_clock(),
+            compiled=self.compiled, compiled_ro=self.compiled_ro, speedup_vs_eager=vs["eager"],
+            speedup_vs_compile=vs["compile"], speedup_vs_compile_ro=vs["compile_ro"],
+            speedup_vs_best=best.speedup, best_baseline=best.name,
+            speedup_clock=self.speedup_clock(),
             profile=self.profile,
             precision=self.precision,
             violations=self.violations, flags=sorted(set(self.flags)), error=self.error,

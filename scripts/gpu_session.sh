@@ -63,6 +63,10 @@ for s in "$@"; do
     # Tests that assert on measured times run after the rest, one at a time (`alone`).
     evaluator) step evaluator 540 python3 -m pytest -m "gpu and not alone" -q -rA \
                 -p no:cacheprovider -n 4 tests/evaluator ${EVALUATOR_K:+-k "$EVALUATOR_K"} ;;
+    # Tree, beam and sequential at a matched budget on L3/4, reported with every baseline and
+    # the speed-of-light bound (agent/demo/search_gpu.yaml); the run dirs come back packed.
+    search) step search 300 bash -c 'rm -rf runs/search-gpu && python3 -m kloop run -c agent/demo/search_gpu.yaml && python3 -m kloop report runs/search-gpu --bootstrap 200'
+            tar czf "$OUT/search.tgz" runs/search-gpu ;;
     # The ray executor's worker class on the GPU (Ray itself does not fit in a device call).
     agent) step agent 150 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/agent ;;
     alone) step alone 240 python3 -m pytest -m "gpu and alone" -q -rA -p no:cacheprovider \

@@ -140,9 +140,18 @@ def _run_warnings(run: RunData, m: Metrics) -> list[str]:
     if m.correct_no_compile > m.correct_untimed:
         out.append(f"{m.correct_no_compile} correct kernel(s) without a torch.compile baseline: "
                    "fast_p vs compile counts them for p = 0 only")
+    if m.correct_no_compile_ro > m.correct_untimed:
+        out.append(f"{m.correct_no_compile_ro} correct kernel(s) without a torch.compile reduce-overhead "
+                   "baseline (not asked for, failed, or judged before it existed): fast_p vs compile_ro "
+                   "counts them for p = 0 only")
     unpriced = sum(t.spend.unpriced_calls for t in run.turns)
     if unpriced and not run.imported:
         out.append(f"{unpriced} call(s) of unknown cost: dollar totals leave them out")
+    ncu = [t.eval.stage_seconds["ncu"] for t in run.turns
+           if t.eval is not None and "ncu" in t.eval.stage_seconds]
+    if ncu:  # `eval.ncu: true`: part of every evaluation's time, so already inside eval_s
+        out.append(f"ncu hardware counters: {sum(ncu):.1f} s of the "
+                   f"{sum(t.spend.eval_s for t in run.turns):.1f} eval s ({len(ncu)} evaluations)")
     return out
 
 

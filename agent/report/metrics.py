@@ -9,6 +9,10 @@ Definitions (KernelBench's where it has one):
   was not measured (CPU without a baseline) counts for p = 0 only.
 - geomean and median speedups are over correct problems with a measured speedup.
 - faster_than_compile: among correct problems with a torch.compile speedup, the share above 1.
+- Baselines: fast_p and geomeans are kept against eager, torch.compile, torch.compile
+  reduce-overhead (`compile_ro`) and the fastest of those a result measured (`best`,
+  `evaluator.baselines`); a result from before `best` was recorded gets the smallest of the
+  speedups it has, by the same rule.
 - Confidence intervals: percentile bootstrap over problems (and, for a group of seeds, over
   seeds and problems), seeded so the same inputs give the same numbers.
 """
@@ -28,7 +32,8 @@ from agent.records import TurnRecord
 from agent.report.bound import peaks_for, sol_ms
 from agent.report.load import ProblemInfo, RunData
 from agent.tally import best_turn, total_spend
-from evaluator.result import EvalResult
+from evaluator.baselines import best_of
+from evaluator.result import BaselineName, EvalResult
 
 P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 _STATUS_ORDER = ("correct", "incorrect", "not_run", "rejected", "timeout", "runtime_error",
@@ -58,6 +63,9 @@ class ProblemRow(_Record):
     correct: bool = False
     speedup_vs_eager: float | None = None
     speedup_vs_compile: float | None = None
+    speedup_vs_compile_ro: float | None = None
+    speedup_vs_best: float | None = None
+    best_baseline: BaselineName | None = None
     runtime_ms: float | None = None
     comparable: bool | None = None
     """False when the best kernel was timed with a host clock (CPU)."""
@@ -110,13 +118,23 @@ def problem_rows(run: RunData) -> list[ProblemRow]:
             if ev.profile is not None:
                 share = ev.profile.custom_share if ev.profile.custom_share is not None else 0.0
             row = row.model_copy(update=dict(
-                **_bound(info, ev, run.config.eval.precision)._asdict(),
-                correct=True, speedup_vs_eager=ev.speedup_vs_eager, speedup_vs_compile=ev.speedup_vs_compile,
+                **_bound(info, ev, run.config.eval.precision)._asdict(), **_speedups(ev),
+                correct=True,
                 runtime_ms=ev.runtime_ms, comparable=ev.timing.comparable if ev.timing else None,
                 custom_share=share, best_episode=best.episode, best_turn=best.turn,
                 kernel_path=best.kernel_path, code_sha256=best.code_sha256, flags=list(ev.flags)))
         rows.append(row)
     return rows
+
+
+def _speedups(ev: EvalResult) -> dict:
+    best = (ev.best_baseline, ev.speedup_vs_best)
+    if best == (None, None):  # recorded before the best was, or nothing to compare
+        best = best_of({"eager": ev.speedup_vs_eager, "compile": ev.speedup_vs_compile,
+                        "compile_ro": ev.speedup_vs_compile_ro})
+    return dict(speedup_vs_eager=ev.speedup_vs_eager, speedup_vs_compile=ev.speedup_vs_compile,
+                speedup_vs_compile_ro=ev.speedup_vs_compile_ro, best_baseline=best[0],
+                speedup_vs_best=best[1])
 
 
 def _device_of(ev: EvalResult) -> str:
@@ -197,10 +215,19 @@ class Estimate(_Record):
     hi: float | None = None
 
 
+VS = ("eager", "compile", "compile_ro", "best")
+"""The baselines fast_p is kept against (`best`: the fastest each result measured)."""
+
+
 class FastP(_Record):
     p: float
     vs_eager: Estimate
     vs_compile: Estimate
+    vs_compile_ro: Estimate
+    vs_best: Estimate
+
+    def vs(self, baseline: str) -> Estimate:
+        return getattr(self, f"vs_{baseline}")
 
 
 class Metrics(_Record):
@@ -212,6 +239,8 @@ class Metrics(_Record):
     fast_p: list[FastP]
     geomean_vs_eager: Estimate
     geomean_vs_compile: Estimate
+    geomean_vs_compile_ro: Estimate
+    geomean_vs_best: Estimate
     median_vs_eager: Estimate
     median_vs_compile: Estimate
     faster_than_compile: Estimate
@@ -223,6 +252,8 @@ class Metrics(_Record):
     """Correct best kernels without a speedup vs eager: they count for fast_0 only."""
     correct_no_compile: int = 0
     """Correct best kernels without a torch.compile speedup: fast_p vs compile counts them at p=0 only."""
+    correct_no_compile_ro: int = 0
+    """Likewise for torch.compile reduce-overhead (not asked for, failed, or before it existed)."""
     host_clock: int = 0
     """Correct best kernels timed with a host clock: their speedups are not GPU numbers."""
     not_run: int = 0
@@ -230,8 +261,7 @@ class Metrics(_Record):
     missing: int = 0
 
     def fast(self, p: float, vs: str = "eager") -> float | None:
-        hit = next(f for f in self.fast_p if f.p == p)
-        return (hit.vs_eager if vs == "eager" else hit.vs_compile).value
+        return next(f for f in self.fast_p if f.p == p).vs(vs).value
 
 
 # -- the statistics, vectorised over (replicates, seeds, problems) -----------------------------
@@ -279,11 +309,11 @@ def _faster_than_compile(a: Arrays) -> np.ndarray:
 def _arrays(table: list[list[ProblemRow]]) -> Arrays:
     def speed(r: ProblemRow, v: float | None) -> float:
         return v if r.correct and v is not None and v > 0 else np.nan
-    return {
-        "correct": np.array([[r.correct for r in rows] for rows in table], dtype=bool).reshape(len(table), -1),
-        "eager": np.array([[speed(r, r.speedup_vs_eager) for r in rows] for rows in table], dtype=float).reshape(len(table), -1),
-        "compile": np.array([[speed(r, r.speedup_vs_compile) for r in rows] for rows in table], dtype=float).reshape(len(table), -1),
-    }
+    out = {"correct": np.array([[r.correct for r in rows] for rows in table], dtype=bool).reshape(len(table), -1)}
+    for vs in VS:
+        out[vs] = np.array([[speed(r, getattr(r, f"speedup_vs_{vs}")) for r in rows] for rows in table],
+                           dtype=float).reshape(len(table), -1)
+    return out
 
 
 def _estimate(stat: Stat, point: Arrays, boot: Arrays | None) -> Estimate:
@@ -331,15 +361,15 @@ def compute_metrics(runs_rows: list[list[ProblemRow]], n_boot: int = 1000, seed:
     return Metrics(
         problems=n, seeds=k, correct=sum(r.correct for r in flat) / k if k else 0.0,
         correctness=est(_fast("eager", 0.0)),
-        fast_p=[FastP(p=p, vs_eager=est(_fast("eager", p)), vs_compile=est(_fast("compile", p)))
-                for p in P_VALUES],
-        geomean_vs_eager=est(_geomean("eager")), geomean_vs_compile=est(_geomean("compile")),
+        fast_p=[FastP(p=p, **{f"vs_{vs}": est(_fast(vs, p)) for vs in VS}) for p in P_VALUES],
+        **{f"geomean_vs_{vs}": est(_geomean(vs)) for vs in VS},
         median_vs_eager=est(_median("eager")), median_vs_compile=est(_median("compile")),
         faster_than_compile=est(_faster_than_compile),
         custom_share_mean=float(np.mean(shares)) if shares else None,
         no_custom_kernel=sum(1 for s in shares if s == 0.0),
         correct_untimed=sum(1 for r in flat if r.correct and r.speedup_vs_eager is None),
         correct_no_compile=sum(1 for r in flat if r.correct and r.speedup_vs_compile is None),
+        correct_no_compile_ro=sum(1 for r in flat if r.correct and r.speedup_vs_compile_ro is None),
         host_clock=sum(1 for r in flat if r.correct and r.comparable is False),
         not_run=sum(1 for r in flat if r.status == "not_run"),
         unevaluated=sum(1 for r in flat if r.status == "unevaluated"),

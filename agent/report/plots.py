@@ -97,19 +97,21 @@ def _legend(fig, axes, labels: list[str]) -> bool:
 
 
 def plot_fast_p(metrics: dict[str, Metrics], path: Path) -> Path:
-    """fast_p against p, vs eager and vs torch.compile, with bootstrap intervals."""
+    """fast_p against p, vs eager, vs torch.compile and vs the fastest baseline of each kernel,
+    with bootstrap intervals."""
     colors = _colors(list(metrics))
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharey=True)
-    for ax, vs in zip(axes, ("eager", "compile"), strict=True):
+    names = {"eager": "eager", "compile": "torch.compile", "best": "the fastest baseline"}
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), sharey=True)
+    for ax, vs in zip(axes, names, strict=True):
         for i, (label, m) in enumerate(metrics.items()):
-            ests = [f.vs_eager if vs == "eager" else f.vs_compile for f in m.fast_p]
+            ests = [f.vs(vs) for f in m.fast_p]
             ps = [f.p + 0.02 * (i - (len(metrics) - 1) / 2) for f in m.fast_p]
             ys = [e.value if e.value is not None else math.nan for e in ests]
             err = [[max(0.0, y - e.lo) if e.lo is not None else 0.0 for y, e in zip(ys, ests, strict=True)],
                    [max(0.0, e.hi - y) if e.hi is not None else 0.0 for y, e in zip(ys, ests, strict=True)]]
             ax.errorbar(ps, ys, yerr=err, marker="o", markersize=3, capsize=2, color=colors[label],
                         label=label, linewidth=1)
-        ax.set_title(f"fast_p vs {'torch.compile' if vs == 'compile' else 'eager'}", fontsize=9)
+        ax.set_title(f"fast_p vs {names[vs]}", fontsize=9)
         ax.set_xlabel("p (speedup threshold)", fontsize=8)
         ax.set_xticks(list(P_VALUES))
         ax.tick_params(labelsize=7)

@@ -49,12 +49,15 @@ def verdict_table(ev: EvalResult) -> Table:
     t.add_row("policy / device", f"{ev.policy} / {ev.device}")
     if ev.timing is not None:
         t.add_row("runtime", f"{_ms(ev.timing.median_ms)} median ({ev.timing.clock} clock, {ev.timing.n_trials} trials)")
-    if ev.eager is not None or ev.compiled is not None:
+    if ev.eager is not None or ev.compiled is not None or ev.compiled_ro is not None:
         t.add_row("baselines", f"eager {_ms(ev.eager.median_ms if ev.eager else None)}, "
-                               f"torch.compile {_ms(ev.compiled.median_ms if ev.compiled else None)}")
+                               f"torch.compile {_ms(ev.compiled.median_ms if ev.compiled else None)}, "
+                               f"reduce-overhead {_ms(ev.compiled_ro.median_ms if ev.compiled_ro else None)}")
     if ev.speedup_vs_eager is not None or ev.speedup_vs_compile is not None:
         fmt = lambda v: "-" if v is None else f"{v:.3g}x"  # noqa: E731
-        t.add_row("speedup", f"{fmt(ev.speedup_vs_eager)} vs eager, {fmt(ev.speedup_vs_compile)} vs compile")
+        best = f"; {fmt(ev.speedup_vs_best)} vs the fastest ({ev.best_baseline})" if ev.best_baseline else ""
+        t.add_row("speedup", f"{fmt(ev.speedup_vs_eager)} vs eager, {fmt(ev.speedup_vs_compile)} vs compile, "
+                             f"{fmt(ev.speedup_vs_compile_ro)} vs compile_ro{best}")
     if ev.profile is not None:
         share = ev.profile.custom_share
         t.add_row("custom kernels", "none in the profile" if share is None else f"{share:.0%} of device time")

@@ -4,7 +4,8 @@ Build the reference `Model` as the policy says, draw each probe trial's inputs f
 seed, compute the expected outputs (and, for the precision check, float64 ones) under
 `no_grad`, write inputs (for the candidate) and expected outputs (harness-private) to disk; then
 serve the harness's calls (`evaluator.worker.serve`) on the eager model and on torch.compile of
-it. The harness drives it from `evaluator.reference.collect_reference`.
+it (default mode, then mode="reduce-overhead"). The harness drives it from
+`evaluator.reference.collect_reference`.
 
 What needs no device is made before the worker says it is ready, so before the harness takes
 the device lock for it (`_prepare`): the problem, the models built on CPU, the trials' inputs.
@@ -102,8 +103,7 @@ def run_reference(job: ReferenceJob, ch: Channel,
         return
     if job.timing is not None:
         ch.stage("baselines")
-        roles = ["eager"] + (["compile"] if "compile" in job.baselines else [])
-        if not _serve_roles(roles, model, problem, spec, specs, call_fds, ch):
+        if not _serve_roles(job.roles(), model, problem, spec, specs, call_fds, ch):
             return
     ch.send(DoneMsg())
 
@@ -224,10 +224,15 @@ class _Float64Draws(TorchFunctionMode):
         return out
 
 
+COMPILED_ROLES = {"compile": "default", "compile_ro": "reduce-overhead"}
+"""The compiled baselines' roles and their torch.compile modes."""
+
+
 def _serve_roles(roles: list[str], model, problem, spec, specs, call_fds, ch: Channel) -> bool:
     """Serve the harness's calls, first on the eager model (their outputs are what every timed
-    call of the candidate is checked against), then on torch.compile of it. False when the
-    eager model failed (the reference failed)."""
+    call of the candidate is checked against), then on torch.compile of it in each mode asked
+    for. False when the eager model failed (the reference failed); a compiled baseline that
+    fails is flagged and the next role is served all the same."""
     server = None
     for role in roles:
         ch.send(ServeMsg(role=role, outputs=specs))
@@ -235,6 +240,7 @@ def _serve_roles(roles: list[str], model, problem, spec, specs, call_fds, ch: Ch
         if control.next != "serve":
             continue
         failed: list[str] = []
+        raised: list[BaseException] = []
 
         def on_problem(message: str, exc: BaseException | None, role=role, failed=failed) -> None:
             failed.append(message)
@@ -245,21 +251,46 @@ def _serve_roles(roles: list[str], model, problem, spec, specs, call_fds, ch: Ch
                     ch.send(ErrorMsg(stage="baselines", status="runtime_error", error=ErrorInfo(
                         type="ReferenceOutput", message=message)))
             else:
-                detail = f"{type(exc).__name__}: {str(exc)[:200]}" if exc else message
+                first = (str(exc).strip().splitlines() or [""])[0] if exc else ""
+                detail = f"{type(exc).__name__}: {first[:200]}" if exc else message
                 ch.send(FlagMsg(flag=f"baseline_{role}_failed: {detail}"))
+
+        def on_call_problem(message: str, exc: BaseException | None, raised=raised,
+                            on_problem=on_problem) -> None:
+            if exc is not None:
+                raised.append(exc)
+            on_problem(message, exc)
 
         try:
             server = server or call_server(call_fds, control.data, spec.device)
             fn = model
-            if role == "compile":
+            if role in COMPILED_ROLES:
                 torch._dynamo.reset()
-                fn = torch.compile(model)
-            server.serve(fn, lambda seed: draw_served_inputs(problem, seed, spec), on_problem)
+                fn = torch.compile(model, mode=COMPILED_ROLES[role])
+            skips = _cudagraph_skips() if role == "compile_ro" else 0  # eager: no dynamo import
+            server.serve(fn, lambda seed: draw_served_inputs(problem, seed, spec), on_call_problem)
         except BaseException as e:
             on_problem(str(e), e)
         if failed and role == "eager":
             return False
+        if raised and server is not None:
+            # The model's raise ended serving, but the harness's plan goes on to its stop (a
+            # failed warm-up call is tried again as a timed one): answered here, so that the
+            # next role starts on a clean channel.
+            server.drain()
+        elif role == "compile_ro" and not failed and (n := _cudagraph_skips() - skips):
+            ch.send(FlagMsg(flag=f"baseline_compile_ro_no_cudagraphs: {n} graph(s) ran "
+                                 f"without CUDA graphs (inductor skipped them)"))
     return True
+
+
+def _cudagraph_skips() -> int:
+    """Graphs inductor compiled for reduce-overhead but ran without CUDA graphs (a CPU device,
+    dynamic shapes, ops that cannot be captured): timed all the same, as torch.compile would
+    run them, and flagged."""
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["cudagraph_skips"]
 
 
 def _to_cpu_one(x: Any) -> Any:

@@ -187,6 +187,16 @@ class Server:
                 return
             self.reply(status, ms)
 
+    def drain(self) -> None:
+        """After a raise ended `serve`: answer every request with RAISED until `stop`. The
+        reference worker serves several roles on one channel, and the harness's plan for the
+        failed one runs on to its stop."""
+        while True:
+            op, _ = REQUEST.unpack(read_exact(self.req_fd, REQUEST.size, self.spin_s))
+            if op == OP_STOP:
+                return
+            self.reply(RAISED)
+
     def _call(self, op: int, seed: int, model, draw, on_problem) -> tuple[int, float]:
         inputs = draw(seed)
         if op == OP_NULL:

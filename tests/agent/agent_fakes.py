@@ -108,7 +108,8 @@ class FakeEvaluator:
         return EvalResult(
             status="correct", stage_reached="done", correctness=trials,
             timing=timing(ms, self.comparable), eager=timing(EAGER_MS, self.comparable),
-            speedup_vs_eager=EAGER_MS / ms, has_custom_kernel=True, profile=profile, **base,
+            speedup_vs_eager=EAGER_MS / ms, speedup_vs_best=EAGER_MS / ms, best_baseline="eager",
+            has_custom_kernel=True, profile=profile, **base,
         )
 
 

@@ -81,6 +81,25 @@ def test_feedback_uses_every_optional_field():
     assert "rule `output_cache` (line 3)" in text and "note `timing_patch`" in text
 
 
+def test_feedback_shows_the_reduce_overhead_baseline_and_the_fastest():
+    result = FakeEvaluator().evaluate(PROBLEM, kernel(runtime_ms=0.5)).model_copy(update={
+        "compiled": timing(1.0), "speedup_vs_compile": 2.0, "compiled_ro": timing(0.625),
+        "speedup_vs_compile_ro": 1.25, "speedup_vs_best": 1.25, "best_baseline": "compile_ro"})
+    text = render_feedback(turn_with(result))
+    assert ("PyTorch eager 2 ms (speedup 4.00x); torch.compile 1 ms (speedup 2.00x); torch.compile "
+            "reduce-overhead 0.625 ms (speedup 1.25x); fastest baseline: torch.compile reduce-overhead "
+            "(speedup 1.25x).") in text
+    # A failed reduce-overhead baseline is left out; the fastest is then among the others.
+    failed = result.model_copy(update={"compiled_ro": None, "speedup_vs_compile_ro": None,
+                                       "speedup_vs_best": 2.0, "best_baseline": "compile"})
+    text = render_feedback(turn_with(failed))
+    assert "reduce-overhead" not in text and "fastest baseline: torch.compile (speedup 2.00x)." in text
+    # With eager alone there is nothing to choose from: no line on the fastest.
+    alone = FakeEvaluator().evaluate(PROBLEM, kernel(runtime_ms=0.5))
+    assert alone.best_baseline == "eager"
+    assert "fastest baseline" not in render_feedback(turn_with(alone))
+
+
 def test_format_error_feedback():
     text = render_feedback(turn_with(fault=ModelFaultInfo(type="NoKernelFound", message="no block")))
     assert "could not be evaluated: no block" in text

@@ -53,6 +53,7 @@ def test_kloop_run_with_flags_and_a_config_file(tmp_path, fake_evaluator):
     assert [t.status for t in store.turns()] == ["incorrect", "correct", "format_error"]
     assert store.summary().spend.input_tokens == 300
     assert "L3/1" in res.output and "0.5 ms" in res.output
+    assert "x best" in res.output and "4x eager" in res.output  # the fastest baseline, named
 
     shown = invoke("show", root, "--problem", "L3/1", "--turn", 2)
     assert shown.exit_code == 0, shown.output

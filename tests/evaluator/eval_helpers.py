@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from evaluator.config import EvalConfig, StageTimeouts
@@ -42,3 +43,42 @@ def cpu_config(cache_dir: Path, **overrides) -> EvalConfig:
     fields.update(overrides)
     fields.setdefault("child_writable", list(DROP_BOXES))
     return EvalConfig(**fields)
+
+
+# A reference that runs eagerly but that torch.compile cannot trace (in either mode): its
+# compiled baselines fail on their first call.
+UNCOMPILABLE = textwrap.dedent('''\
+    import torch
+    import torch.nn as nn
+
+
+    # An op whose tracing (fake) implementation raises: eager runs it, torch.compile cannot.
+    @torch.library.custom_op(f"kloop_test::plus_one_{__name__}", mutates_args=())
+    def plus_one(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
+    @plus_one.register_fake
+    def _(x):
+        raise RuntimeError("this op cannot be traced")
+
+
+    class Model(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.fc = nn.Linear(width, width)
+
+        def forward(self, x):
+            return plus_one(self.fc(x))
+
+
+    width = 8
+
+
+    def get_inputs():
+        return [torch.randn(2, width)]
+
+
+    def get_init_inputs():
+        return [width]
+''')

@@ -160,6 +160,34 @@ def test_ncu_metrics_for_the_top_custom_kernel(cache_dir):
     assert r.profile.ncu.duration_us and r.profile.ncu.registers_per_thread
 
 
+def test_ncu_table_for_a_triton_candidate(cache_dir):
+    """`eval.ncu: true` on a Triton MLP: one ncu run (under the sandbox identity, as every ncu
+    pass) profiles its kernel with every curated metric, and the feedback's table shows it."""
+    from agent.prompts import PromptSet
+    from evaluator.ncu import METRICS, STALL_REASONS
+    from evaluator.resources import bare_name
+
+    r = evaluate("L3/1", candidate("mlp_triton.py"),
+                 gpu_config(cache_dir, problem_overrides=MLP_MEDIUM, ncu=True))
+    assert r.status == "correct", r.error
+    assert r.profile is not None and r.profile.ncu_kernels, r.flags
+    k = r.profile.ncu_kernels[0]
+    assert bare_name(k.kernel) == "linear_kernel" and r.profile.ncu == k
+    missing = [f for f in METRICS.values() if getattr(k, f) is None]
+    assert not missing, (missing, k)  # every metric name exists on this GPU and ncu version
+    assert k.duration_us > 0 and 0 < k.achieved_occupancy_pct <= 100
+    assert 0 < k.theoretical_occupancy_pct <= 100 and k.sm_count > 0
+    assert set(k.stalls) == set(STALL_REASONS) and any(v > 0 for v in k.stalls.values()), k
+    assert r.stage_seconds.get("ncu", 0) > 0  # its own seconds, inside the evaluation's time
+    text = PromptSet().render("_ncu", result=r, profile_feedback=True)
+    row = next(line for line in text.splitlines() if line.startswith("| `linear_kernel` |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[1]) > 0 and 0 < float(cells[2].split()[0]) <= 100
+    top = max(k.stalls, key=k.stalls.__getitem__)
+    assert cells[-1].startswith(top), (cells, k.stalls)
+    assert "- `linear_kernel`: " in text, text
+
+
 def test_the_served_draw_seeds_cuda_streams_as_manual_seed_does():
     import torch
 

@@ -104,3 +104,20 @@ def test_the_prime_runs_no_candidate_code_where_a_gpu_node_is_still_a_device():
     assert not gpu_reachable("/nonexistent/nvidia*")
     if os.path.exists("/dev/tty"):
         assert gpu_reachable("/dev/tty")  # a character device that is not 1:x
+
+
+@pytest.mark.parametrize("arch_list, expected", [
+    ("9.0", 90), ("9.0a", 90), ("9.0+PTX", 90), ("8.6 9.0a", 86), ("10.0a;12.0", 100)])
+def test_the_prime_targets_the_architecture_whatever_its_suffix(arch_list, expected):
+    """The H200's environment says `9.0a`: the prime must compile for 90 (Triton's own name for
+    sm_90a), not stop at `int("90a")` (it did, and compiled nothing on the GPU)."""
+    from evaluator.stages import triton_arch
+
+    assert triton_arch(arch_list) == expected
+
+
+def test_an_architecture_that_is_not_one_is_refused():
+    from evaluator.stages import triton_arch
+
+    with pytest.raises(ValueError, match="not a CUDA architecture"):
+        triton_arch("sm_90")

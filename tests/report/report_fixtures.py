@@ -16,6 +16,7 @@ from agent.episode import episode_key
 from agent.models.base import Message, ModelReply, Usage
 from agent.records import EpisodeRecord, ModelFaultInfo, TurnRecord
 from agent.store import RunStore
+from evaluator.baselines import best_of
 from evaluator.result import (
     CompileLog,
     CorrectnessTrial,
@@ -40,8 +41,11 @@ def timing(ms: float, comparable: bool = True) -> TimingStats:
 def eval_result(problem: Problem, status: str = "correct", eager: float | None = None,
                 compile: float | None = None, runtime_ms: float = 1.0, flags: tuple[str, ...] = (),
                 rule: str | None = None, custom_share: float | None = 0.9, comparable: bool = True,
-                source: str = "", gpu: str | None = None) -> EvalResult:
-    """A real EvalResult; for `correct`, baselines are derived so the speedups are exactly as given."""
+                source: str = "", gpu: str | None = None, compile_ro: float | None = None,
+                best_recorded: bool = True) -> EvalResult:
+    """A real EvalResult; for `correct`, baselines are derived so the speedups are exactly as given,
+    and the best of them is recorded as the evaluator records it (`best_recorded=False`: a result
+    from before it was)."""
     base = dict(evaluator_version="test-1", problem_id=problem.id, problem_sha256=problem.sha256,
                 candidate_sha256=hashlib.sha256(source.encode()).hexdigest(), policy="strict",
                 device="cuda:0" if comparable else "cpu", backend="triton", started_at=T0.isoformat(),
@@ -50,11 +54,15 @@ def eval_result(problem: Problem, status: str = "correct", eager: float | None =
     if status == "correct":
         profile = ProfileSummary(activity="cuda", total_ms=runtime_ms, custom_share=custom_share,
                                  text="kernel 90%")
+        best = best_of({"eager": eager, "compile": compile, "compile_ro": compile_ro}) if best_recorded \
+            else (None, None)
         return EvalResult(
             status="correct", stage_reached="done", timing=timing(runtime_ms, comparable),
             eager=timing(runtime_ms * eager, comparable) if eager is not None else None,
             compiled=timing(runtime_ms * compile, comparable) if compile is not None else None,
-            speedup_vs_eager=eager, speedup_vs_compile=compile, has_custom_kernel=True, profile=profile,
+            compiled_ro=timing(runtime_ms * compile_ro, comparable) if compile_ro is not None else None,
+            speedup_vs_eager=eager, speedup_vs_compile=compile, speedup_vs_compile_ro=compile_ro,
+            best_baseline=best[0], speedup_vs_best=best[1], has_custom_kernel=True, profile=profile,
             correctness=[CorrectnessTrial(trial=0, passed=True)], **base)
     if status == "rejected":
         return EvalResult(status="rejected", stage_reached="static",
@@ -88,6 +96,10 @@ class T:
     comparable: bool = True
     gpu: str | None = None
     """The device name the evaluation recorded (`EnvInfo.device_name`); None: no env recorded."""
+    compile_ro: float | None = None
+    """Speedup vs torch.compile reduce-overhead."""
+    best_recorded: bool = True
+    """False: a result written before the best baseline was recorded."""
 
 
 def write_run(root: Path, problems: list[str], turns: list[T], seed: int = 0,
@@ -119,7 +131,8 @@ def write_run(root: Path, problems: list[str], turns: list[T], seed: int = 0,
             eval=None if spec.fault else eval_result(problem, spec.status, spec.eager, spec.compile,
                                                     spec.runtime_ms, spec.flags, spec.rule,
                                                     comparable=spec.comparable, source=code or "",
-                                                    gpu=spec.gpu),
+                                                    gpu=spec.gpu, compile_ro=spec.compile_ro,
+                                                    best_recorded=spec.best_recorded),
             feedback=f"FEEDBACK for turn {turn}: {spec.status}",
             spend=Spend(calls=1, input_tokens=reply.usage.input_tokens, output_tokens=reply.usage.output_tokens,
                         cost_usd=spec.cost, eval_s=spec.eval_s, wall_s=spec.wall_s),

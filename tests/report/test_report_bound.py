@@ -36,11 +36,11 @@ def test_h200_kernels_show_their_fraction_and_others_a_dash(tmp_path):
 
     md = Path(write_report(report, tmp_path / "rep").markdown).read_text()
     table = md.split("## Run gpu")[1]
-    assert "| vs eager | vs compile | of SOL |" in table
-    assert f"| 1.5x | - | {sol / 4.0:.2g} |" in table and f"{sol / 4.0:.2g}" == "0.64"
+    assert "| vs eager | vs compile | vs compile_ro | vs best | of SOL |" in table
+    assert f"| 1.5x | - | - | 1.5x (eager) | {sol / 4.0:.2g} |" in table and f"{sol / 4.0:.2g}" == "0.64"
     for pid in ("L3/2", "L3/4", "L3/5"):
         line = next(x for x in table.splitlines() if x.startswith(f"| {pid} "))
-        assert line.split(" | ")[5] == "-", line
+        assert line.split(" | ")[7] == "-", line
     assert "## Speed of light" in md
     assert "| H200 SXM | NVIDIA H200 | 67 | 494.5 | 989.5 | 4.8 |" in md
     assert f"No peaks known for {A100}" in md

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from report_fixtures import T, write_run
 
-from agent.report.build import build_report
+from agent.report.build import build_report, write_report
 from agent.report.load import load_run
 from agent.report.metrics import compute_metrics, count, problem_rows
 
@@ -117,3 +118,38 @@ def test_host_clock_and_missing_timing_are_reported(tmp_path):
     assert r.metrics.correct == 2 and r.metrics.fast(0.0) == 1.0 and r.metrics.fast(1.0) == 0.5
     assert any("host clock" in w for w in r.warnings)
     assert any("without a speedup" in w for w in r.warnings)
+
+
+def test_fast_p_against_each_baseline_and_the_fastest(tmp_path):
+    run = write_run(tmp_path / "three", ["L3/1", "L3/2", "L3/4", "L3/5"], [
+        T("L3/1", eager=3.0, compile=2.0, compile_ro=1.25),  # reduce-overhead is the fastest
+        T("L3/2", eager=1.2, compile=0.9),  # reduce-overhead failed: compile is
+        T("L3/4", eager=2.0, compile=1.6, best_recorded=False),  # judged before the best was kept
+        T("L3/5", "incorrect"),
+    ])
+    rows = problem_rows(load_run(run))
+    assert [(r.best_baseline, r.speedup_vs_best) for r in rows] == [
+        ("compile_ro", 1.25), ("compile", 0.9), ("compile", 1.6), (None, None)]
+    assert [r.speedup_vs_compile_ro for r in rows] == [1.25, None, None, None]
+    m = compute_metrics([rows], n_boot=0)
+    ps = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
+    assert [m.fast(p) for p in ps] == [0.75, 0.75, 0.75, 0.75, 0.5, 0.25]
+    assert [m.fast(p, "compile") for p in ps] == [0.75, 0.75, 0.75, 0.5, 0.5, 0.0]
+    # Without a reduce-overhead speedup a correct kernel counts at p = 0 only.
+    assert [m.fast(p, "compile_ro") for p in ps] == [0.75, 0.25, 0.25, 0.25, 0.0, 0.0]
+    # The best: 1.25, 0.9, 1.6; never above any single baseline's fast_p.
+    assert [m.fast(p, "best") for p in ps] == [0.75, 0.75, 0.75, 0.5, 0.25, 0.0]
+    assert all(m.fast(p, "best") <= min(m.fast(p, vs) for vs in ("eager", "compile")) for p in ps)
+    assert m.geomean_vs_best.value == pytest.approx((1.25 * 0.9 * 1.6) ** (1 / 3))
+    assert m.geomean_vs_compile_ro.value == pytest.approx(1.25)
+    assert m.correct_no_compile_ro == 2
+
+    report = build_report([run], n_boot=0)
+    assert any("2 correct kernel(s) without a torch.compile reduce-overhead" in w
+               for w in report.runs[0].warnings)
+    md = Path(write_report(report, tmp_path / "rep").markdown).read_text()
+    assert "| fast_1.0 eager | fast_1.0 compile | fast_1.0 best |" in md
+    assert "| three | compile reduce-overhead | 0.75 | 0.25 | 0.25 | 0.25 | 0.00 | 0.00 |" in md
+    assert "| three | best of them | 0.75 | 0.75 | 0.75 | 0.50 | 0.25 | 0.00 |" in md
+    l31 = next(x for x in md.split("## Run three")[1].splitlines() if x.startswith("| L3/1 "))
+    assert "| 3x | 2x | 1.25x | 1.25x (compile_ro) |" in l31
