@@ -137,10 +137,12 @@ def provenance_warnings(record: RunConfigRecord, turns: list[TurnRecord]) -> lis
     if counted:
         out.append(f"token counts are counted by {', '.join(sorted(counted))} over the recorded "
                    "text, not provider-reported")
-    clocks = {t.eval.timing.clock for t in turns if t.eval is not None and t.eval.timing is not None}
-    devices = sorted({t.eval.device for t in turns if t.eval is not None})
-    if clocks and clocks != {"cuda_event"}:
-        out.append(f"timings measured on {', '.join(devices)} with a host clock: eval seconds and "
+    # The trusted harness clock on a GPU is a GPU timing (comparable); only a host clock (CPU
+    # runs) is not. Checking for `cuda_event` alone called every strict GPU run host-timed.
+    host = sorted({t.eval.device for t in turns if t.eval is not None and t.eval.timing is not None
+                   and not t.eval.timing.comparable})
+    if host:
+        out.append(f"timings measured on {', '.join(host)} with a host clock: eval seconds and "
                    "runtimes are not GPU numbers")
     return out
 

@@ -42,3 +42,20 @@ def test_a_run_on_one_gpu_model_has_no_hardware_section(tmp_path):
     assert all(r.hardware == H200 for r in report.runs[0].problems)
     md = Path(write_report(report, tmp_path / "rep").markdown).read_text()
     assert "## By hardware" not in md
+
+
+def test_the_harness_clock_on_a_gpu_is_not_called_a_host_clock(tmp_path):
+    """Strict GPU runs are timed by the trusted harness clock, comparable GPU numbers: the
+    report warned that they were host-clock timings (it checked for CUDA events only)."""
+    from agent.report.load import provenance_warnings
+    from agent.store import RunStore
+
+    gpu = write_run(tmp_path / "gpu", ["L3/1"], [T("L3/1", eager=2.0, gpu=H200)])
+    store = RunStore.open(gpu)
+    turns = [t.model_copy(update={"eval": t.eval.model_copy(update={
+        "timing": t.eval.timing.model_copy(update={"clock": "harness"})})}) for t in store.turns()]
+    assert not any("host clock" in w for w in provenance_warnings(store.config_record(), turns))
+    cpu = write_run(tmp_path / "cpu", ["L3/1"], [T("L3/1", eager=2.0, comparable=False)])
+    store = RunStore.open(cpu)
+    assert any("on cpu with a host clock" in w
+               for w in provenance_warnings(store.config_record(), store.turns()))
