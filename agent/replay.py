@@ -29,7 +29,7 @@ from agent.prompts import PromptSet
 from agent.protocols import Evaluator, Model
 from agent.records import TRAJECTORY_SCHEMA_VERSION, NodeAddress, TurnRecord, utcnow
 from agent.store import RunDirError, RunStore
-from agent.strategies import Runner, summarize
+from agent.strategies import Runner, executor_report, summarize
 from agent.tally import best_per_problem
 from evaluator.result import EvalResult
 
@@ -166,11 +166,8 @@ def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
     best = best_per_problem(t for ts in runner_turns.values() for t in ts)
     for rec in best.values():
         store.write_best(rec.problem_stem, rec.code or "")
-    summary = summarize(store.run_id, runner_turns, records, best, "finished")
-    report_of = getattr(evaluator, "report", None)  # the ray executor's nodes (agent.executor)
-    if report_of is not None:
-        summary = summary.model_copy(update={"executor": report_of()})
-    store.write_summary(summary)
+    store.write_summary(summarize(store.run_id, runner_turns, records, best, "finished",
+                                  executor=executor_report(evaluator)))
     compared, diffs = diff_turns(old_turns, store.turns())
     report = ReplayReport(kind="rescore", source_run=str(source_dir), new_run=str(out),
                           turns_compared=compared, differences=diffs)

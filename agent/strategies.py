@@ -28,6 +28,7 @@ from agent.prompts import PromptSet
 from agent.protocols import Evaluator, Model
 from agent.records import (
     EpisodeRecord,
+    ExecutorReport,
     NodeAddress,
     ProblemSummary,
     RunSummary,
@@ -271,11 +272,8 @@ class Runner:
     # -- summary --------------------------------------------------------------------------------
     def write_summary(self, status: str, detail: str | None = None) -> RunSummary:
         with self._lock:
-            summary = summarize(self.store.run_id, self.turns, self.records, self.best, status, detail)
-            # An executor of several nodes says which it used, drained or lost (agent.executor).
-            report = getattr(self.env.evaluator, "report", None)
-            if report is not None:
-                summary = summary.model_copy(update={"executor": report()})
+            summary = summarize(self.store.run_id, self.turns, self.records, self.best, status,
+                                detail, executor=executor_report(self.env.evaluator))
             self.store.write_summary(summary)
         return summary
 
@@ -291,8 +289,16 @@ def restore_position(model: Model, turns: list[TurnRecord]) -> None:
         restore([r for t in turns for r in ([t.summary.reply] if t.summary else []) + [t.reply]])
 
 
+def executor_report(evaluator: Evaluator) -> ExecutorReport | None:
+    """Which nodes an evaluator of several used, drained or lost (`agent.executor`); None for
+    the local one, which has no `report`."""
+    report = getattr(evaluator, "report", None)
+    return report() if report is not None else None
+
+
 def summarize(run_id: str, turns: dict[str, list[TurnRecord]], records: list[EpisodeRecord],
-              best: dict[str, TurnRecord], status: str, detail: str | None = None) -> RunSummary:
+              best: dict[str, TurnRecord], status: str, detail: str | None = None,
+              executor: ExecutorReport | None = None) -> RunSummary:
     """Run totals and the best kernel per problem, from the records alone."""
     latest = {r.episode_key: r for r in records}
     by_problem: dict[str, ProblemSummary] = {}
@@ -309,4 +315,4 @@ def summarize(run_id: str, turns: dict[str, list[TurnRecord]], records: list[Epi
     spend = total_spend([t for ts in turns.values() for t in ts], latest.values())
     return RunSummary(run_id=run_id, status=status, stop_detail=detail,
                       problems=sorted(by_problem.values(), key=lambda p: p.problem_id),
-                      spend=spend, updated_at=utcnow())
+                      spend=spend, updated_at=utcnow(), executor=executor)

@@ -139,7 +139,13 @@ class RayPool:
                 info = WorkerInfo.model_validate_json(
                     self.ray.get(ready[w.index], timeout=HELLO_TIMEOUT_S))
             except self._lost_errors as e:
-                self._lost(w, e)
+                # No evaluation was lost: the worker never started, and the run goes on without
+                # it (a replacement would have no hardware name to be pinned by).
+                w.alive = False
+                if not self._node_alive(w.node_id):
+                    self.nodes[w.node_id].state = "lost"
+                log.warning("worker %d on node %s did not start: %s", w.index, w.node_id[:12],
+                            str(e).splitlines()[0])
                 continue
             except self.ray.exceptions.GetTimeoutError:
                 self.close()
@@ -153,8 +159,10 @@ class RayPool:
         return any(n["NodeID"] == node_id and n.get("Alive") for n in self.ray.nodes())
 
     def _lost(self, w: _Worker, error: Exception) -> None:
-        """An evaluation was lost with `w` (its actor or node died): drain or replace."""
+        """An evaluation was lost with `w` (its actor or node died): it is re-queued; the
+        node is drained or the worker replaced."""
         with self._cond:
+            self.requeued += 1
             node = self.nodes[w.node_id]
             node.lost += 1
             w.alive = False
@@ -227,16 +235,13 @@ class RayPool:
             try:
                 out = self.ray.get(w.handle.evaluate.remote(ref, source, config))
             except self._lost_errors as e:
-                self._release(w)
                 self._lost(w, e)
-                with self._cond:
-                    self.requeued += 1
                 continue
             except self._task_error as e:
-                self._release(w)
                 raise EvalInfraError(f"evaluator failed on {problem.id} on node "
                                      f"{self.nodes[w.node_id].address}: {e}") from None
-            self._release(w)
+            finally:
+                self._release(w)
             with self._cond:
                 self.nodes[w.node_id].evaluations += 1
             return EvalResult.model_validate_json(out)
