@@ -14,6 +14,7 @@ build cache saves, and how repeatable the timings are. No targets; it prints num
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -58,7 +59,11 @@ t0 = time.perf_counter()
 spec = importlib.util.spec_from_file_location("candidate", path)
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
-print(time.perf_counter() - t0)
+took = time.perf_counter() - t0
+if mode == "kloop":
+    for r in buildcache.BUILD_RECORDS:
+        print("runs", path.rsplit("/", 1)[-1], "nvcc:", r.nvcc_runs, "c++:", r.cxx_runs)
+print(took)
 """
 
 
@@ -91,27 +96,43 @@ def _import_times(jobs: list[tuple[str, Path, Path]]) -> list[float]:
         stdout, stderr = p.communicate()
         if p.returncode != 0:
             raise RuntimeError(f"import failed ({p.returncode}): {stderr[-2000:]}")
-        out.append(float(stdout.strip().splitlines()[-1]))
+        lines = stdout.strip().splitlines()
+        for line in lines[:-1]:
+            if line.startswith("runs "):
+                print("   ", line)
+        out.append(float(lines[-1]))
     return out
 
 
-def compile_times(pairs: bool) -> None:
+def compile_times(pairs: bool, sources: list[str] | None = None) -> None:
     """Plain and kloop builds of the CUDA candidates run concurrently (cold, then warm), so both
     paths are measured side by side under the same machine load: all at once, or (`pairs`) one
     candidate's plain and kloop builds together, candidate after candidate (the latency of a
     build on a quiet host)."""
-    at_once = 2 if pairs else 2 * len(CUDA_SOURCES)
+    sources = sources or CUDA_SOURCES
+    at_once = 2 if pairs else 2 * len(sources)
+    from evaluator.build import cxx_pch, pch
+
+    # The trusted builder's precompiled torch header (made once per host and flag set, like a
+    # baseline): kloop's builds below find it, plain load_inline never looks.
+    t0 = time.monotonic()
+    ready = pch.ensure(pch.default_variants(cuda=True))
+    root = pch.store_dir()
+    print(f"\n== precompiled torch header: {len(ready)} ready in {time.monotonic() - t0:.1f} s "
+          f"({root}) ==")
+    if root is not None and ready:
+        os.environ[cxx_pch.ROOT_ENV] = str(root)
     print("\n== compile time (s): plain load_inline vs kloop's cached path, fresh processes, "
           f"{at_once} builds at once ==")
     print(f"{'candidate':34} {'plain cold':>10} {'kloop cold':>10} {'plain warm':>10} "
           f"{'kloop warm':>10}")
     with tempfile.TemporaryDirectory() as tmp:
         jobs = [(mode, CANDIDATES / name, Path(tmp) / mode / name)
-                for name in CUDA_SOURCES for mode in ("plain", "kloop")]
+                for name in sources for mode in ("plain", "kloop")]
         groups = [jobs[i:i + at_once] for i in range(0, len(jobs), at_once)]
         cold = [t for g in groups for t in _import_times(g)]
         warm = [t for g in groups for t in _import_times(g)]
-    for i, name in enumerate(CUDA_SOURCES):
+    for i, name in enumerate(sources):
         row = [cold[2 * i], cold[2 * i + 1], warm[2 * i], warm[2 * i + 1]]
         print(f"{name:34} " + " ".join(f"{t:10.2f}" for t in row))
     plain, kloop = statistics.median(cold[0::2]), statistics.median(cold[1::2])
@@ -183,12 +204,14 @@ def main() -> None:
                         help="cv: which kernel to evaluate repeatedly")
     parser.add_argument("--compile-pairs", action="store_true",
                         help="build one candidate's plain and kloop versions at a time")
+    parser.add_argument("--sources", help="compile: these candidate files (of tests/evaluator/"
+                        "candidates) instead of the fixed CUDA set, e.g. mlp_cuda_relu_light.py")
     args = parser.parse_args()
     parts = set(args.only.split(","))
     if "stages" in parts:
         stage_times(args.device, set(args.problems.split(",")) if args.problems else None)
     if "compile" in parts:
-        compile_times(args.compile_pairs)
+        compile_times(args.compile_pairs, args.sources.split(",") if args.sources else None)
     if "cv" in parts:
         timing_spread(args.device, args.repeats, args.cv_set)
 

@@ -238,6 +238,13 @@ class EvalConfig(BaseModel):
     """Start reference, candidate and compile children as forks of a template process that has
     imported torch and kloop's worker modules but never touched the device (Linux; elsewhere,
     or if the template fails, children start as fresh interpreters)."""
+    pch: Literal["auto", "on", "off"] = "auto"
+    """Precompiled torch header for `load_inline`'s binding file (`evaluator.build.pch`, made by
+    trusted code under torch's own flags for the common calls; g++ uses it only where it is
+    valid, so the binary is the one the plain build makes). `auto`: builds use a PCH that is
+    there, and a CUDA build on a GPU host starts making the missing ones in the background;
+    `on`: also on a CPU host (for CPU-only extensions; ~50 s of one core per variant);
+    `off`: neither."""
     build_slots: int | None = Field(None, ge=1)
     """Compile children at once on this host, across every kloop process sharing `cache_dir`
     (`evaluator.buildslots`; None: half the cores). Evaluations past it wait for a slot

@@ -87,6 +87,9 @@ class CompileLog(_Record):
     nvcc_runs: list[str] = Field(default_factory=list)
     """GPU builds: what each nvcc run did, as the compile child reported it
     (`evaluator.build.nvcc_parallel`: `split`, or `plain: <why>`)."""
+    cxx_runs: list[str] = Field(default_factory=list)
+    """Each compile of `load_inline`'s binding file (`evaluator.build.cxx_pch`): `pch` (torch's
+    header precompiled by the trusted builder) or `plain: <why>`."""
 
 
 class WorstElement(_Record):

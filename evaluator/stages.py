@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from evaluator import board
-from evaluator.build import buildstore
+from evaluator.build import buildstore, cxx_pch, pch
 from evaluator.buildslots import build_slot, default_slots
 from evaluator.checks import STATIC_CHECKS
 from evaluator.harness.served import null_call_count
@@ -105,6 +105,7 @@ def compile_stage(run: EvalRun) -> None:
     run.record(Entered(stage="compile"))
     if run.backend != "cuda":
         return
+    _start_pch(run)
     t0 = time.monotonic()
     slots = run.config.build_slots or default_slots()
     with contextlib.ExitStack() as slot:
@@ -113,6 +114,14 @@ def compile_stage(run: EvalRun) -> None:
         run.stage_seconds["build_wait"] = round(time.monotonic() - t0, 3)
         with board.phase("build"), run.timed("compile"):
             _compile(run)
+
+
+def _start_pch(run: EvalRun) -> None:
+    """Have the missing precompiled headers made in the background (trusted code, fixed text,
+    torch's flags): this build runs without them if they are not ready."""
+    mode = run.config.pch
+    if mode == "on" or (mode == "auto" and not run.on_cpu):
+        pch.ensure_async(pch.default_variants(cuda=not run.on_cpu))
 
 
 def _compile(run: EvalRun) -> None:
@@ -164,6 +173,9 @@ def _build_env(run: EvalRun) -> dict[str, str]:
            "TRITON_CACHE_DIR": str(run.root / "triton"),
            # This evaluation's own (the warm-up child fills it for the candidate child).
            "TORCHINDUCTOR_CACHE_DIR": str(run.root / "inductor")}
+    root = pch.store_dir() if run.config.pch != "off" else None
+    if root is not None and pch.ready_keys(root):
+        env[cxx_pch.ROOT_ENV] = str(root)
     if run.on_cpu:
         return env
     arch = cuda_arch_list(run.device)

@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from evaluator.build import nvcc_parallel
+from evaluator.build import cxx_pch, nvcc_parallel, pch
 from evaluator.build.diagnostics import build_source_map, make_compile_log, parse_nvcc_log
 from evaluator.build.nvcc import (
     CPP_IMPLICIT_HEADERS,
@@ -76,6 +76,9 @@ class BuildRecord(BaseModel):
     path: str | None = None
     """The cache entry (build mode) or check directory (check mode)."""
     compile: CompileLog | None = None
+    cxx_runs: list[str] = []
+    """Each compile of the binding file (`evaluator.build.cxx_pch`): `pch` (torch's header
+    precompiled) or `plain: <why>`; empty when the host compiler never compiled it."""
     nvcc_runs: list[str] = []
     """Each run of `evaluator.build.nvcc_parallel` (torch's nvcc in a GPU build): `split` (host
     and device chains side by side) or `plain: <why>`; empty when it did not run."""
@@ -242,9 +245,9 @@ def _env(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _nvcc_runs(report: Path) -> list[str]:
-    """What `evaluator.build.nvcc_parallel` reported for this build (the file goes: it is not
-    part of what is published)."""
+def _runs(report: Path) -> list[str]:
+    """What `evaluator.build.nvcc_parallel` or `cxx_pch` reported for this build (the file
+    goes: it is not part of what is published)."""
     try:
         runs = report.read_text().splitlines()[:16]
     except OSError:
@@ -300,7 +303,9 @@ def _build(args: dict[str, Any], key: str) -> Any:
     call = dict(args, build_directory=str(tmp))
     call["cpp_sources"], call["cuda_sources"] = list(args["cpp_sources"]), list(args["cuda_sources"])
     env = parallel_nvcc_env() if call["cuda_sources"] else {}
-    report = tmp / "nvcc-runs.txt"
+    report, cxx_report = tmp / "nvcc-runs.txt", tmp / "cxx-runs.txt"
+    pch_root = os.environ.get(cxx_pch.ROOT_ENV)
+    env.update(pch.compiler_env(tmp, Path(pch_root) if pch_root else None, cxx_report))
     try:
         with _env({**env, nvcc_parallel.REPORT_ENV: str(report)}):
             result = st.real(**call)
@@ -309,16 +314,17 @@ def _build(args: dict[str, Any], key: str) -> Any:
         BUILD_RECORDS.append(BuildRecord(
             name=args["name"], key=key, mode="build", cache_hit=False, ok=False,
             seconds=time.monotonic() - start, compile=clog,
-            nvcc_runs=_nvcc_runs(report)))
+            nvcc_runs=_runs(report), cxx_runs=_runs(cxx_report)))
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    runs = _nvcc_runs(report)
+    runs, cxx_runs = _runs(report), _runs(cxx_report)
+    (tmp / pch.LAUNCHER).unlink(missing_ok=True)
     _publish(tmp, entry, result, args)
     if args.get("is_python_module", True):
         LOADED_MODULES.append(result)
     BUILD_RECORDS.append(BuildRecord(
         name=args["name"], key=key, mode="build", cache_hit=False, ok=True,
-        seconds=time.monotonic() - start, path=str(entry), nvcc_runs=runs))
+        seconds=time.monotonic() - start, path=str(entry), nvcc_runs=runs, cxx_runs=cxx_runs))
     return result
 
 

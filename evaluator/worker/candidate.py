@@ -296,7 +296,8 @@ def builds_log() -> CompileLog | None:
     if not BUILD_RECORDS:
         return None
     logs = [(r.compile or CompileLog(backend="cuda", ok=r.ok, cache_hit=r.cache_hit,
-                                     seconds=r.seconds)).model_copy(update={"nvcc_runs": r.nvcc_runs})
+                                     seconds=r.seconds)).model_copy(
+                update={"nvcc_runs": r.nvcc_runs, "cxx_runs": r.cxx_runs})
             for r in BUILD_RECORDS]
     if len(logs) == 1:
         return logs[0]
@@ -309,6 +310,7 @@ def builds_log() -> CompileLog | None:
         "resources": [r for x in logs for r in x.resources],
         "seconds": sum(x.seconds or 0.0 for x in logs),
         "nvcc_runs": [run for x in logs for run in x.nvcc_runs],
+        "cxx_runs": [run for x in logs for run in x.cxx_runs],
     })
 
 
