@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -104,13 +105,21 @@ def _import_times(jobs: list[tuple[str, Path, Path]]) -> list[float]:
     return out
 
 
-def compile_times(pairs: bool, sources: list[str] | None = None) -> None:
+def light(source: str) -> str:
+    """The candidate with the include kloop's prompts now ask for in `cuda_sources` (none but
+    the `<torch/types.h>` load_inline adds anyway) and an extension name of its own."""
+    out = source.replace("#include <torch/extension.h>", "#include <torch/types.h>")
+    return re.sub(r'name="([A-Za-z0-9_]+)"', r'name="\1_light"', out, count=1)
+
+
+def compile_times(pairs: bool, sources: list[str] | None = None, at_once: int | None = None,
+                  headers: str = "as-is") -> None:
     """Plain and kloop builds of the CUDA candidates run concurrently (cold, then warm), so both
-    paths are measured side by side under the same machine load: all at once, or (`pairs`) one
-    candidate's plain and kloop builds together, candidate after candidate (the latency of a
-    build on a quiet host)."""
-    sources = sources or CUDA_SOURCES
-    at_once = 2 if pairs else 2 * len(sources)
+    paths are measured side by side under the same machine load: all at once, `at_once` at a
+    time, or (`pairs`) one candidate's plain and kloop builds together, candidate after candidate
+    (the latency of a build on a quiet host). `headers`: the files as they are, their `light`
+    versions, or both (each file then twice)."""
+    names = sources or CUDA_SOURCES
     from evaluator.build import cxx_pch, pch
 
     # The trusted builder's precompiled torch header (made once per host and flag set, like a
@@ -122,21 +131,44 @@ def compile_times(pairs: bool, sources: list[str] | None = None) -> None:
           f"({root}) ==")
     if root is not None and ready:
         os.environ[cxx_pch.ROOT_ENV] = str(root)
-    print("\n== compile time (s): plain load_inline vs kloop's cached path, fresh processes, "
-          f"{at_once} builds at once ==")
-    print(f"{'candidate':34} {'plain cold':>10} {'kloop cold':>10} {'plain warm':>10} "
-          f"{'kloop warm':>10}")
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = [(mode, CANDIDATES / name, Path(tmp) / mode / name)
-                for name in sources for mode in ("plain", "kloop")]
+        files: list[tuple[str, Path]] = []
+        for name in names:
+            if headers in ("as-is", "both"):
+                files.append((name, CANDIDATES / name))
+            if headers in ("light", "both"):
+                path = Path(tmp) / "light" / name
+                path.parent.mkdir(exist_ok=True)
+                path.write_text(light((CANDIDATES / name).read_text()))
+                files.append((f"{name} (light)", path))
+        at_once = 2 if pairs else (at_once or 2 * len(files))
+        print("\n== compile time (s): plain load_inline vs kloop's cached path, fresh processes, "
+              f"{at_once} builds at once ==")
+        print(f"{'candidate':34} {'plain cold':>10} {'kloop cold':>10} {'plain warm':>10} "
+              f"{'kloop warm':>10}")
+        jobs = [(mode, path, Path(tmp) / mode / label.replace(" ", "_"))
+                for label, path in files for mode in ("plain", "kloop")]
         groups = [jobs[i:i + at_once] for i in range(0, len(jobs), at_once)]
         cold = [t for g in groups for t in _import_times(g)]
         warm = [t for g in groups for t in _import_times(g)]
-    for i, name in enumerate(sources):
+    for i, (label, _) in enumerate(files):
         row = [cold[2 * i], cold[2 * i + 1], warm[2 * i], warm[2 * i + 1]]
-        print(f"{name:34} " + " ".join(f"{t:10.2f}" for t in row))
-    plain, kloop = statistics.median(cold[0::2]), statistics.median(cold[1::2])
-    print(f"{'cold p50':34} {plain:10.2f} {kloop:10.2f}   kloop/plain {kloop / plain:.2f}")
+        print(f"{label:34} " + " ".join(f"{t:10.2f}" for t in row))
+    for kind in ("", " (light)"):
+        idx = [i for i, (label, _) in enumerate(files) if label.endswith(" (light)") == bool(kind)]
+        if not idx:
+            continue
+        plain = [cold[2 * i] for i in idx]
+        kloop = [cold[2 * i + 1] for i in idx]
+        print(f"{'cold p50' + kind:34} {statistics.median(plain):10.2f} "
+              f"{statistics.median(kloop):10.2f}   kloop/plain "
+              f"{statistics.median(kloop) / statistics.median(plain):.2f}; p90 plain "
+              f"{_p90(plain):.2f} kloop {_p90(kloop):.2f}")
+
+
+def _p90(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
 
 
 CV_SETS = {
@@ -205,13 +237,18 @@ def main() -> None:
     parser.add_argument("--compile-pairs", action="store_true",
                         help="build one candidate's plain and kloop versions at a time")
     parser.add_argument("--sources", help="compile: these candidate files (of tests/evaluator/"
-                        "candidates) instead of the fixed CUDA set, e.g. mlp_cuda_relu_light.py")
+                        "candidates) instead of the fixed CUDA set")
+    parser.add_argument("--compile-at-once", type=int, help="compile: builds at a time")
+    parser.add_argument("--headers", choices=("as-is", "light", "both"), default="as-is",
+                        help="compile: the files as they are, with only the light include in "
+                        "their CUDA sources, or both")
     args = parser.parse_args()
     parts = set(args.only.split(","))
     if "stages" in parts:
         stage_times(args.device, set(args.problems.split(",")) if args.problems else None)
     if "compile" in parts:
-        compile_times(args.compile_pairs, args.sources.split(",") if args.sources else None)
+        compile_times(args.compile_pairs, args.sources.split(",") if args.sources else None,
+                      args.compile_at_once, args.headers)
     if "cv" in parts:
         timing_spread(args.device, args.repeats, args.cv_set)
 

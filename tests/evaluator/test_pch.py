@@ -182,3 +182,82 @@ def test_the_binding_built_with_the_pch_is_the_plain_binary(tmp_path, store):
     # Offered, not taken: another include came first, so g++ read the real header.
     assert (tmp_path / "ext_late.report").read_text().splitlines() == [
         "plain: g++ did not take the precompiled header"]
+
+
+# ---- through the evaluator ------------------------------------------------------------------
+
+E2E = '''"""L3/1 with a host-side helper built by load_inline (no CUDA sources on this machine)."""
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+ext = load_inline(name="kloop_pch_e2e", cpp_sources="torch::Tensor twice(torch::Tensor x) "
+                  "{ return x * 2; }", cuda_sources=[], functions=["twice"], extra_cflags=["-O3"])
+
+
+class ModelNew(nn.Module):
+    def __init__(self, input_size, layer_sizes, output_size):
+        super().__init__()
+        layers, current = [], input_size
+        for hidden in layer_sizes:
+            layers += [nn.Linear(current, hidden), nn.ReLU()]
+            current = hidden
+        layers.append(nn.Linear(current, output_size))
+        self.network = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return ext.twice(self.network(x)) / 2
+'''
+
+# The cheapest attacks on the store from candidate code (the compile child runs it at import):
+# rewrite the PCH, take its marker away, move the entry, plant an entry of its own.
+TAMPER = '''
+import json, os, pathlib
+root = pathlib.Path(os.environ["KLOOP_PCH_ROOT"])
+tried, refused = 0, 0
+for entry in [p for p in root.iterdir() if not p.name.startswith(".")]:
+    for attempt in (
+        lambda: open(entry / "torch" / "extension.h.gch", "r+b").write(b"forged"),
+        lambda: (entry / "ready").unlink(),
+        lambda: os.chmod(entry, 0o777),
+        lambda: os.rename(entry, root / "moved"),
+        lambda: (root / ("f" * 64)).mkdir(),
+    ):
+        tried += 1
+        try:
+            attempt()
+        except OSError:
+            refused += 1
+with open(pathlib.Path(DROP) / f"log.{os.getpid()}", "a") as f:
+    f.write(json.dumps({"tried": tried, "refused": refused}) + "\\n")
+'''
+
+
+def _state(root: Path) -> dict[str, tuple]:
+    return {str(p.relative_to(root)): (p.stat().st_ino, p.stat().st_size, p.stat().st_mtime_ns,
+                                       p.stat().st_mode)
+            for p in [root, *root.rglob("*")] if not p.name.startswith(".")}
+
+
+@pytest.mark.slow
+@needs_gxx
+def test_a_candidates_build_takes_the_pch_and_cannot_touch_the_store(tmp_path, store, drop_box):
+    from eval_helpers import cpu_config, drop_rows
+
+    from evaluator import isolation
+    from evaluator.pipeline import evaluate
+
+    root, key = store
+    config = cpu_config(tmp_path / "cache")
+    honest = evaluate("L3/1", E2E, config)
+    assert (honest.status, honest.backend) == ("not_run", "cuda"), honest.error
+    assert honest.compile is not None and honest.compile.ok
+    assert honest.compile.cxx_runs == ["pch"]
+    if not (isolation.can_change_uid() or isolation.userns_works()):
+        pytest.skip("children share the harness's uid here and may write what it writes")
+    before = _state(root)
+    attacker = evaluate("L3/1", E2E.replace("kloop_pch_e2e", "kloop_pch_tamper")
+                        + f"DROP = {str(drop_box)!r}\n" + TAMPER, config)
+    assert attacker.compile is not None and attacker.compile.cxx_runs == ["pch"]
+    assert _state(root) == before
+    rows = drop_rows(drop_box / "log")
+    assert rows and all(r["tried"] >= 5 and r["refused"] == r["tried"] for r in rows), rows
