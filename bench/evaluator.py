@@ -146,7 +146,7 @@ def compile_times(pairs: bool, sources: list[str] | None = None, at_once: int | 
               f"{at_once} builds at once ==")
         print(f"{'candidate':34} {'plain cold':>10} {'kloop cold':>10} {'plain warm':>10} "
               f"{'kloop warm':>10}")
-        jobs = [(mode, path, Path(tmp) / mode / label.replace(" ", "_"))
+        jobs = [(mode, path, Path(tmp) / mode / label.replace(" (light)", "-light"))
                 for label, path in files for mode in ("plain", "kloop")]
         groups = [jobs[i:i + at_once] for i in range(0, len(jobs), at_once)]
         cold = [t for g in groups for t in _import_times(g)]

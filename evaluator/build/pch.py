@@ -110,8 +110,8 @@ def _quote(s: str) -> str:
 def compiler_env(work: Path, root: Path | None, report: Path) -> dict[str, str]:
     """The environment of one `load_inline` build that goes through `cxx_pch` (`CXX` and what
     it reads); empty without a store."""
-    if root is None:
-        return {}
+    if root is None or shlex.quote(str(work)) != str(work):
+        return {}  # torch's build.ninja names its compiler unquoted: a plain build there
     return {"CXX": str(launcher(work)), cxx_pch.REAL_ENV: os.environ.get("CXX") or "c++",
             cxx_pch.ROOT_ENV: str(root), cxx_pch.REPORT_ENV: str(report)}
 

@@ -81,6 +81,13 @@ def test_the_wrapper_is_the_real_compiler_for_everything_else(tmp_path):
     assert r.returncode != 0 and "nope" in r.stderr
 
 
+def test_a_build_dir_torch_cannot_name_unquoted_builds_the_plain_way(tmp_path):
+    odd = tmp_path / "a (b)"
+    odd.mkdir()
+    assert pch.compiler_env(odd, tmp_path, tmp_path / "r") == {}
+    assert "CXX" in pch.compiler_env(tmp_path, tmp_path, tmp_path / "r")
+
+
 def test_a_store_someone_else_can_write_is_not_used(tmp_path, monkeypatch):
     shared = tmp_path / "open"
     shared.mkdir(mode=0o777)
