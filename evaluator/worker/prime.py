@@ -71,7 +71,9 @@ def install_compile_only(arch: int) -> None:
     run = JITFunction.run
 
     def compile_only(self, *args, grid, warmup, **kwargs):
-        return run(self, *args, grid=grid, warmup=True, **kwargs)
+        kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
+        build_launcher(kernel)
+        return kernel
 
     def every_config(self, *args, **kwargs):
         # Each config is what the candidate child's autotuner will compile and benchmark.
@@ -82,6 +84,28 @@ def install_compile_only(arch: int) -> None:
 
     JITFunction.run = compile_only  # type: ignore[method-assign]
     Autotuner.run = every_config  # type: ignore[method-assign]
+
+
+_launchers: set[str] = set()
+
+
+def build_launcher(kernel: Any) -> None:
+    """Triton's launcher module for the kernel's signature, which Triton 3.6 builds with gcc
+    (and caches beside the kernels, keyed by its C source) at the first launch, i.e. under the
+    exclusive lock: built here, the candidate child loads it. It needs gcc and `libcuda.so`,
+    no device. Where a Triton version has no per-signature module (3.7 launches through one
+    shared module and asks the active driver for it, which here is compile-only) this does
+    nothing; any failure leaves the build to the candidate child, as before."""
+    key = getattr(kernel, "hash", None) or str(id(kernel))
+    if kernel is None or key in _launchers:
+        return
+    _launchers.add(key)
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+
+        CudaLauncher(kernel.src, kernel.metadata)
+    except Exception:  # best effort: the candidate child builds what is missing
+        pass
 
 
 def _meta(device: Any) -> Any:
