@@ -223,8 +223,9 @@ class EvalConfig(BaseModel):
     evaluation's Triton cache instead of compiling them under the exclusive lock. Best effort:
     where the candidate needs data or a device the prime stops and the candidate child compiles
     the rest; nothing the prime does is judged. `auto`: on a GPU, for Triton sources; `on`: on a
-    CPU too (for sm_90; the interpreter does not use it: tests). Off by default until measured
-    on the H200 (session 12 built it after its last device call)."""
+    CPU too (for sm_90; the interpreter does not use it: tests). Off by default: on the H200
+    (session 16, full size) `first_trial` stayed 0.65-0.85 s with it, as without it (0.64 s),
+    and the side-by-side throughput run is still to do."""
     cuda_init: Literal["before_lock", "under_lock"] = "under_lock"
     """When a GPU child creates its CUDA context: `under_lock`, at its first use of the device,
     with the device lock held; or `before_lock`, in trusted code after its start and before it
