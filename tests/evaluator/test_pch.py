@@ -268,3 +268,13 @@ def test_a_candidates_build_takes_the_pch_and_cannot_touch_the_store(tmp_path, s
     assert _state(root) == before
     rows = drop_rows(drop_box / "log")
     assert rows and all(r["tried"] >= 5 and r["refused"] == r["tried"] for r in rows), rows
+
+
+def test_background_builders_run_sched_idle_and_leave_the_caller_alone(tmp_path, monkeypatch):
+    seen: list[int] = []
+    monkeypatch.setenv(pch.DIR_ENV, str(tmp_path / "store"))
+    monkeypatch.setattr(pch, "build", lambda root, variant: seen.append(os.sched_getscheduler(0)))
+    before = os.sched_getscheduler(0)
+    pch.ensure(pch.default_variants(cuda=False))
+    assert seen == [os.SCHED_IDLE, os.SCHED_IDLE]  # and what they start inherits it
+    assert os.sched_getscheduler(0) == before
