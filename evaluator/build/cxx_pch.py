@@ -98,10 +98,9 @@ def main(args: list[str]) -> int:
     command = shlex.split(real) or ["c++"]  # `CXX="ccache g++"` is one shell word list
     root = os.environ.get(ROOT_ENV)
     entry = Path(root) / pch_key(real, flags) if root and flags is not None else None
-    if flags is None:
-        os.execvp(command[0], [*command, *args])
     if entry is None or not (entry / READY).is_file():
-        _report("plain: no precompiled header for these flags")
+        if flags is not None:
+            _report("plain: no precompiled header for these flags")
         os.execvp(command[0], [*command, *args])
     code = subprocess.run([*command, *args, "-I", str(entry)]).returncode
     if code == 0:
@@ -118,12 +117,9 @@ def _taken(args: list[str]) -> str:
             return "plain: the file does not include the header"
     except OSError:
         pass
-    deps = args[args.index("-MF") + 1] if "-MF" in args[:-1] else None
-    if deps is None:
-        return "pch: offered (no dependency file to tell whether g++ took it)"
     try:
-        text = Path(deps).read_text()
-    except OSError:
+        text = Path(args[args.index("-MF") + 1]).read_text()
+    except (ValueError, IndexError, OSError):
         return "pch: offered (no dependency file to tell whether g++ took it)"
     return "plain: g++ did not take the precompiled header" if HEADER in text else "pch"
 

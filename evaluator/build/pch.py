@@ -97,8 +97,8 @@ def ready_keys(root: Path) -> list[str]:
 def launcher(work: Path) -> Path:
     """A compiler torch can run (one executable path) that is `cxx_pch` under this Python."""
     path = work / LAUNCHER
-    path.write_text(f"#!/bin/sh\nexec {_quote(sys.executable)} {_quote(cxx_pch.__file__)} "
-                    '"$@"\n')
+    path.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} "
+                    f'{shlex.quote(cxx_pch.__file__)} "$@"\n')
     path.chmod(0o755)
     return path
 
@@ -114,17 +114,17 @@ def _idle_build(root: Path, variant: Variant) -> None:
     build(root, variant)
 
 
-def _quote(s: str) -> str:
-    return "'" + s.replace("'", "'\"'\"'") + "'"
-
-
 def compiler_env(work: Path, root: Path | None, report: Path) -> dict[str, str]:
     """The environment of one `load_inline` build that goes through `cxx_pch` (`CXX` and what
     it reads); empty without a store."""
     if root is None or shlex.quote(str(work)) != str(work):
         return {}  # torch's build.ninja names its compiler unquoted: a plain build there
-    return {"CXX": str(launcher(work)), cxx_pch.REAL_ENV: os.environ.get("CXX") or "c++",
-            cxx_pch.ROOT_ENV: str(root), cxx_pch.REPORT_ENV: str(report)}
+    return {**_wrapped(work), cxx_pch.ROOT_ENV: str(root), cxx_pch.REPORT_ENV: str(report)}
+
+
+def _wrapped(work: Path) -> dict[str, str]:
+    """`CXX` is `cxx_pch`, which runs the compiler torch would have run."""
+    return {"CXX": str(launcher(work)), cxx_pch.REAL_ENV: os.environ.get("CXX") or "c++"}
 
 
 class Probe(NamedTuple):
@@ -136,8 +136,7 @@ class Probe(NamedTuple):
 def probe(variant: Variant, work: Path) -> Probe | None:
     """The binding compile's compiler, flags and key for `variant`, as torch runs it."""
     capture = work / "capture.json"
-    env = {**os.environ, "CXX": str(launcher(work)), cxx_pch.REAL_ENV: os.environ.get("CXX") or "c++",
-           cxx_pch.CAPTURE_ENV: str(capture)}
+    env = {**os.environ, **_wrapped(work), cxx_pch.CAPTURE_ENV: str(capture)}
     env.pop(cxx_pch.ROOT_ENV, None)
     r = subprocess.run([sys.executable, "-c", _PROBE,
                         json.dumps([variant.with_cuda, list(variant.extra_cflags)])],
