@@ -235,6 +235,18 @@ class EvalConfig(BaseModel):
     H200 it bought little (reference hold -0.1-0.2 s, candidate hold unchanged, of ~3.9 s per
     candidate; GPU_VALIDATION.md, session 11), and whether a context made beside a timing moves
     that timing is what `bench/init_interference.py` measures."""
+    construct_at: Literal["auto", "before_lock", "under_lock"] = "auto"
+    """Where the candidate child imports the candidate and builds `ModelNew` (and the reparam
+    trial's second model): `under_lock`, after the harness took the device lock for it; or
+    `before_lock`, on CPU before it reports ready, in a process that cannot reach the GPU
+    (its device nodes are /dev/null in its mount namespace) and runs at SCHED_IDLE; once the
+    harness holds the lock it uncovers the nodes and restores SCHED_OTHER, and the child only
+    moves its models to the device. At full sizes the build is seconds of host work (L3/1's
+    671 M parameters: `load` 4.5-7.5 s under the lock on the H200) during which the GPU idles.
+    A candidate whose work before the lock fails in any way (a constructor that needs the
+    device, a CUDA call that leaves the process unable to use it) is judged again the usual
+    way in a new child, flagged `constructed_under_lock`. `auto`: `before_lock` where the
+    harness can uncover and restore (root, the template process), else `under_lock`."""
     template_process: bool = True
     """Start reference, candidate and compile children as forks of a template process that has
     imported torch and kloop's worker modules but never touched the device (Linux; elsewhere,

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO
 
 from evaluator import isolation
-from evaluator.worker.zygote import ForkRequest
+from evaluator.worker.zygote import ForkRequest, GrantRequest
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,23 @@ class ForkServer:
                 log.warning("the template process could not start a child: %s", answer)
                 return None
             return int(answer)
+
+    def grant(self, pid: int, paths: list[str]) -> str | None:
+        """Uncover `paths` in the mount namespace of `pid`, a child this template forked with
+        them hidden (`zygote.GrantRequest`). None when done, else why not."""
+        with self._lock:
+            sock = self._sock
+            if sock is None or self._proc is None or self._proc.poll() is not None:
+                return "the template process is gone"
+            req = GrantRequest(grant=pid, paths=paths)
+            try:
+                sock.send(req.model_dump_json().encode())
+                sock.settimeout(_REPLY_TIMEOUT_S)
+                answer = sock.recv(4096).decode()
+            except OSError as e:
+                self._fail(f"the template process stopped answering ({e})")
+                return f"the template process stopped answering ({e})"
+            return None if answer == "ok" else answer
 
     def _started(self) -> socket.socket | None:
         if self._broken:

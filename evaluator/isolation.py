@@ -533,6 +533,24 @@ def _background() -> None:
             log.debug("SCHED_IDLE for thread %s: %s", tid, e)
 
 
+def foreground(pid: int) -> str | None:
+    """SCHED_OTHER again for every thread of `pid`, a child `_background` put at SCHED_IDLE
+    (the harness holds the device lock for it now). Leaving SCHED_IDLE needs CAP_SYS_NICE
+    here, as the child cannot do it itself: None when done, else why not."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError as e:
+        return f"its threads cannot be listed: {e}"
+    for tid in tids:
+        try:
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except ProcessLookupError:  # a thread that ended meanwhile
+            continue
+        except OSError as e:
+            return f"SCHED_OTHER for thread {tid}: {e}"
+    return None
+
+
 def confine_child() -> None:
     """In a child that will run candidate code, before importing it (see module doc)."""
     libc = _libc()

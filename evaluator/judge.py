@@ -45,6 +45,7 @@ from evaluator.protocol import (
     ReadyMsg,
     ReferenceJob,
     RefTrial,
+    RetryMsg,
     ServeMsg,
     StageMsg,
     TimingMsg,
@@ -152,6 +153,8 @@ def _out_of_sequence(seq: Sequence, msg: Any, job: CandidateJob) -> str | None:
         return f"a {msg.kind} message after done"
     if isinstance(msg, ReadyMsg):
         return "a second ready message (the harness took the first before any candidate code ran)"
+    if isinstance(msg, RetryMsg):
+        return "a retry request after its first message (only the first can ask for it)"
     if isinstance(msg, TimingMsg):
         return "a timing record (only the harness's clock times anything)"
     elif isinstance(msg, ServeMsg):

@@ -141,6 +141,13 @@ class CandidateJob(_Rec):
     early_cuda_init: bool = False
     """Create the CUDA context before reporting ready, before any candidate code is imported
     (`EvalConfig.cuda_init`)."""
+    construct_ahead: bool = False
+    """Import the candidate and build its models on CPU before reporting ready
+    (`EvalConfig.construct_at`): the harness has hidden `ahead_hidden` (the GPU's device nodes)
+    from this process and put it at SCHED_IDLE until it holds the device lock for it."""
+    ahead_hidden: list[str] = []
+    """What must be hidden (each path /dev/null) for the work before the lock to start; if any
+    is not, the child waits for the lock first, as without `construct_ahead`."""
 
 
 class CompileJob(_Rec):
@@ -224,6 +231,21 @@ class ReadyMsg(_Rec):
     device only after the harness answers `go` (holding the device lock by then)."""
 
     kind: Literal["ready"] = "ready"
+    ahead: bool = False
+    """A candidate child (`CandidateJob.construct_ahead`): it imported the candidate and built
+    its models on CPU before saying ready. Evidence only (it names what the child did)."""
+    retry: str | None = None
+    """A candidate child whose work before the lock failed: why. It leaves without using the
+    device, and the harness judges the candidate again the usual way, in a new child."""
+
+
+class RetryMsg(_Rec):
+    """A candidate child built ahead (`CandidateJob.construct_ahead`) found, once the device was
+    its, that its process cannot use it (a CUDA call made before the lock, when the device
+    was hidden, leaves that in the process). It leaves; nothing of it was judged."""
+
+    kind: Literal["retry"] = "retry"
+    reason: str
 
 
 class TimingMsg(_Rec):
@@ -259,7 +281,7 @@ class DoneMsg(_Rec):
 
 ChildMessage = Annotated[
     StageMsg | ErrorMsg | TrialMsg | ProbeMsg | AwaitMsg | TimingMsg | ProfileMsg
-    | CompileMsg | EnvMsg | FlagMsg | DoneMsg | ServeMsg | CallProblemMsg | ReadyMsg,
+    | CompileMsg | EnvMsg | FlagMsg | DoneMsg | ServeMsg | CallProblemMsg | ReadyMsg | RetryMsg,
     Field(discriminator="kind"),
 ]
 MESSAGE = TypeAdapter(ChildMessage)

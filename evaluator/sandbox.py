@@ -127,8 +127,15 @@ class Child:
                  sandbox: SandboxPlan | None = None, serves: bool = False,
                  template: bool = False, confine: Confinement | None = None,
                  disk: DiskLimit | None = None,
-                 on_uncontained: Callable[[], None] | None = None):
+                 on_uncontained: Callable[[], None] | None = None, ahead: bool = False):
         self.mode, self.workdir, self.env = mode, workdir, env
+        self.ahead = ahead
+        """A candidate child built ahead: it starts at SCHED_IDLE with `confine.hide` covered,
+        and `grant` gives both back once the harness holds the device lock for it."""
+        self.retry: str | None = None
+        """Why this child's candidate must be judged again in a new child (built ahead: its work
+        before the lock failed, or the device could not be given to it)."""
+        self.forked = False
         self.disk = disk
         """How much the child may write under `disk.root` (its evaluation's dir)."""
         self.on_uncontained = on_uncontained
@@ -176,6 +183,7 @@ class Child:
         try:
             with isolation.SPAWN_LOCK:
                 forked = self._forked(fds, identity) if self.template else None
+                self.forked = forked is not None
                 if forked is None and (self.confine.hide or self.confine.keep) and \
                         self.on_uncontained:
                     self.on_uncontained()
@@ -266,9 +274,23 @@ class Child:
         msg = self._queue.get()
         if isinstance(msg, ReadyMsg):
             self.ready_at = time.monotonic()
+            if self.ahead and msg.retry is not None:
+                self.retry = f"its work before the lock failed: {msg.retry}"
             return True
         self._pending.append(msg)
         return False
+
+    def grant(self) -> str | None:
+        """Give a child built ahead what it was kept from before the lock: its hidden paths (the
+        GPU's device nodes), uncovered in its mount namespace by the template that forked it,
+        and SCHED_OTHER for its threads. None when done, else why not."""
+        from evaluator import forkserver
+
+        if self.confine.hide and self.forked:
+            why = forkserver.server(self.env).grant(self.proc.pid, list(self.confine.hide))
+            if why is not None:
+                return why
+        return isolation.foreground(self.proc.pid)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

@@ -51,10 +51,11 @@ from evaluator.protocol import (
     DoneMsg,
     ErrorMsg,
     ReferenceJob,
+    RetryMsg,
 )
 from evaluator.reference import Serving, collect_reference
 from evaluator.result import ErrorInfo, TimingStats
-from evaluator.sandbox import child_env
+from evaluator.sandbox import Child, ChildOutcome, child_env
 from evaluator.state import EvalRun, cuda_arch_list
 
 log = logging.getLogger(__name__)
@@ -259,19 +260,19 @@ def candidate_stage(run: EvalRun) -> None:
         prime_pass(run, job)
     if wants_warmup(run):
         warmup_pass(run, job)
-    seq = Sequence()
-    done = False
-    with run.timed("candidate"), run.on_device(
-            "candidate", job, run.root / "cand",
-            ["load", "correctness", "timing", "profile", "compile"], _candidate_env(run),
-            serves=True) as child:
-        t0 = time.monotonic()
-        for msg in child.messages():
-            got = time.monotonic()
-            done = on_message(run, job, seq, child, msg) or done
-            if log.isEnabledFor(logging.DEBUG):  # nothing more under the lock otherwise
-                _trace(run, msg, got - t0, time.monotonic() - got)
-        outcome = child.outcome()
+    ahead = construct_ahead(run)
+    judged = None
+    if ahead:
+        ahead_job = job.model_copy(update={"construct_ahead": True,
+                                           "ahead_hidden": run.ahead_paths()})
+        judged = _candidate_child(run, ahead_job)
+        if isinstance(judged, str):
+            run.record(Flagged(flag=f"constructed_under_lock: {judged}"))
+            # What the static rules judged, whatever that child left in its dir.
+            (run.root / "cand" / "candidate.py").write_text(run.source)
+    if not isinstance(judged, tuple):
+        judged = _candidate_child(run, job)
+    done, outcome = judged
     run.mark(None)
     if run.status is None and not done:
         run.fail_from_outcome(outcome, STAGE_OF_CHILD.get(outcome.stage, "load"))
@@ -280,6 +281,57 @@ def candidate_stage(run: EvalRun) -> None:
     if run.status == "correct" and run.config.ncu and not run.on_cpu:
         with run.gpu_lock(), run.timed("ncu"):
             _ncu_pass(run, job)
+
+
+def construct_ahead(run: EvalRun) -> bool:
+    """Whether the candidate child builds its models before the lock (`EvalConfig.construct_at`)."""
+    mode = run.config.construct_at
+    if mode == "under_lock":
+        return False
+    if run.can_construct_ahead:
+        return True
+    if mode == "before_lock":
+        run.record(Flagged(flag="construct_before_lock_unavailable"))
+    return False
+
+
+def _candidate_child(run: EvalRun, job: CandidateJob) -> tuple[bool, ChildOutcome] | str:
+    """One candidate child, judged message by message: (whether it said done, how it ended).
+    A child built ahead whose candidate must be judged again in a new child: why (nothing of
+    it was judged; it never reported past `ready`, or only that the device is unusable)."""
+    seq = Sequence()
+    done = False
+    with run.timed("candidate"), run.on_device(
+            "candidate", job, run.root / "cand",
+            ["load", "correctness", "timing", "profile", "compile"], _candidate_env(run),
+            serves=True) as child:
+        if job.construct_ahead and (why := _retry(child)) is not None:
+            child.kill("retry")
+            return why
+        t0 = time.monotonic()
+        first = True
+        for msg in child.messages():
+            got = time.monotonic()
+            if isinstance(msg, RetryMsg) and first and job.construct_ahead:
+                child.kill("retry")
+                return f"the device was unusable in its process: {msg.reason[:300]}"
+            first = False
+            done = on_message(run, job, seq, child, msg) or done
+            if log.isEnabledFor(logging.DEBUG):  # nothing more under the lock otherwise
+                _trace(run, msg, got - t0, time.monotonic() - got)
+        outcome = child.outcome()
+    return done, outcome
+
+
+def _retry(child: Child) -> str | None:
+    """Why a child built ahead never got `go`: it failed before the lock (whatever way: an
+    error, a crash, out of time or memory), or the device could not be given to it."""
+    if child.retry is not None:
+        return child.retry
+    if child.ready_at is None:
+        out = child.outcome()
+        return f"it ended before the lock ({out.killed_for or f'exit code {out.returncode}'})"
+    return None
 
 
 def _trace(run: EvalRun, msg: object, at: float, judged: float) -> None:

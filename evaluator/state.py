@@ -207,6 +207,18 @@ class EvalRun:
         return "cpu" if self.on_cpu else "cuda"
 
     @property
+    def can_construct_ahead(self) -> bool:
+        """Whether the harness can hide the device from a candidate child and give it back
+        under the lock (`EvalConfig.construct_at`): uncovering its device nodes in its mount
+        namespace and restoring SCHED_OTHER need a root harness and the template process."""
+        return isolation.can_change_uid() and not isolation.force_userns() and \
+            self.config.template_process
+
+    def ahead_paths(self) -> list[str]:
+        """What a candidate child built ahead must not open before the lock."""
+        return gpu_nodes() + list(self.config.hidden_from_builds)
+
+    @property
     def early_cuda_init(self) -> bool:
         return not self.on_cpu and self.config.cuda_init == "before_lock"
 
@@ -251,12 +263,14 @@ class EvalRun:
         lock is taken when the child says it is ready (its time limits stand still meanwhile),
         and given back only once the child is gone: the device work of two children never
         overlaps (`shared`: never overlaps an exclusive holder's), and no process start holds
-        the device."""
+        the device. A candidate child built ahead (`CandidateJob.construct_ahead`) gets its
+        device nodes and its CPU priority back once the lock is held (`Child.grant`); one that
+        asked to be judged again, or could not be given them, never gets `go` (`child.retry`)."""
         lock = self.gpu_lock(shared)
         with contextlib.ExitStack() as held:  # outside the child's block: kept till it is gone
             spawned = time.monotonic()
             with self.spawn(mode, job, workdir, stages, extra_env, serves=serves) as child:
-                if child.wait_ready():
+                if child.wait_ready() and child.retry is None:
                     t0 = time.monotonic()
                     self._add(f"{mode}_start", t0 - spawned)
                     with child.paused(), board.phase("device_wait"):
@@ -267,7 +281,11 @@ class EvalRun:
                     # Unwound first (the child is gone, the lock still held): the time this
                     # child kept the device, start-up and exit included, beside its stages.
                     held.callback(lambda: self._add(f"{mode}_held", time.monotonic() - got))
-                    child.send(Control(next="go"))
+                    if child.ahead and (why := child.grant()) is not None:
+                        child.retry = f"the device could not be given to it: {why}"
+                        child.kill("retry")
+                    else:
+                        child.send(Control(next="go"))
                 yield child
 
     def _add(self, name: str, seconds: float) -> None:
@@ -320,11 +338,15 @@ class EvalRun:
         timeouts = {"startup": c.timeouts.startup}
         if mode == "reference":  # it builds models and draws trial inputs before it is ready
             timeouts["startup"] += c.timeouts.reference
+        # A candidate child built ahead runs candidate code before the lock too.
+        ahead = getattr(job, "construct_ahead", False)
+        if ahead:
+            timeouts["startup"] += c.timeouts.load
         timeouts.update({s: getattr(c.timeouts, s) for s in stages})
         extra = dict(extra_env or {})
         # Candidate code outside the device lock: idle CPU time only, and no GPU.
         outside = mode in ("compile", "prime")
-        if outside:
+        if outside or ahead:
             extra[isolation.BACKGROUND_ENV] = "1"
         if self.on_cpu:
             extra.setdefault("OMP_NUM_THREADS", str(c.cpu_threads))
@@ -335,7 +357,8 @@ class EvalRun:
         runs_candidate = mode in ("candidate", "compile", "warmup", "prime")
         plan = self.sandbox if runs_candidate else None
         # Compile and prime children run candidate code outside the device lock: no GPU.
-        hide = gpu_nodes() + list(c.hidden_from_builds) if outside else []
+        hide = gpu_nodes() + list(c.hidden_from_builds) if outside else \
+            list(getattr(job, "ahead_hidden", [])) if ahead else []
         # Contained (a root harness): only its own evaluation's dir is visible, and no process
         # outside its own PID namespace (the reference worker, the flusher, other evaluations).
         # A PID namespace leaves the GPU reachable: CUDA needs only the device nodes and
@@ -365,7 +388,8 @@ class EvalRun:
             writable=[str(p) for p in writable])
         child = Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes, plan,
                       serves=serves, template=c.template_process, confine=confine, disk=disk,
-                      on_uncontained=lambda: self.record(Flagged(flag="isolation_uncontained")))
+                      on_uncontained=lambda: self.record(Flagged(flag="isolation_uncontained")),
+                      ahead=ahead)
         if plan is not None:
             isolation.give_to(plan, workdir)
             if plan.same_uid:

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from pydantic import BaseModel
@@ -31,6 +34,8 @@ from evaluator.protocol import (
     ErrorMsg,
     FlagMsg,
     ProfileMsg,
+    ReadyMsg,
+    RetryMsg,
 )
 from evaluator.result import CompileLog, ErrorInfo
 from evaluator.worker.child import (
@@ -49,6 +54,7 @@ from evaluator.worker.construct import (
     draw_served_inputs,
     init_inputs,
     load_problem,
+    noisy_model,
     sync,
 )
 from evaluator.worker.probes import Baseline
@@ -62,23 +68,28 @@ def run_candidate(job: CandidateJob, ch: Channel,
     # Nothing of the candidate's is imported before this; reading the trials' inputs from disk
     # needs no device, so it is done before the lock too.
     preloaded = preload_inputs(job.trials)
-    if not wait_for_device(ch, job.problem.device if job.early_cuda_init else None):
+    ahead = None
+    if job.construct_ahead and kept_from_device(job.ahead_hidden):
+        ahead = build_ahead(job)
+        if isinstance(ahead, str):
+            ch.send(ReadyMsg(ahead=True, retry=ahead))
+            return
+    if not wait_for_device(ch, job.problem.device if job.early_cuda_init and ahead is None
+                           else None, ahead=ahead is not None):
         return
-    apply_numerics(job.problem.allow_tf32)
-    if job.cpu_emulation:
-        from evaluator.worker import emulation
-
-        emulation.install()
-        ch.send(FlagMsg(flag="cpu_emulation"))
-    # Before any candidate code runs: what its code must not change.
-    base = Baseline.take(job.problem.device)
-    ch.stage("load")
-    loaded = _load(job, ch)
+    if ahead is None:
+        base, loaded = _load_under_lock(job, ch)
+    else:
+        if (why := device_unusable(job.problem.device)) is not None:
+            ch.send(RetryMsg(reason=why))
+            return
+        base, loaded = ahead.base, _place(ahead, job, ch)
     if loaded is None:
         return
     ch.stage("correctness")
     for trial in job.trials:
-        if not _trial(loaded, trial, job, ch, preloaded.pop(trial.index, None)):
+        model = ahead.models.pop(trial.index, None) if ahead is not None else None
+        if not _trial(loaded, trial, job, ch, preloaded.pop(trial.index, None), model):
             return
     _send_all(ch, base.report("after the correctness trials"))
     if job.cpu_emulation and job.triton_aot:
@@ -94,6 +105,146 @@ def run_candidate(job: CandidateJob, ch: Channel,
     if job.profile:
         _profile(loaded.model, job, ch)
     ch.send(DoneMsg())
+
+
+def _load_under_lock(job: CandidateJob, ch: Channel) -> tuple[Baseline, Loaded | None]:
+    apply_numerics(job.problem.allow_tf32)
+    if job.cpu_emulation:
+        from evaluator.worker import emulation
+
+        emulation.install()
+        ch.send(FlagMsg(flag="cpu_emulation"))
+    # Before any candidate code runs: what its code must not change.
+    base = Baseline.take(job.problem.device)
+    ch.stage("load")
+    return base, _load(job, ch)
+
+
+# ---- built ahead (`CandidateJob.construct_ahead`) --------------------------------------------
+
+AHEAD_BYTES = 4 << 30
+"""At most this much of second models (the reparam trials') is built before the lock; the
+rest are built under it, as they always were."""
+AHEAD_THREADS = 1
+"""CPU threads for the build before the lock, as the reference worker's preparation
+(`reference_worker.PREPARE_THREADS`): beside other evaluations' timings (the values built do
+not depend on the thread count)."""
+
+
+@dataclass
+class Ahead:
+    """What a candidate child made before the lock, on CPU, with the device hidden from it."""
+
+    base: Baseline
+    loaded: Loaded
+    """`loaded.model` on CPU; None where the init inputs hold tensors (KernelBench places them
+    on the device before it calls the constructor): built under the lock then."""
+    models: dict[int, torch.nn.Module] = field(default_factory=dict)
+    """Trial index -> its second model (reparam), on CPU."""
+    pending: list[BaseModel] = field(default_factory=list)
+    """Messages for the harness, sent once it has said go (it reads `ready` first)."""
+
+
+def kept_from_device(hidden: list[str]) -> bool:
+    """Whether this process was started as `construct_ahead` needs, checked in trusted code
+    before any of the candidate's runs: every path in `hidden` is /dev/null (or absent) and
+    the process is at SCHED_IDLE. If not (no template process to hide them, a host that
+    refused), the child waits for the lock before the candidate's code runs, as without it."""
+    try:
+        null = os.stat(os.devnull).st_rdev
+        for path in hidden:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            if st.st_rdev != null or not stat.S_ISCHR(st.st_mode):
+                return False
+        return os.sched_getscheduler(0) == os.SCHED_IDLE
+    except OSError:
+        return False
+
+
+def build_ahead(job: CandidateJob) -> Ahead | str:
+    """Import the candidate and build its models on CPU, as the reference worker builds its own
+    before the lock (`reference_worker._prepare`): the same construction, on CPU, then moved.
+    A string when anything failed: why (the harness judges the candidate again the usual way,
+    in a new child; this process may have met the hidden device, and keeps that)."""
+    spec = job.problem
+    pending: list[BaseModel] = []
+    apply_numerics(spec.allow_tf32)
+    if job.cpu_emulation:
+        from evaluator.worker import emulation
+
+        emulation.install()
+        pending.append(FlagMsg(flag="cpu_emulation"))
+    base = Baseline.take("cpu")  # the device part once the device is ours (`_place`)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(AHEAD_THREADS)
+    try:
+        _before_import(job)
+        module, names = _import(job)
+        if (log_ := builds_log()) is not None:
+            pending.append(CompileMsg(log=log_))
+        if not isinstance(getattr(module, "ModelNew", None), type):
+            return "the candidate defines no class ModelNew"
+        apply_overrides(module, spec.overrides)
+        cpu = spec.model_copy(update={"device": "cpu"})
+        init = init_inputs(load_problem(spec), cpu)
+        ahead = Ahead(base, Loaded(module, None, names), pending=pending)  # type: ignore[arg-type]
+        if any(isinstance(x, torch.Tensor) for x in init):
+            return ahead
+        ahead.loaded.model = construct(module.ModelNew, init, cpu, fills_in=job.fills_path)
+        used = _bytes(ahead.loaded.model)
+        for t in job.trials:
+            if t.perturb_seed is not None and 2 * used <= AHEAD_BYTES:
+                ahead.models[t.index] = noisy_model(module.ModelNew, init, cpu, t.perturb_seed,
+                                                    fills_in=t.fills_path)
+                used += _bytes(ahead.models[t.index])
+        return ahead
+    except BaseException as e:
+        return f"{type(e).__name__}: {str(e)[:300]}"
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _bytes(model: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
+def device_unusable(device: str) -> str | None:
+    """Right after `go`, before anything of the candidate's runs again: whether this process
+    can use the device it was kept from (a CUDA call made while it was hidden, by the
+    candidate's import or constructor, leaves it unusable: torch keeps the device count it
+    saw then). None when it can."""
+    if not device.startswith("cuda"):
+        return None
+    try:
+        torch.zeros(1, device=device)
+        torch.cuda.synchronize(device)
+    except Exception as e:
+        return f"the device is unusable in this process: {type(e).__name__}: {str(e)[:300]}"
+    return None
+
+
+def _place(ahead: Ahead, job: CandidateJob, ch: Channel) -> Loaded | None:
+    """Under the lock: the device part of the baseline, the messages kept back, then the
+    models built ahead moved to the device (the one built under the lock where there is none)."""
+    spec = job.problem
+    ahead.base.take_device(spec.device)
+    for msg in ahead.pending:
+        ch.send(msg)
+    ch.stage("load")
+    loaded = ahead.loaded
+    try:
+        if loaded.model is None:
+            loaded.model = construct(loaded.module.ModelNew, init_inputs(load_problem(spec), spec),
+                                     spec, fills_in=job.fills_path)
+        else:
+            loaded.model = loaded.model.to(device=spec.device)
+    except BaseException as e:
+        _fail(ch, "load", e, job)
+        return None
+    return loaded
 
 
 def _serve(loaded: Loaded, job: CandidateJob, ch: Channel, base: Baseline,
@@ -130,9 +281,11 @@ def _send_all(ch: Channel, msgs: list[BaseModel]) -> None:
 
 
 def _trial(loaded: Loaded, trial: CandTrial, job: CandidateJob, ch: Channel,
-           inputs: list | None = None) -> bool:
+           inputs: list | None = None, model: torch.nn.Module | None = None) -> bool:
     try:
-        msgs = run_trial(loaded, trial, job, inputs)
+        if model is not None:
+            model = model.to(device=job.problem.device)
+        msgs = run_trial(loaded, trial, job, inputs, model)
     except BaseException as e:
         _fail(ch, "correctness", e, job)
         return False
@@ -166,17 +319,29 @@ def run_warmup(job: CandidateJob, ch: Channel) -> None:
         run_forward(job, ch, calls=1)
 
 
-def _load(job: CandidateJob, ch: Channel) -> Loaded | None:
-    spec, path = job.problem, job.candidate_path
-    _install_build_cache(job.build_dir, path, check_only=False)
+def _before_import(job: CandidateJob) -> None:
+    _install_build_cache(job.build_dir, job.candidate_path, check_only=False)
     if job.cpu_emulation:
         from evaluator.build.triton_aot import install_triton_launch_recorder
 
         # Records launches for the sm_90 check and names them in the CPU profile.
         install_triton_launch_recorder()
+
+
+def _import(job: CandidateJob) -> tuple[ModuleType, set[str]]:
+    """The candidate imported (after `_before_import`); its own kernel names."""
+    from evaluator.backend import custom_kernel_names
+
+    module = import_candidate(job.candidate_path)
+    return module, custom_kernel_names(Path(job.candidate_path).read_text())
+
+
+def _load(job: CandidateJob, ch: Channel) -> Loaded | None:
+    spec = job.problem
+    _before_import(job)
     problem = load_problem(spec)
     try:
-        module = import_candidate(path)
+        module, names = _import(job)
     except BaseException as e:
         _fail(ch, "load", e, job, import_time=True)
         return None
@@ -193,9 +358,7 @@ def _load(job: CandidateJob, ch: Channel) -> Loaded | None:
     except BaseException as e:
         _fail(ch, "load", e, job)
         return None
-    from evaluator.backend import custom_kernel_names
-
-    return Loaded(module, model, custom_kernel_names(Path(path).read_text()))
+    return Loaded(module, model, names)
 
 
 def _fail(ch: Channel, stage: str, exc: BaseException, job: CandidateJob,

@@ -112,13 +112,14 @@ def limit_memory(limit_bytes: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
 
 
-def wait_for_device(channel: Channel, init_cuda: str | None = None) -> bool:
+def wait_for_device(channel: Channel, init_cuda: str | None = None, ahead: bool = False) -> bool:
     """Before the process's first use of the device: say it is ready and wait for `go` (the
     harness takes the device lock first, so a process start and its imports never hold it).
-    `init_cuda`: a CUDA device whose context to create first (`EvalConfig.cuda_init`)."""
+    `init_cuda`: a CUDA device whose context to create first (`EvalConfig.cuda_init`);
+    `ahead`: a candidate child that built its models before (`ReadyMsg.ahead`)."""
     if init_cuda is not None and init_cuda.startswith("cuda"):
         create_context(init_cuda)
-    channel.send(ReadyMsg())
+    channel.send(ReadyMsg(ahead=ahead))
     return read_control().next == "go"
 
 

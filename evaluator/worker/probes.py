@@ -138,13 +138,18 @@ class Baseline:
     @classmethod
     def take(cls, device: str = "cpu") -> Baseline:
         objects = _watched()
-        l2 = None
+        base = cls(objects=objects,
+                   codes={k: getattr(v, "__code__", None) for k, v in objects.items()},
+                   flags=_flags(), py_threads=threading.active_count())
+        base.take_device(device)
+        return base
+
+    def take_device(self, device: str) -> None:
+        """The device's part (a child built ahead takes it once the device is its: nothing
+        could change it before, the device was hidden)."""
         if device == "cuda":
             torch.zeros(1, device="cuda")  # the context the limit belongs to
-            l2 = persisting_l2_bytes()
-        return cls(objects=objects,
-                   codes={k: getattr(v, "__code__", None) for k, v in objects.items()},
-                   flags=_flags(), py_threads=threading.active_count(), l2_bytes=l2)
+            self.l2_bytes = persisting_l2_bytes()
 
     def restore_l2(self) -> None:
         """Put the carve-out back before timing, whatever the candidate set."""

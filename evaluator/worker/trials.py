@@ -132,14 +132,17 @@ def preload_inputs(trials: list[CandTrial]) -> dict[int, list[Any]]:
 
 
 def run_trial(loaded: Loaded, trial: CandTrial, job: CandidateJob,
-              inputs: list[Any] | None = None) -> list[BaseModel]:
-    """Run one trial (`inputs`: preloaded by `preload_inputs`); returns the messages for the
-    harness, the TrialMsg first. Raises whatever the candidate raised."""
+              inputs: list[Any] | None = None,
+              second: torch.nn.Module | None = None) -> list[BaseModel]:
+    """Run one trial (`inputs`: preloaded by `preload_inputs`; `second`: the reparam trial's
+    model, already built on the device); returns the messages for the harness, the TrialMsg
+    first. Raises whatever the candidate raised."""
     device = job.problem.device
     if inputs is None:
         inputs = torch.load(trial.inputs_path, weights_only=True)
     inputs = to_device(inputs, device)
-    model = loaded.model if trial.perturb_seed is None else _perturbed(loaded, job, trial)
+    model = loaded.model if trial.perturb_seed is None else \
+        second if second is not None else _perturbed(loaded, job, trial)
     ghost = _ghost_call(loaded, model, inputs, trial, job) if trial.ghost else None
     args = clone_all(inputs)
     launches: int | None = None

@@ -21,6 +21,7 @@ environment, and the request's uid/gid.
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import os
 import socket
@@ -93,6 +94,18 @@ def preload() -> None:
     import evaluator.worker.serve  # noqa: F401
 
 
+class GrantRequest(BaseModel):
+    """Give a child forked with `hide` those paths back (the harness holds the device lock for
+    it now): the covering mounts are detached in the child's mount namespace, from outside it,
+    since the child holds no capability to do it itself. Needs CAP_SYS_ADMIN (a root harness)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grant: int
+    """The child's pid (unreaped, so it cannot have been reused)."""
+    paths: list[str]
+
+
 def serve(sock: socket.socket) -> None:
     while True:
         try:
@@ -101,6 +114,11 @@ def serve(sock: socket.socket) -> None:
             return
         if not data:
             return
+        if data.startswith(b'{"grant"'):
+            for fd in fds:
+                os.close(fd)
+            sock.send(_grant(data))
+            continue
         try:
             req = ForkRequest.model_validate_json(data)
             if len(fds) != len(req.fd_targets):
@@ -140,6 +158,35 @@ def _fork(req: ForkRequest, fds: list[int], sock: socket.socket) -> int:
     if not text:
         raise RuntimeError("the fork failed")
     return int(text)
+
+
+def _grant(data: bytes) -> bytes:
+    """`GrantRequest`, in a throwaway fork: joining a mount namespace changes the caller's root
+    and cwd for good, and this process must stay where it is."""
+    try:
+        req = GrantRequest.model_validate_json(data)
+        ns = os.open(f"/proc/{req.grant}/ns/mnt", os.O_RDONLY)
+    except Exception as e:
+        return f"error: {type(e).__name__}: {e}".encode()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            libc = _libc()
+            if libc.setns(ns, _CLONE_NEWNS) != 0:
+                code = 100 + ctypes.get_errno()
+            else:
+                for path in req.paths:
+                    # EINVAL: nothing covers it (the hide failed, and the child saw that).
+                    if libc.umount2(path.encode(), _MNT_DETACH) != 0 and \
+                            ctypes.get_errno() != errno.EINVAL:
+                        code = 100 + ctypes.get_errno()
+        finally:
+            os._exit(code)
+    os.close(ns)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return b"ok" if code == 0 else f"error: setns or umount failed: errno {code - 100}".encode()
 
 
 def _become_child(req: ForkRequest, fds: list[int], sock: socket.socket) -> None:
@@ -202,6 +249,7 @@ def _become_child(req: ForkRequest, fds: list[int], sock: socket.socket) -> None
 _CLONE_NEWNS, _CLONE_NEWPID = 0x00020000, 0x20000000
 _CLONE_NEWNET, _CLONE_NEWIPC = 0x40000000, 0x08000000
 _CLONE_NEWUSER = 0x10000000
+_MNT_DETACH = 2
 _SYS_MOUNT_SETATTR = 442  # the same number on x86_64 and aarch64
 _AT_FDCWD, _AT_RECURSIVE = -100, 0x8000
 _MOUNT_ATTR_RDONLY = 0x1
