@@ -13,6 +13,7 @@ error and ends the process; the harness turns silence (a crash) into an error it
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -80,7 +81,7 @@ def run_candidate(job: CandidateJob, ch: Channel,
     if ahead is None:
         base, loaded = _load_under_lock(job, ch)
     else:
-        if (why := device_unusable(job.problem.device)) is not None:
+        if (why := device_unusable(job.problem.device, job.ahead_hidden)) is not None:
             ch.send(RetryMsg(reason=why))
             return
         base, loaded = ahead.base, _place(ahead, job, ch)
@@ -181,49 +182,112 @@ def build_ahead(job: CandidateJob) -> Ahead | str:
     threads = torch.get_num_threads()
     torch.set_num_threads(AHEAD_THREADS)
     try:
-        _before_import(job)
-        module, names = _import(job)
-        if (log_ := builds_log()) is not None:
-            pending.append(CompileMsg(log=log_))
-        if not isinstance(getattr(module, "ModelNew", None), type):
-            return "the candidate defines no class ModelNew"
-        apply_overrides(module, spec.overrides)
-        cpu = spec.model_copy(update={"device": "cpu"})
-        init = init_inputs(load_problem(spec), cpu)
-        ahead = Ahead(base, Loaded(module, None, names), pending=pending)  # type: ignore[arg-type]
-        if any(isinstance(x, torch.Tensor) for x in init):
-            return ahead
-        ahead.loaded.model = construct(module.ModelNew, init, cpu, fills_in=job.fills_path)
-        used = _bytes(ahead.loaded.model)
-        for t in job.trials:
-            if t.perturb_seed is not None and 2 * used <= AHEAD_BYTES:
-                ahead.models[t.index] = noisy_model(module.ModelNew, init, cpu, t.perturb_seed,
-                                                    fills_in=t.fills_path)
-                used += _bytes(ahead.models[t.index])
-        return ahead
+        with _CudaQueries.watched():
+            return _build_ahead(job, base, pending)
     except BaseException as e:
         return f"{type(e).__name__}: {str(e)[:300]}"
     finally:
         torch.set_num_threads(threads)
 
 
+def _build_ahead(job: CandidateJob, base: Baseline, pending: list[BaseModel]) -> Ahead | str:
+    spec = job.problem
+    _before_import(job)
+    module, names = _import(job)
+    if (log_ := builds_log()) is not None:
+        pending.append(CompileMsg(log=log_))
+    if not isinstance(getattr(module, "ModelNew", None), type):
+        return "the candidate defines no class ModelNew"
+    apply_overrides(module, spec.overrides)
+    cpu = spec.model_copy(update={"device": "cpu"})
+    init = init_inputs(load_problem(spec), cpu)
+    ahead = Ahead(base, Loaded(module, None, names), pending=pending)  # type: ignore[arg-type]
+    if any(isinstance(x, torch.Tensor) for x in init):
+        return ahead
+    ahead.loaded.model = construct(module.ModelNew, init, cpu, fills_in=job.fills_path)
+    used = _bytes(ahead.loaded.model)
+    for t in job.trials:
+        if t.perturb_seed is not None and 2 * used <= AHEAD_BYTES:
+            ahead.models[t.index] = noisy_model(module.ModelNew, init, cpu, t.perturb_seed,
+                                                fills_in=t.fills_path)
+            used += _bytes(ahead.models[t.index])
+    return ahead
+
+
 def _bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
 
 
-def device_unusable(device: str) -> str | None:
+def device_unusable(device: str, hidden: list[str]) -> str | None:
     """Right after `go`, before anything of the candidate's runs again: whether this process
     can use the device it was kept from (a CUDA call made while it was hidden, by the
     candidate's import or constructor, leaves it unusable: torch keeps the device count it
-    saw then). None when it can."""
+    saw then). None when it can; else why, with what tells the causes apart (the retry's flag
+    carries it): paths still covered, what the driver itself says now, and the first
+    `torch.cuda` query made before the lock (`_CudaQueries`)."""
     if not device.startswith("cuda"):
         return None
     try:
         torch.zeros(1, device=device)
         torch.cuda.synchronize(device)
     except Exception as e:
-        return f"the device is unusable in this process: {type(e).__name__}: {str(e)[:300]}"
+        covered = [p for p in hidden if _is_null(p)]
+        return (f"{type(e).__name__}: {str(e)[:200]}; still covered: {covered or 'none'}; "
+                f"driver now: {_driver_says()}; first torch.cuda query before the lock: "
+                f"{_CudaQueries.first or 'none'}")
     return None
+
+
+def _is_null(path: str) -> bool:
+    try:
+        return os.stat(path).st_rdev == os.stat(os.devnull).st_rdev
+    except OSError:
+        return False
+
+
+def _driver_says() -> str:
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        n = ctypes.c_int()
+        return f"cuInit {lib.cuInit(0)}, cuDeviceGetCount {lib.cuDeviceGetCount(ctypes.byref(n))} " \
+               f"({n.value} devices)"
+    except OSError as e:
+        return f"no driver library ({e})"
+
+
+class _CudaQueries:
+    """Where the first `torch.cuda` device query before the lock came from (file:line of the
+    caller), recorded while the build ahead runs: it is what a retry's flag names."""
+
+    first: str | None = None
+    NAMES = ("is_available", "device_count", "init", "current_device", "get_device_properties",
+             "get_device_capability", "get_device_name")
+
+    @classmethod
+    @contextlib.contextmanager
+    def watched(cls):
+        import traceback
+
+        saved = {n: getattr(torch.cuda, n) for n in cls.NAMES if hasattr(torch.cuda, n)}
+
+        def wrap(name, fn):
+            def watched_call(*args, **kwargs):
+                if cls.first is None:
+                    caller = traceback.extract_stack(limit=2)[0]
+                    cls.first = f"torch.cuda.{name}() at {caller.filename}:{caller.lineno}"
+                return fn(*args, **kwargs)
+            return watched_call
+
+        for name, fn in saved.items():
+            setattr(torch.cuda, name, wrap(name, fn))
+        try:
+            yield
+        finally:
+            for name, fn in saved.items():
+                if getattr(torch.cuda, name) is not fn:
+                    setattr(torch.cuda, name, fn)
 
 
 def _place(ahead: Ahead, job: CandidateJob, ch: Channel) -> Loaded | None:

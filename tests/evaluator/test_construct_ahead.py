@@ -200,6 +200,23 @@ def test_candidate_code_before_the_lock_cannot_reach_the_device_or_leave_idle(
     assert r.status == "correct", r.error
 
 
+def test_a_retry_names_the_first_cuda_query_made_before_the_lock():
+    """What a retry's flag says about its cause: the first `torch.cuda` query made while the
+    build ahead ran, where it was made; the functions are torch's own again afterwards."""
+    import torch
+
+    from evaluator.worker.candidate import _CudaQueries
+
+    before = torch.cuda.is_available
+    _CudaQueries.first = None
+    with _CudaQueries.watched():
+        torch.cuda.device_count()  # this line is the one named
+        line = __import__("inspect").currentframe().f_lineno - 1
+        torch.cuda.is_available()
+    assert _CudaQueries.first == f"torch.cuda.device_count() at {__file__}:{line}"
+    assert torch.cuda.is_available is before
+
+
 # ---- on the GPU: its own device nodes --------------------------------------------------------
 
 GPU_PROBE = textwrap.dedent('''\
@@ -289,7 +306,11 @@ def test_gpu_a_constructor_that_asks_for_cuda_is_judged_under_the_lock(tmp_path,
                                             child_writable=[str(drop_box)]))
     init, _ = _gpu_rows(drop_box)
     assert r.status == "correct", r.error
-    assert init[0]["available"] is False and all(x["available"] for x in init[1:]), init
+    # Before the lock (main and reparam models): "no"; built again under the lock: "yes".
+    ahead = [x for x in init if x["policy"] == os.SCHED_IDLE]
+    again = [x for x in init if x["policy"] == os.SCHED_OTHER]
+    assert ahead and not any(x["available"] for x in ahead), init
+    assert again and all(x["available"] for x in again), init
     assert any(f.startswith("constructed_under_lock: the device was unusable") for f in r.flags), \
         r.flags
 
