@@ -88,6 +88,7 @@ def preload() -> None:
     # the exclusive device lock. Imports touch no device (`_driver_initialised` checks).
     import torch._dynamo  # noqa: F401
 
+    _import_cpp_extension()
     import evaluator.worker.candidate  # noqa: F401
     import evaluator.worker.child  # noqa: F401
     import evaluator.worker.reference_worker  # noqa: F401
@@ -104,6 +105,23 @@ class GrantRequest(BaseModel):
     grant: int
     """The child's pid (unreaped, so it cannot have been reused)."""
     paths: list[str]
+
+
+def _import_cpp_extension() -> None:
+    """`torch.utils.cpp_extension` (kloop's build cache wraps its `load_inline` in every child
+    that imports a candidate), imported here with `torch.cuda.is_available` answering True: at
+    import it asks only to word a log line (`_find_cuda_home`), and the real question would
+    initialise the driver. In a child built ahead that first query, made while its device is
+    hidden, would leave torch sure there is no GPU for the rest of its life (H200, session 17:
+    every candidate built ahead was judged again under the lock)."""
+    import torch
+
+    real = torch.cuda.is_available
+    torch.cuda.is_available = lambda: True
+    try:
+        import torch.utils.cpp_extension  # noqa: F401
+    finally:
+        torch.cuda.is_available = real
 
 
 def serve(sock: socket.socket) -> None:
