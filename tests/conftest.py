@@ -1,4 +1,10 @@
-"""Shared pytest setup: the `gpu` marker needs a CUDA device; `api` tests need --run-api."""
+"""Shared pytest setup: the `gpu` marker needs a CUDA device; `api` tests need --run-api.
+Fixtures more than one suite uses: `drop_box`, and `pch_store` (a real precompiled-header store,
+built once per session)."""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -24,3 +30,70 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "api" in item.keywords and not config.getoption("--run-api"):
             item.add_marker(skip_api)
+
+
+@pytest.fixture
+def drop_box():
+    """A directory any uid can write (pytest's own temp dirs are 0700): where a probe in a
+    candidate, which may run as the sandbox's uid, leaves what it saw. Not under /tmp or
+    /var/tmp where the harness is root: contained children see those read-only
+    (`zygote.SHARED_SCRATCH`). Needs tests/evaluator on sys.path (for eval_helpers), as it is
+    for the modules there; a module elsewhere puts it there itself."""
+    import os
+    import shutil
+    import tempfile
+
+    import eval_helpers
+
+    from evaluator.worker.zygote import SHARED_SCRATCH
+
+    top = None
+    if os.geteuid() == 0:
+        top = next((d for d in ("/var/lib", "/opt", "/") if os.path.isdir(d)
+                    and not any(d == s or d.startswith(s + "/") for s in SHARED_SCRATCH)), None)
+    drop = Path(tempfile.mkdtemp(prefix="kloop-drop-", dir=top))
+    drop.chmod(0o777)
+    # Where the tree is read-only for children (root without capabilities), `cpu_config`
+    # lets them write here (`EvalConfig.child_writable`).
+    eval_helpers.DROP_BOXES.append(str(drop))
+    yield drop
+    eval_helpers.DROP_BOXES.remove(str(drop))
+    shutil.rmtree(drop, ignore_errors=True)
+
+
+# ---- a real PCH store (one build per session, ~50 s on a 2-core host) -----------------------
+
+
+@pytest.fixture(scope="session")
+def _pch_store_built():
+    """A store as the harness makes it (vault-owned under root), somewhere sandbox uids can
+    reach, with the PCH of `Variant(False, ("-O3",))` built by the trusted builder. Its
+    directory is `KLOOP_PCH_DIR` only while it is built and while a test that takes
+    `pch_store` runs, not for the rest of the session."""
+    import shutil
+    import tempfile
+
+    from evaluator.build import pch
+
+    base = Path(tempfile.mkdtemp(prefix="kloop-pch-test-"))
+    base.chmod(0o755)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(pch.DIR_ENV, str(base / "store"))
+            root = pch.store_dir()
+            assert root is not None
+            key = pch.build(root, pch.Variant(False, ("-O3",)))
+            assert key is not None, "the trusted builder made no PCH"
+        yield root, key
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def pch_store(_pch_store_built, monkeypatch):
+    """(root, key) of the session's PCH store, which is the harness's store for this test."""
+    from evaluator.build import pch
+
+    root, key = _pch_store_built
+    monkeypatch.setenv(pch.DIR_ENV, str(root))
+    return root, key

@@ -1,6 +1,7 @@
 """The precompiled torch header of `load_inline`'s binding file (evaluator.build.pch, cxx_pch):
 made only by trusted code under torch's own flags, used by g++ only where valid, the same binary
-as the plain build, and out of every candidate's reach."""
+as the plain build. Out of every candidate's reach, and an unusual honest binding that g++ cannot
+take it for: tests/exploits/test_pch_store.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,6 @@ import pytest
 from evaluator.build import cxx_pch, pch
 
 REPO = Path(__file__).resolve().parents[2]
-VARIANT = pch.Variant(False, ("-O3",))
 needs_gxx = pytest.mark.skipif(shutil.which("c++") is None, reason="needs a host C++ compiler")
 
 NINJA_ARGS = ["-MMD", "-MF", "main.o.d", "-DTORCH_EXTENSION_NAME=cand_a",
@@ -105,30 +104,7 @@ def test_a_store_someone_else_can_write_is_not_used(tmp_path, monkeypatch):
     assert made is not None and (made.stat().st_mode & 0o777) == 0o755
 
 
-# ---- with a real PCH (one build per module, ~50 s on a 2-core host) -------------------------
-
-
-@pytest.fixture(scope="module")
-def store():
-    """A store as the harness makes it (vault-owned under root), somewhere sandbox uids can
-    reach, with the PCH of `VARIANT` built by the trusted builder."""
-    base = Path(tempfile.mkdtemp(prefix="kloop-pch-test-"))
-    base.chmod(0o755)
-    before = os.environ.get(pch.DIR_ENV)
-    os.environ[pch.DIR_ENV] = str(base / "store")
-    try:
-        root = pch.store_dir()
-        assert root is not None
-        key = pch.build(root, VARIANT)
-        assert key is not None, "the trusted builder made no PCH"
-        yield root, key
-    finally:
-        if before is None:
-            os.environ.pop(pch.DIR_ENV, None)
-        else:
-            os.environ[pch.DIR_ENV] = before
-        shutil.rmtree(base, ignore_errors=True)
-
+# ---- with a real PCH (`pch_store`: one build per session, ~50 s on a 2-core host) --------
 
 BUILD = r"""
 import json, os, sys
@@ -141,10 +117,6 @@ print(json.dumps(m.twice(torch.arange(3.0)).tolist()))
 """
 
 BINDING = "#include <torch/torch.h>\ntorch::Tensor twice(torch::Tensor x) { return x * 2; }\n"
-# Honest but unusual: no implicit header, another include first: g++ cannot take the PCH here
-# and must read the real header through the forwarding one.
-LATE = ("#include <vector>\n#include <torch/extension.h>\n"
-        "torch::Tensor twice(torch::Tensor x) { std::vector<int> v{2}; return x * v[0]; }\n")
 
 
 def _build(tmp: Path, label: str, cpp: str, root: Path | None, no_implicit: bool = False,
@@ -174,8 +146,8 @@ def _code(obj: Path) -> str:
 @pytest.mark.slow
 @needs_gxx
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="needs objdump")
-def test_the_binding_built_with_the_pch_is_the_plain_binary(tmp_path, store):
-    root, key = store
+def test_the_binding_built_with_the_pch_is_the_plain_binary(tmp_path, pch_store):
+    root, key = pch_store
     with_pch = _build(tmp_path, "ext_one", BINDING, root)
     plain = _build(tmp_path, "ext_two", BINDING, None)
     assert _done(with_pch) == _done(plain) == [0.0, 2.0, 4.0]
@@ -184,90 +156,6 @@ def test_the_binding_built_with_the_pch_is_the_plain_binary(tmp_path, store):
     # The same code and data (the PCH was made without the extension's name, which the
     # binding still carries: the module imported under it above).
     assert _code(tmp_path / "ext_one" / "main.o") == _code(tmp_path / "ext_two" / "main.o")
-    late = _build(tmp_path, "ext_late", LATE, root, no_implicit=True)
-    assert _done(late) == [0.0, 2.0, 4.0]
-    # Offered, not taken: another include came first, so g++ read the real header.
-    assert (tmp_path / "ext_late.report").read_text().splitlines() == [
-        "plain: g++ did not take the precompiled header"]
-
-
-# ---- through the evaluator ------------------------------------------------------------------
-
-E2E = '''"""L3/1 with a host-side helper built by load_inline (no CUDA sources on this machine)."""
-import torch.nn as nn
-from torch.utils.cpp_extension import load_inline
-
-ext = load_inline(name="kloop_pch_e2e", cpp_sources="torch::Tensor twice(torch::Tensor x) "
-                  "{ return x * 2; }", cuda_sources=[], functions=["twice"], extra_cflags=["-O3"])
-
-
-class ModelNew(nn.Module):
-    def __init__(self, input_size, layer_sizes, output_size):
-        super().__init__()
-        layers, current = [], input_size
-        for hidden in layer_sizes:
-            layers += [nn.Linear(current, hidden), nn.ReLU()]
-            current = hidden
-        layers.append(nn.Linear(current, output_size))
-        self.network = nn.Sequential(*layers)
-
-    def forward(self, x):
-        return ext.twice(self.network(x)) / 2
-'''
-
-# The cheapest attacks on the store from candidate code (the compile child runs it at import):
-# rewrite the PCH, take its marker away, move the entry, plant an entry of its own.
-TAMPER = '''
-import json, os, pathlib
-root = pathlib.Path(os.environ["KLOOP_PCH_ROOT"])
-tried, refused = 0, 0
-for entry in [p for p in root.iterdir() if not p.name.startswith(".")]:
-    for attempt in (
-        lambda: open(entry / "torch" / "extension.h.gch", "r+b").write(b"forged"),
-        lambda: (entry / "ready").unlink(),
-        lambda: os.chmod(entry, 0o777),
-        lambda: os.rename(entry, root / "moved"),
-        lambda: (root / ("f" * 64)).mkdir(),
-    ):
-        tried += 1
-        try:
-            attempt()
-        except OSError:
-            refused += 1
-with open(pathlib.Path(DROP) / f"log.{os.getpid()}", "a") as f:
-    f.write(json.dumps({"tried": tried, "refused": refused}) + "\\n")
-'''
-
-
-def _state(root: Path) -> dict[str, tuple]:
-    return {str(p.relative_to(root)): (p.stat().st_ino, p.stat().st_size, p.stat().st_mtime_ns,
-                                       p.stat().st_mode)
-            for p in [root, *root.rglob("*")] if not p.name.startswith(".")}
-
-
-@pytest.mark.slow
-@needs_gxx
-def test_a_candidates_build_takes_the_pch_and_cannot_touch_the_store(tmp_path, store, drop_box):
-    from eval_helpers import cpu_config, drop_rows
-
-    from evaluator import isolation
-    from evaluator.pipeline import evaluate
-
-    root, key = store
-    config = cpu_config(tmp_path / "cache")
-    honest = evaluate("L3/1", E2E, config)
-    assert (honest.status, honest.backend) == ("not_run", "cuda"), honest.error
-    assert honest.compile is not None and honest.compile.ok
-    assert honest.compile.cxx_runs == ["pch"]
-    if not (isolation.can_change_uid() or isolation.userns_works()):
-        pytest.skip("children share the harness's uid here and may write what it writes")
-    before = _state(root)
-    attacker = evaluate("L3/1", E2E.replace("kloop_pch_e2e", "kloop_pch_tamper")
-                        + f"DROP = {str(drop_box)!r}\n" + TAMPER, config)
-    assert attacker.compile is not None and attacker.compile.cxx_runs == ["pch"]
-    assert _state(root) == before
-    rows = drop_rows(drop_box / "log")
-    assert rows and all(r["tried"] >= 5 and r["refused"] == r["tried"] for r in rows), rows
 
 
 def test_background_builders_run_sched_idle_and_leave_the_caller_alone(tmp_path, monkeypatch):
