@@ -377,6 +377,31 @@ def allow_page_locked_outputs() -> None:
             pass
 
 
+CAP_SYS_CHROOT, CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_SYS_NICE = 18, 19, 21, 23
+
+
+def has_capabilities(*caps: int) -> bool:
+    """Whether this process holds every one of `caps` (effective set): root in a container
+    often lacks some (Docker's default set has none of the four above)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                eff = int(line.split()[1], 16)
+                return all(eff >> c & 1 for c in caps)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def can_grant() -> bool:
+    """Whether the harness can give a child built ahead its device and CPU priority back
+    (`EvalConfig.construct_at`): join its mount namespace from the template (SYS_ADMIN,
+    SYS_CHROOT; SYS_PTRACE to open it, the child being another uid) and take it out of
+    SCHED_IDLE (SYS_NICE)."""
+    return can_change_uid() and not force_userns() and has_capabilities(
+        CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_SYS_PTRACE, CAP_SYS_NICE)
+
+
 def can_change_uid() -> bool:
     """Whether children can be started under another uid (a root harness on Linux)."""
     return _libc() is not None and os.geteuid() == 0

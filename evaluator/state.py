@@ -210,9 +210,9 @@ class EvalRun:
     def can_construct_ahead(self) -> bool:
         """Whether the harness can hide the device from a candidate child and give it back
         under the lock (`EvalConfig.construct_at`): uncovering its device nodes in its mount
-        namespace and restoring SCHED_OTHER need a root harness and the template process."""
-        return isolation.can_change_uid() and not isolation.force_userns() and \
-            self.config.template_process
+        namespace and restoring SCHED_OTHER need a root harness with the capabilities for
+        both (`isolation.can_grant`) and the template process."""
+        return self.config.template_process and isolation.can_grant()
 
     def ahead_paths(self) -> list[str]:
         """What a candidate child built ahead must not open before the lock."""

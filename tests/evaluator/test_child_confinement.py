@@ -74,7 +74,7 @@ def test_the_candidate_child_is_not_idle_under_the_lock(tmp_path, drop_box):
     assert rows and all(s["policies"] == [os.SCHED_OTHER] for s in rows), rows
 
 
-@pytest.mark.skipif(not isolation.can_change_uid(), reason="a root harness builds ahead")
+@pytest.mark.skipif(not isolation.can_grant(), reason="a root harness builds ahead")
 def test_a_candidate_child_built_ahead_imports_idle_and_cannot_leave_it(tmp_path, drop_box):
     """Built ahead (`construct_at: before_lock`), the candidate child imports its candidate
     before the lock, like a compile child: idle, and it cannot take normal scheduling back

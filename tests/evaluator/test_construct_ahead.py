@@ -10,7 +10,11 @@ before the lock and after it, is in the drop box. The GPU's own nodes: `test_gpu
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from eval_helpers import cpu_config, drop_rows
@@ -19,8 +23,9 @@ from evaluator import forkserver, isolation
 from evaluator.pipeline import evaluate
 
 pytestmark = pytest.mark.skipif(
-    not (forkserver.usable() and isolation.can_change_uid()),
-    reason="needs a root harness and the template process")
+    not (forkserver.usable() and isolation.can_grant()),
+    reason="needs a root harness with the capabilities to give the device back, and the "
+           "template process")
 
 # The facts every probe leaves: where it ran, what the hidden file read as, its scheduling
 # policy. `SEEN` and `FILE` are filled in per test.
@@ -198,6 +203,26 @@ def test_candidate_code_before_the_lock_cannot_reach_the_device_or_leave_idle(
     assert first["userns"] in ("no userns", "refused"), first
     # It gained nothing, and lost nothing either: judged as any honest MLP.
     assert r.status == "correct", r.error
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux's setpriv")
+@pytest.mark.parametrize("cap", ["sys_nice", "sys_admin", "sys_ptrace", "sys_chroot"])
+def test_a_root_harness_without_a_capability_it_needs_builds_under_the_lock(cap, tmp_path):
+    """Root in a container often lacks some (Docker's default set has none of these four): such
+    a harness never builds ahead, where it could neither uncover the device nor restore the
+    child's priority (every candidate would be built twice)."""
+    code = ("from evaluator import isolation; from evaluator.stages import construct_ahead; "
+            "from evaluator.state import EvalRun; from problems.registry import get_problem; "
+            "import sys; sys.path.insert(0, 'tests/evaluator'); "
+            "from eval_helpers import cpu_config; from pathlib import Path; "
+            f"run = EvalRun.create(get_problem('L3/1'), '', cpu_config(Path({str(tmp_path)!r}))); "
+            "print(isolation.can_grant(), construct_ahead(run), run.flags); run.cleanup()")
+    for drop, want in ((f"-{cap}", "False"), ("+all", "True")):
+        out = subprocess.run(["setpriv", "--bounding-set", drop, sys.executable, "-c", code],
+                             capture_output=True, text=True, timeout=120,
+                             cwd=Path(__file__).resolve().parents[2])
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split()[:2] == [want, want], (drop, out.stdout)
 
 
 def test_a_retry_names_the_first_cuda_query_made_before_the_lock():
