@@ -100,7 +100,28 @@ def rows(config: EvalConfig, problem_path: Path) -> list[CheckRow]:
                         detail=str(config.build_slots or default_slots())))
     out.append(CheckRow(name="device lock", ok=config.device_lock == "host", trust=False,
                         detail=config.device_lock))
+    out.append(_ahead_row(config))
     return out
+
+
+def _ahead_row(config: EvalConfig) -> CheckRow:
+    """Whether candidate children build their models before the device lock (`construct_at`):
+    speed only; where they cannot, they build under it as before."""
+    if config.construct_at == "under_lock":
+        return CheckRow(name="build ahead", ok=None, trust=False, detail="off (under_lock)")
+    able = config.template_process and isolation.can_grant()
+    missing = [name for name, cap in (("SYS_ADMIN", isolation.CAP_SYS_ADMIN),
+                                      ("SYS_CHROOT", isolation.CAP_SYS_CHROOT),
+                                      ("SYS_PTRACE", isolation.CAP_SYS_PTRACE),
+                                      ("SYS_NICE", isolation.CAP_SYS_NICE))
+               if not isolation.has_capabilities(cap)]
+    return CheckRow(
+        name="build ahead", ok=able, trust=False,
+        detail="models built before the device lock, the device hidden until it is held" if able
+        else "models built under the device lock: " + (
+            "not root" if not isolation.can_change_uid() else
+            f"the harness lacks {', '.join(missing)}" if missing else
+            "no template process" if not config.template_process else "a user namespace"))
 
 
 def _page_lock_row() -> CheckRow:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -28,10 +29,29 @@ def test_check_reports_what_the_evaluator_would_apply_here(tmp_path, monkeypatch
                                   tmp_path / ".cache" / "kloop")
     assert found["sandbox uid"]["ok"] is (not plan.same_uid)
     assert found["devices"]["detail"] == "cpu" and found["NVML"]["ok"] is None
+    assert found["build ahead"]["ok"] is isolation.can_grant()
     isolation_ok = all(r["ok"] for r in found.values() if r["trust"])
     assert res.exit_code == (0 if isolation_ok else 1)
     if not root:  # as a normal user the answer must say how to get the sandbox
         assert "root" in found["harness identity"]["detail"]
+
+
+@pytest.mark.skipif(not isolation.can_grant() or shutil.which("setpriv") is None,
+                    reason="needs a root harness that can grant, and util-linux's setpriv")
+def test_check_names_the_capability_a_harness_lacks_to_build_ahead(tmp_path):
+    import subprocess
+
+    code = ("import json; from evaluator.trustcheck import rows; from evaluator.config import "
+            "EvalConfig; from problems.registry import get_problem; "
+            f"cfg = EvalConfig(device='cpu', cache_dir={str(tmp_path)!r}); "
+            "r = {x.name: x for x in rows(cfg, get_problem('L3/1').path)}['build ahead']; "
+            "print(json.dumps([r.ok, r.detail]))")
+    out = subprocess.run(["setpriv", "--bounding-set", "-sys_nice", sys.executable, "-c", code],
+                         capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
+    ok, detail = json.loads(out.stdout.strip().splitlines()[-1])
+    assert ok is False and detail.endswith("the harness lacks SYS_NICE"), detail
 
 
 def test_check_with_no_such_gpu_is_one_line(tmp_path, monkeypatch):
