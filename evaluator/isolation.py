@@ -558,6 +558,28 @@ def _background() -> None:
             log.debug("SCHED_IDLE for thread %s: %s", tid, e)
 
 
+def write_new(path: Path, text: str) -> None:
+    """Write `path` afresh in a dir candidate code may have written (its evaluation's `cand/`,
+    after a child ran there): whatever it left at that name goes first, and the file is created,
+    never opened through a link. A root harness that wrote through a symlink planted there
+    would write wherever the candidate pointed it."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if stat.S_ISDIR(st.st_mode):
+            import shutil
+
+            shutil.rmtree(path)  # fd-based: it does not follow links inside either
+        else:
+            os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 def foreground(pid: int) -> str | None:
     """SCHED_OTHER again for every thread of `pid`, a child `_background` put at SCHED_IDLE
     (the harness holds the device lock for it now). Leaving SCHED_IDLE needs CAP_SYS_NICE

@@ -155,7 +155,7 @@ class Child:
         self.rss_limit = rss_limit_bytes
         self.tails = (_Tail(tail_bytes), _Tail(tail_bytes))
         self.job_path = workdir / f"job_{mode}.json"
-        self.job_path.write_text(job.model_dump_json())
+        isolation.write_new(self.job_path, job.model_dump_json())
         self._queue: queue.Queue[ChildMessage | None] = queue.Queue()
         self._lock = threading.Lock()
         self._stage = "startup"

@@ -22,7 +22,7 @@ from evaluator.build import buildstore, cxx_pch, pch
 from evaluator.buildslots import build_slot, default_slots
 from evaluator.checks import STATIC_CHECKS
 from evaluator.harness.served import null_call_count
-from evaluator.isolation import identity_env, private_dir
+from evaluator.isolation import identity_env, private_dir, write_new
 from evaluator.judge import (
     STAGE_OF_CHILD,
     Sequence,
@@ -269,7 +269,7 @@ def candidate_stage(run: EvalRun) -> None:
         if isinstance(judged, str):
             run.record(Flagged(flag=f"constructed_under_lock: {judged}"))
             # What the static rules judged, whatever that child left in its dir.
-            (run.root / "cand" / "candidate.py").write_text(run.source)
+            write_new(run.root / "cand" / "candidate.py", run.source)
     if not isinstance(judged, tuple):
         judged = _candidate_child(run, job)
     done, outcome = judged
@@ -433,7 +433,7 @@ def _ncu_pass(run: EvalRun, job: CandidateJob) -> None:
         return
     workdir = run.root / "cand"
     job_path = workdir / "job_forward.json"
-    job_path.write_text(job.model_dump_json())
+    write_new(job_path, job.model_dump_json())  # the candidate child ran in this dir
     cmd, env = forward_command(run, job_path)
     metrics = ncu_kernel_metrics(cmd, targets, env, run.config.timeouts.profile)
     if not metrics:

@@ -351,3 +351,31 @@ def test_gpu_an_honest_candidate_is_built_ahead(tmp_path, drop_box):
                             problem_overrides=MLP_SMALL))
     assert r.status == "correct", r.error
     assert not any(f.startswith("construct") for f in r.flags), r.flags
+
+
+def test_links_planted_before_the_lock_do_not_redirect_the_harness(tmp_path, drop_box, secret):
+    """The cheapest attack on the retry: before the lock, replace the files the harness writes
+    again for the new child (the source, the job) with links to a file of the harness's, then
+    fail. A root harness writing through them would overwrite that file; it writes them afresh
+    instead, and the candidate is judged from the source the static rules read."""
+    target = tmp_path / "harness_file"
+    target.write_text("ORIGINAL")
+    plant = textwrap.dedent(f'''\
+        def attack():
+            if os.sched_getscheduler(0) != os.SCHED_IDLE:
+                return {{}}
+            here = os.path.dirname(os.path.abspath(__file__))
+            for name in ("candidate.py", "job_candidate.json", "job_forward.json"):
+                path = os.path.join(here, name)
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+                os.symlink({str(target)!r}, path)
+            raise RuntimeError("planted")
+    ''')
+    r = evaluate("L3/1", _source(drop_box, secret, extra=plant),
+                 _config(tmp_path, secret, "before_lock"))
+    assert target.read_text() == "ORIGINAL"
+    assert any(f.startswith("constructed_under_lock") and "planted" in f for f in r.flags), r.flags
+    assert r.status == "correct", r.error
