@@ -56,6 +56,7 @@ from evaluator.worker.construct import (
     init_inputs,
     load_problem,
     noisy_model,
+    prepare_budget,
     sync,
 )
 from evaluator.worker.probes import Baseline
@@ -123,9 +124,10 @@ def _load_under_lock(job: CandidateJob, ch: Channel) -> tuple[Baseline, Loaded |
 
 # ---- built ahead (`CandidateJob.construct_ahead`) --------------------------------------------
 
-AHEAD_BYTES = 4 << 30
-"""At most this much of second models (the reparam trials') is built before the lock; the
-rest are built under it, as they always were."""
+AHEAD_BYTES: int | None = None
+"""At most this much of models (the main one and the reparam trials') is built before the lock;
+second models that would not fit are built under it, as they always were. None:
+`construct.prepare_budget()`, from the host's available memory."""
 AHEAD_THREADS = 1
 """CPU threads for the build before the lock, as the reference worker's preparation
 (`reference_worker.PREPARE_THREADS`): beside other evaluations' timings (the values built do
@@ -205,9 +207,10 @@ def _build_ahead(job: CandidateJob, base: Baseline, pending: list[BaseModel]) ->
     if any(isinstance(x, torch.Tensor) for x in init):
         return ahead
     ahead.loaded.model = construct(module.ModelNew, init, cpu, fills_in=job.fills_path)
-    used = _bytes(ahead.loaded.model)
+    budget = AHEAD_BYTES if AHEAD_BYTES is not None else prepare_budget()
+    used = main = _bytes(ahead.loaded.model)
     for t in job.trials:
-        if t.perturb_seed is not None and 2 * used <= AHEAD_BYTES:
+        if t.perturb_seed is not None and used + main <= budget:
             ahead.models[t.index] = noisy_model(module.ModelNew, init, cpu, t.perturb_seed,
                                                 fills_in=t.fills_path)
             used += _bytes(ahead.models[t.index])

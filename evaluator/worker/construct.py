@@ -26,6 +26,25 @@ from evaluator.result import EnvInfo
 from problems.registry import load_module
 
 CONSTRUCTION_SEED = 42
+PREPARE_SHARE = 8
+PREPARE_FLOOR, PREPARE_CEILING = 4 << 30, 16 << 30
+
+
+def prepare_budget(meminfo: str | None = None) -> int:
+    """Bytes of second models (the reparam trials') and trials' inputs a child may make on CPU
+    before the device lock and hold until it has it: an eighth of the memory the host has
+    available when the child starts, at least 4 GiB (what it always was) and at most 16. At
+    full sizes what does not fit is made under the lock: with 4 GiB, L3/1's 2.7 GB second model
+    was built under it in both the reference worker and the candidate child (their holds 6-9 s
+    on the H200, session 17). Children of one evaluation do not prepare at once (its reference
+    worker is gone before its candidate child starts). `meminfo`: /proc/meminfo's text."""
+    try:
+        text = meminfo if meminfo is not None else Path("/proc/meminfo").read_text()
+        kib = next(int(line.split()[1]) for line in text.splitlines()
+                   if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return PREPARE_FLOOR
+    return max(PREPARE_FLOOR, min(PREPARE_CEILING, (kib << 10) // PREPARE_SHARE))
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 

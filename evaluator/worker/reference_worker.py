@@ -36,14 +36,16 @@ from evaluator.worker.construct import (
     init_inputs,
     load_problem,
     noisy_model,
+    prepare_budget,
     sync,
     to_device,
 )
 from evaluator.worker.serve import output_specs
 
-PREPARED_BYTES = 4 << 30
-"""At most this much (inputs and second models, on CPU) is prepared before the device lock and
-held until it is used; what would not fit is made under the lock, as it always was."""
+PREPARED_BYTES: int | None = None
+"""At most this much (the main model, inputs and second models, on CPU) is prepared before the
+device lock and held until it is used; what would not fit is made under the lock, as it always
+was. None: `construct.prepare_budget()`, from the host's available memory."""
 PREPARE_THREADS = 1
 """CPU threads for that preparation: it runs beside other evaluations' timings, whose clocks
 include their processes' host side, so it takes one core, not all of them (the values drawn do
@@ -121,6 +123,7 @@ def _prepare(job: ReferenceJob) -> _Prepared:
     out = _Prepared(problem, init)
     if any(isinstance(x, torch.Tensor) for x in init):
         return out
+    budget = PREPARED_BYTES if PREPARED_BYTES is not None else prepare_budget()
     threads = torch.get_num_threads()
     torch.set_num_threads(PREPARE_THREADS)
     try:
@@ -130,11 +133,11 @@ def _prepare(job: ReferenceJob) -> _Prepared:
             inputs = draw_inputs(problem, t.input_seed, cpu)
             size = _bytes(inputs)
             second = None
-            if t.perturb_seed is not None and used + size + model_bytes <= PREPARED_BYTES:
+            if t.perturb_seed is not None and used + size + model_bytes <= budget:
                 second = noisy_model(problem.Model, init, cpu, t.perturb_seed,
                                      fills_out=t.fills_path)
                 size += _bytes(second.parameters())
-            if used + size > PREPARED_BYTES:
+            if used + size > budget:
                 break  # this trial and the rest are made under the lock
             torch.save(inputs, t.inputs_path)
             out.inputs[t.index] = inputs
