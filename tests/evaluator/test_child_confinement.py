@@ -62,30 +62,24 @@ def test_a_compile_child_runs_idle_and_cannot_leave_it(tmp_path, drop_box):
         assert s["nice0"] in ("refused", os.SCHED_IDLE), s  # a nice value is moot while idle
 
 
-def test_the_candidate_child_is_not_idle_under_the_lock(tmp_path, drop_box):
-    """Only children outside the lock are idle: the candidate child that imports its candidate
+@pytest.mark.parametrize("mode", ["under_lock", "before_lock"])
+def test_the_candidate_child_imports_idle_only_when_built_ahead(tmp_path, drop_box, mode):
+    """Only children outside the lock are idle. The candidate child that imports its candidate
     under the lock (`construct_at: under_lock`) keeps its normal scheduling (or an honest
-    timing would wait for every build on the host)."""
-    log = drop_box / "cand"
-    r = evaluate("L3/1", _planted(candidate("mlp_torch.py"), log),
-                 cpu_config(tmp_path / "cache", construct_at="under_lock"))
-    assert r.status == "correct", r.error
-    rows = [s for s in drop_rows(log) if s["child"] == "cand"]
-    assert rows and all(s["policies"] == [os.SCHED_OTHER] for s in rows), rows
-
-
-@pytest.mark.skipif(not isolation.can_grant(), reason="a root harness builds ahead")
-def test_a_candidate_child_built_ahead_imports_idle_and_cannot_leave_it(tmp_path, drop_box):
-    """Built ahead (`construct_at: before_lock`), the candidate child imports its candidate
+    timing would wait for every build on the host). Built ahead, it imports its candidate
     before the lock, like a compile child: idle, and it cannot take normal scheduling back
     itself (the harness does, once it holds the lock: `test_construct_ahead.py`)."""
+    if mode == "before_lock" and not isolation.can_grant():
+        pytest.skip("a root harness that can give the device back builds ahead")
     log = drop_box / "cand"
     r = evaluate("L3/1", _planted(candidate("mlp_torch.py"), log),
-                 cpu_config(tmp_path / "cache", construct_at="before_lock"))
+                 cpu_config(tmp_path / "cache", construct_at=mode))
     assert r.status == "correct", r.error
     rows = [s for s in drop_rows(log) if s["child"] == "cand"]
-    assert rows and all(s["policies"] == [os.SCHED_IDLE] for s in rows), rows
-    assert all(s["other"] == s["batch"] == "refused" for s in rows), rows
+    want = os.SCHED_OTHER if mode == "under_lock" else os.SCHED_IDLE
+    assert rows and all(s["policies"] == [want] for s in rows), rows
+    if mode == "before_lock":
+        assert all(s["other"] == s["batch"] == "refused" for s in rows), rows
 
 
 def test_the_ncu_child_takes_on_the_sandbox_identity(tmp_path, drop_box):

@@ -290,23 +290,26 @@ CU_INIT = ('lib = ctypes.CDLL("libcuda.so.1"); row["cu_init"] = lib.cuInit(0); '
 IS_AVAILABLE = 'row["available"] = torch.cuda.is_available()'
 
 
-def _gpu_rows(drop_box):
-    rows = drop_rows(drop_box / "seen")
-    return [x for x in rows if x["where"] == "init"], [x for x in rows if x["where"] == "forward"]
-
-
-@pytest.mark.gpu
-def test_gpu_before_the_lock_the_driver_finds_no_device(tmp_path, drop_box):
+def _gpu_probe(tmp_path, drop_box, cuda_try):
+    """GPU_PROBE with `cuda_try` in its constructor, judged built ahead: (the result, its rows
+    from the constructor, its rows from the first forward)."""
     from eval_helpers import MLP_SMALL
 
     from evaluator.config import EvalConfig
 
-    source = GPU_PROBE.format(seen=str(drop_box / "seen"), cuda_try=CU_INIT)
+    source = GPU_PROBE.format(seen=str(drop_box / "seen"), cuda_try=cuda_try)
     r = evaluate("L3/1", source, EvalConfig(device="cuda", cache_dir=tmp_path / "cache",
                                             baselines="eager", construct_at="before_lock",
                                             problem_overrides=MLP_SMALL,
                                             child_writable=[str(drop_box)]))
-    init, forward = _gpu_rows(drop_box)
+    rows = drop_rows(drop_box / "seen")
+    return (r, [x for x in rows if x["where"] == "init"],
+            [x for x in rows if x["where"] == "forward"])
+
+
+@pytest.mark.gpu
+def test_gpu_before_the_lock_the_driver_finds_no_device(tmp_path, drop_box):
+    r, init, forward = _gpu_probe(tmp_path, drop_box, CU_INIT)
     null = os.stat(os.devnull).st_rdev
     first = init[0]
     print("rows:", init, forward, "flags:", r.flags)
@@ -320,16 +323,7 @@ def test_gpu_before_the_lock_the_driver_finds_no_device(tmp_path, drop_box):
 
 @pytest.mark.gpu
 def test_gpu_a_constructor_that_asks_for_cuda_is_judged_under_the_lock(tmp_path, drop_box):
-    from eval_helpers import MLP_SMALL
-
-    from evaluator.config import EvalConfig
-
-    source = GPU_PROBE.format(seen=str(drop_box / "seen"), cuda_try=IS_AVAILABLE)
-    r = evaluate("L3/1", source, EvalConfig(device="cuda", cache_dir=tmp_path / "cache",
-                                            baselines="eager", construct_at="before_lock",
-                                            problem_overrides=MLP_SMALL,
-                                            child_writable=[str(drop_box)]))
-    init, _ = _gpu_rows(drop_box)
+    r, init, _ = _gpu_probe(tmp_path, drop_box, IS_AVAILABLE)
     assert r.status == "correct", r.error
     # Before the lock (main and reparam models): "no"; built again under the lock: "yes".
     ahead = [x for x in init if x["policy"] == os.SCHED_IDLE]
