@@ -26,14 +26,15 @@ from evaluator.result import EnvInfo
 from problems.registry import load_module
 
 CONSTRUCTION_SEED = 42
-PREPARE_SHARE = 8
+PREPARE_SHARE = 16
 PREPARE_FLOOR, PREPARE_CEILING = 4 << 30, 16 << 30
 
 
 def prepare_budget(meminfo: str | None = None) -> int:
     """Bytes of second models (the reparam trials') and trials' inputs a child may make on CPU
-    before the device lock and hold until it has it: an eighth of the memory the host has
-    available when the child starts, at least 4 GiB (what it always was) and at most 16. At
+    before the device lock and hold until it has it: a sixteenth of the memory the host has
+    available when the child starts (children that start together each see it all: 8 of them
+    take at most half), at least 4 GiB (what it always was) and at most 16. At
     full sizes what does not fit is made under the lock: with 4 GiB, L3/1's 2.7 GB second model
     was built under it in both the reference worker and the candidate child (their holds 6-9 s
     on the H200, session 17). Children of one evaluation do not prepare at once (its reference

@@ -189,8 +189,8 @@ def test_the_candidate_reads_trial_inputs_before_the_lock_within_its_budget(tmp_
 
 
 @pytest.mark.parametrize("available_gib, budget_gib", [
-    (110, 13.75),  # the H200 host at rest: L3/1's main and second model (2 x 2.7 GB) fit
-    (256, 16),     # at most 16 GiB
+    (110, 6.875),  # the H200 host at rest: L3/1's main and second model (2 x 2.7 GB) fit
+    (512, 16),     # at most 16 GiB
     (20, 4),       # never less than it always was
 ])
 def test_the_budget_is_a_share_of_the_memory_the_host_has_available(available_gib, budget_gib):
