@@ -129,10 +129,10 @@ def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path 
             t0 = time.monotonic()
             try:
                 r = evaluate(item["problem"], item["source"], cfg)
-                status, stages = r.status, dict(r.stage_seconds)
+                status, stages, flags = r.status, dict(r.stage_seconds), list(r.flags)
             except Exception as e:  # an evaluator fault is a row too, not the end of the run
-                status, stages = f"error: {type(e).__name__}: {e}"[:120], {}
-            row = {"label": item["label"], "status": status, "stages": stages,
+                status, stages, flags = f"error: {type(e).__name__}: {e}"[:120], {}, []
+            row = {"label": item["label"], "status": status, "stages": stages, "flags": flags,
                    "wall_s": time.monotonic() - t0, "done_at_s": time.monotonic() - start}
             with rows_lock:
                 print(f"{row['done_at_s']:7.1f} s  {item['label']:42} {status}", file=sys.stderr,
@@ -216,6 +216,11 @@ def report(name: str, res: dict, n: int) -> dict:
         print(f"{'held excl.':16} {statistics.median(held):7.2f} {_pct(held, 0.9):7.2f} "
               f"{len(held):3}   sum {total:.1f} s of {res['wall_s']:.1f} s wall: at most "
               f"{n / total * 3600:.0f} per GPU-hour while the lock is the queue")
+    # A candidate built ahead that had to be built again under the lock pays twice; the first
+    # reason says why (it named the torch.cuda query behind every such retry in session 17).
+    again = [f for r in rows for f in r.get("flags", []) if f.startswith("constructed_under_lock")]
+    if again:
+        print(f"built again under the lock: {len(again)} of {n}; first: {again[0][:300]}")
     for r in rows:
         print(f"  {r['label']:42} {r['status']:16} {r['wall_s']:6.1f} s")
     return {"per_hour": per_hour, "busy": busy, "wall_s": res["wall_s"]}
