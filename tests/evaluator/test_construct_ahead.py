@@ -230,15 +230,15 @@ def test_a_retry_names_the_first_cuda_query_made_before_the_lock():
     build ahead ran, where it was made; the functions are torch's own again afterwards."""
     import torch
 
-    from evaluator.worker.candidate import _CudaQueries
+    from evaluator.worker.ahead import CudaQueries
 
     before = torch.cuda.is_available
-    _CudaQueries.first = None
-    with _CudaQueries.watched():
+    CudaQueries.first = None
+    with CudaQueries.watched():
         torch.cuda.device_count()  # this line is the one named
         line = __import__("inspect").currentframe().f_lineno - 1
         torch.cuda.is_available()
-    assert _CudaQueries.first == f"torch.cuda.device_count() at {__file__}:{line}"
+    assert CudaQueries.first == f"torch.cuda.device_count() at {__file__}:{line}"
     assert torch.cuda.is_available is before
 
 
