@@ -373,3 +373,17 @@ def test_links_planted_before_the_lock_do_not_redirect_the_harness(tmp_path, dro
     assert target.read_text() == "ORIGINAL"
     assert any(f.startswith("constructed_under_lock") and "planted" in f for f in r.flags), r.flags
     assert r.status == "correct", r.error
+
+
+def test_a_child_the_device_cannot_be_given_to_is_judged_again(tmp_path, drop_box, secret,
+                                                              monkeypatch):
+    """The harness's side of the grant failing (here: SCHED_OTHER refused): the child built
+    ahead never gets `go`; a new child, built under the lock, is judged instead."""
+    monkeypatch.setattr(isolation, "foreground", lambda pid: "refused for the test")
+    r = evaluate("L3/1", _source(drop_box, secret), _config(tmp_path, secret, "before_lock"))
+    assert r.status == "correct", r.error
+    assert "constructed_under_lock: the device could not be given to it: refused for the test" \
+        in r.flags, r.flags
+    forward = [x for x in drop_rows(drop_box / "seen") if x["where"] == "forward"]
+    # Only the second child ran a forward, with the file in reach (nothing was uncovered twice).
+    assert forward and all(x["text"] == "REAL" for x in forward), forward
