@@ -223,7 +223,11 @@ def test_each_device_child_reports_how_long_it_held_the_device(tmp_path):
     r = evaluate("L3/1", candidate("mlp_torch.py"), cpu_config(tmp_path / "c", baselines="eager"))
     s = r.stage_seconds
     assert r.status == "correct", r.error
-    assert s["reference_held"] >= s["ref_reference"] + s["ref_baselines"]
-    assert s["candidate_held"] >= s["load"] + s["correctness"] + s["timing"]
+    # Each figure is rounded to the millisecond (`EvalRun._add`): a sum of rounded parts may
+    # pass the rounded whole by half a millisecond per figure. Built ahead, nothing but the
+    # stages themselves is left under the candidate's hold, so they can meet.
+    ms = 0.0005
+    assert s["reference_held"] >= s["ref_reference"] + s["ref_baselines"] - 3 * ms
+    assert s["candidate_held"] >= s["load"] + s["correctness"] + s["timing"] - 4 * ms
     assert s["reference_start"] > 0 and s["candidate_start"] > 0
     assert 0 <= s["first_trial"] <= s["correctness"]
