@@ -68,7 +68,7 @@ def test_the_candidate_child_imports_idle_only_when_built_ahead(tmp_path, drop_b
     under the lock (`construct_at: under_lock`) keeps its normal scheduling (or an honest
     timing would wait for every build on the host). Built ahead, it imports its candidate
     before the lock, like a compile child: idle, and it cannot take normal scheduling back
-    itself (the harness does, once it holds the lock: `test_construct_ahead.py`)."""
+    itself (the harness does, once it holds the lock: tests/exploits/test_build_ahead.py)."""
     if mode == "before_lock" and not isolation.can_grant():
         pytest.skip("a root harness that can give the device back builds ahead")
     log = drop_box / "cand"
