@@ -233,7 +233,10 @@ class ReadyMsg(_Rec):
     kind: Literal["ready"] = "ready"
     ahead: bool = False
     """A candidate child (`CandidateJob.construct_ahead`): it imported the candidate and built
-    its models on CPU before saying ready. Evidence only (it names what the child did)."""
+    its models on CPU before saying ready. False from a child started to build ahead: its
+    trusted start found it was not kept from the device, so it builds under the lock (the
+    harness flags `construct_before_lock_unavailable`; a false claim gains nothing: the child
+    gets `go` only under the lock either way)."""
     retry: str | None = None
     """A candidate child whose work before the lock failed: why. It leaves without using the
     device, and the harness judges the candidate again the usual way, in a new child."""

@@ -135,6 +135,9 @@ class Child:
         self.retry: str | None = None
         """Why this child's candidate must be judged again in a new child (built ahead: its work
         before the lock failed, or the device could not be given to it)."""
+        self.said_ahead = False
+        """A child started `ahead` said it built before the lock (`ReadyMsg.ahead`); one that
+        found itself within reach of the device waited for the lock to build instead."""
         self.forked = False
         self.disk = disk
         """How much the child may write under `disk.root` (its evaluation's dir)."""
@@ -274,6 +277,7 @@ class Child:
         msg = self._queue.get()
         if isinstance(msg, ReadyMsg):
             self.ready_at = time.monotonic()
+            self.said_ahead = msg.ahead
             if self.ahead and msg.retry is not None:
                 self.retry = f"its work before the lock failed: {msg.retry}"
             return True

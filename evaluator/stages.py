@@ -308,6 +308,12 @@ def _candidate_child(run: EvalRun, job: CandidateJob) -> tuple[bool, ChildOutcom
         if job.construct_ahead and (why := _retry(child)) is not None:
             child.kill("retry")
             return why
+        if job.construct_ahead and not child.said_ahead:
+            # Its trusted start found a hidden path uncovered or no SCHED_IDLE (a host that
+            # refused a mount or the policy): it builds under the lock, as it must. Judged the
+            # same; said, since it costs the lock what the build ahead is for.
+            run.record(Flagged(flag="construct_before_lock_unavailable: the child was not kept "
+                                    "from the device, so it built under the lock"))
         t0 = time.monotonic()
         first = True
         for msg in child.messages():

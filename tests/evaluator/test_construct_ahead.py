@@ -62,3 +62,30 @@ def test_a_retry_names_the_first_cuda_query_made_before_the_lock():
     assert CudaQueries.first == f"torch.cuda.device_count() at {__file__}:{line}"
     assert torch.cuda.is_available is before
 
+
+def test_a_child_not_kept_from_the_device_builds_under_the_lock_and_says_so(tmp_path):
+    """The child's trusted start checks what it was kept from before any candidate code runs.
+    A path the host could not cover (here a directory, which /dev/null cannot be bound over)
+    means it waits for the lock to build, as without `construct_at`: judged the same, and the
+    result says the lock paid for the build."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from eval_helpers import cpu_config
+
+    from evaluator.fair_baseline import honest_source
+    from evaluator.pipeline import evaluate
+    from problems.registry import get_problem
+
+    uncoverable = tmp_path / "a-dir"
+    uncoverable.mkdir()
+    source = honest_source(get_problem("L3/1").path.read_text())
+    config = cpu_config(tmp_path / "cache", construct_at="before_lock",
+                        hidden_from_builds=[str(uncoverable)])
+    r = evaluate("L3/1", source, config)
+    assert r.status == "correct", r.error
+    assert [f for f in r.flags if f.startswith("construct_before_lock_unavailable")] == [
+        "construct_before_lock_unavailable: the child was not kept from the device, so it "
+        "built under the lock"], r.flags
+    assert not any(f.startswith("constructed_under_lock") for f in r.flags), r.flags
+    # The same candidate with nothing it cannot be kept from builds ahead, unflagged.
+    ok = evaluate("L3/1", source, cpu_config(tmp_path / "cache", construct_at="before_lock"))
+    assert ok.status == "correct" and not any("construct" in f for f in ok.flags), ok.flags
