@@ -6,6 +6,10 @@ a concrete provider or the evaluator.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -86,6 +90,40 @@ class LocalEvaluator:
             return self._evaluate(problem, source, config)
         except Exception as e:  # the evaluator reports candidate faults as results: this is ours
             raise EvalInfraError(f"evaluator failed on {problem.id}: {type(e).__name__}: {e}") from e
+
+
+    @contextlib.contextmanager
+    def batch(self, concurrency: int) -> Iterator[Submit]:
+        """Many candidates through the evaluator's one queue (`evaluator.scheduler`):
+        `concurrency` in their device stages at once, static checks and builds of the next
+        ones running ahead. `submit(problem, source)` -> a future of (result, seconds from the
+        evaluation's start to its result: its queue for a build slot and the device included,
+        its wait to be started not)."""
+        from evaluator.scheduler import Scheduler
+
+        with Scheduler(concurrency) as sched:
+            def submit(problem: Problem, source: str) -> Future[tuple[EvalResult, float]]:
+                out: Future[tuple[EvalResult, float]] = Future()
+                out.set_running_or_notify_cancel()
+
+                def done(f: Future[EvalResult]) -> None:
+                    try:
+                        r = f.result()
+                    except Exception as e:  # as `evaluate` says it: ours, not the candidate's
+                        out.set_exception(EvalInfraError(
+                            f"evaluator failed on {problem.id}: {type(e).__name__}: {e}"))
+                        return
+                    began = datetime.fromisoformat(r.started_at)
+                    out.set_result((r, (datetime.now(timezone.utc) - began).total_seconds()))
+
+                config = self.configs.get(problem.id, self.base)
+                sched.submit(problem, source, config).add_done_callback(done)
+                return out
+
+            yield submit
+
+
+Submit = Callable[[Problem, str], "Future[tuple[EvalResult, float]]"]
 
 
 def _import_evaluate():

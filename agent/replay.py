@@ -11,10 +11,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
@@ -32,6 +34,7 @@ from agent.store import RunDirError, RunStore
 from agent.strategies import Runner, executor_report, summarize
 from agent.tally import best_per_problem
 from evaluator.result import EvalResult
+from problems.registry import Problem
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +108,18 @@ def replay(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
     return report
 
 
+@contextlib.contextmanager
+def _threads(evaluator: Evaluator, concurrency: int) -> Iterator[Callable[
+        [Problem, str], Future[tuple[EvalResult, float]]]]:
+    """An evaluator with no queue of its own (a Ray pool): `concurrency` threads calling it."""
+    def judged(problem: Problem, code: str) -> tuple[EvalResult, float]:
+        start = time.monotonic()
+        return evaluator.evaluate(problem, code), time.monotonic() - start
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        yield lambda problem, code: pool.submit(judged, problem, code)
+
+
 def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
             eval_overrides: dict | None = None,
             on_turn: Callable[[TurnRecord], None] | None = None,
@@ -123,16 +138,12 @@ def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
     runner_turns: dict[str, list[TurnRecord]] = {}
     states: dict[str, EpisodeState] = {}
 
-    def judged(old: TurnRecord) -> tuple[EvalResult | None, float]:
-        if old.code is None:
-            return None, 0.0
-        start = time.monotonic()
-        return evaluator.evaluate(problems[old.problem_id], old.code), time.monotonic() - start
-
     # `concurrency` evaluations at once (process starts and builds overlap; the evaluator's
     # device lock still times one at a time), recorded in the source's order as they finish.
-    with ThreadPoolExecutor(max_workers=concurrency or cfg.concurrency) as pool:
-        results = [pool.submit(judged, old) for old in old_turns]
+    batch = getattr(evaluator, "batch", None) or functools.partial(_threads, evaluator)
+    with batch(concurrency or cfg.concurrency) as submit:
+        results = [submit(problems[old.problem_id], old.code) if old.code is not None else None
+                   for old in old_turns]
         for old, future in zip(old_turns, results, strict=True):
             problem = problems[old.problem_id]
             spec = EpisodeSpec(problem=problem, key=old.episode_key, episode=old.episode,
@@ -142,7 +153,7 @@ def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
             # A rescore calls no model: its spend is the evaluation alone (the recorded reply,
             # with its usage, stays on the turn for reference).
             rec.spend = Spend()
-            if rec.code is not None:
+            if future is not None:
                 rec.eval, seconds = future.result()
                 rec.spend = Spend(eval_s=seconds)
             rec.feedback = prompts.render(feedback_template(rec.eval),

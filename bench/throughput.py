@@ -12,16 +12,17 @@ CUDA `load_inline` candidates (L3/1 MLP, L3/43 attention, L3/8 ResNet block; ful
 sizes, built cold: every run starts with an empty cache) and two plain-PyTorch candidates (the
 references of L3/35 LSTM and L3/4 LeNet as candidates, full size).
 
-Printed: candidates per GPU-hour (batch size over the wall time of `evaluate_many` at the given
-concurrency), the GPU's busy fraction (`nvidia-smi` utilisation sampled every 0.5 s while the
+Printed: candidates per GPU-hour (batch size over the wall time of the batch through the
+evaluator's scheduler: `--concurrency` evaluations in their device stages, `--ahead` more
+running their static checks and builds ahead of them), the GPU's busy fraction (`nvidia-smi` utilisation sampled every 0.5 s while the
 batch runs), per-stage p50/p90 and the statuses. With `--kloop-root`, the same batch is run
 first through that checkout's evaluator (for example `git worktree add /tmp/old <commit>`) in a
 fresh process, under the same load, and the ratios are printed. With `--compare FIELD=A,B`,
 the batch runs through this checkout twice, with the evaluator setting FIELD at A and then at B
 (`jit_warmup=off,auto`: the JIT warm-up pass under the shared device lock; `cuda_init=
-under_lock,before_lock`: children make their CUDA context before the lock), and the ratio is
-printed. `--first N`
-takes only the first N candidates (a smoke run). `--warm-baselines` judges each problem's
+under_lock,before_lock`: children make their CUDA context before the lock; `ahead=0,8`: the
+scheduler's look-ahead, 0 being one pool of `--concurrency`), and the ratio is printed.
+`--first N` takes only the first N candidates (a smoke run). `--warm-baselines` judges each problem's
 reference once before the clock starts (this checkout only), so the batch finds its baselines
 cached, as a long run does after its first candidate of each problem or `kloop baseline`.
 `--sizes full` judges the 25 Triton candidates at their problems' own sizes (as a run does)
@@ -32,6 +33,7 @@ idles whatever the harness does.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -109,45 +111,66 @@ def warm_baselines(items: list[dict], device: str, concurrency: int, cache: Path
 
 
 def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path | None = None,
-              settings: dict | None = None, warm: bool = False) -> dict:
+              settings: dict | None = None, warm: bool = False, ahead: int | None = None) -> dict:
     """Evaluate the batch with the evaluator importable here; per-candidate numbers and wall.
     Each finished row is also appended to `rows_file` (a run cut short by a time limit still
-    leaves what it finished). `warm`: baselines first (`warm_baselines`), off the clock."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    leaves what it finished). `warm`: baselines first (`warm_baselines`), off the clock.
+    `concurrency` evaluations at once in their device stages, up to `ahead` more building
+    ahead of them (`evaluator.scheduler`; a checkout without it: one pool of `concurrency`)."""
     from evaluator.config import EvalConfig
-    from evaluator.pipeline import evaluate
 
     with tempfile.TemporaryDirectory(prefix="kloop-throughput-") as cache:
         warm_s = warm_baselines(items, device, concurrency, Path(cache),
                                 settings) if warm else None
         if warm_s is not None:  # stderr reaches the step's log as it happens (a cut run too)
             print(f"baselines warmed in {warm_s:.1f} s", file=sys.stderr, flush=True)
-        def one(item: dict) -> dict:
-            cfg = EvalConfig(device=device, cache_dir=Path(cache),
-                             problem_overrides=item["overrides"], **(settings or {}))
-            t0 = time.monotonic()
+        rows_lock = threading.Lock()
+        rows: dict[int, dict] = {}
+
+        def record(i: int, item: dict, t0: float, future) -> None:
             try:
-                r = evaluate(item["problem"], item["source"], cfg)
+                r = future.result()
                 status, stages, flags = r.status, dict(r.stage_seconds), list(r.flags)
             except Exception as e:  # an evaluator fault is a row too, not the end of the run
                 status, stages, flags = f"error: {type(e).__name__}: {e}"[:120], {}, []
             row = {"label": item["label"], "status": status, "stages": stages, "flags": flags,
                    "wall_s": time.monotonic() - t0, "done_at_s": time.monotonic() - start}
             with rows_lock:
+                rows[i] = row
                 print(f"{row['done_at_s']:7.1f} s  {item['label']:42} {status}", file=sys.stderr,
                       flush=True)
                 if rows_file is not None:
                     with rows_file.open("a") as f:
                         f.write(json.dumps(row) + "\n")
-            return row
 
-        rows_lock = threading.Lock()
         start, started_at = time.monotonic(), time.time()
+        with _pool(concurrency, ahead) as submit:
+            for i, item in enumerate(items):
+                cfg = EvalConfig(device=device, cache_dir=Path(cache),
+                                 problem_overrides=item["overrides"], **(settings or {}))
+                t0 = time.monotonic()  # `wall_s` counts the queue, as the batch's wall does
+                submit(item["problem"], item["source"], cfg).add_done_callback(
+                    lambda f, i=i, item=item, t0=t0: record(i, item, t0, f))
+        return {"wall_s": time.monotonic() - start, "rows": [rows[i] for i in sorted(rows)],
+                "started_at": started_at, "warm_s": warm_s}
+
+
+@contextlib.contextmanager
+def _pool(concurrency: int, ahead: int | None):
+    """`submit(problem, source, config) -> Future`: the evaluator's scheduler where this checkout
+    has one, else (`--kloop-root` of an older commit) `concurrency` threads calling `evaluate`."""
+    try:
+        from evaluator.scheduler import Scheduler
+    except ImportError:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from evaluator.pipeline import evaluate
+
         with ThreadPoolExecutor(concurrency) as pool:
-            rows = list(pool.map(one, items))
-        return {"wall_s": time.monotonic() - start, "rows": rows, "started_at": started_at,
-                "warm_s": warm_s}
+            yield lambda *a: pool.submit(evaluate, *a)
+        return
+    with Scheduler(concurrency, ahead) as sched:
+        yield sched.submit
 
 
 class GpuSampler:
@@ -239,6 +262,9 @@ def main() -> int:
                          "print the ratio (e.g. jit_warmup=off,auto or "
                          "cuda_init=under_lock,before_lock)")
     ap.add_argument("--first", type=int, help="only the first N candidates")
+    ap.add_argument("--ahead", type=int, help="evaluations building ahead of the --concurrency "
+                    "ones on the device (default: the build slots, half the cores; 0: one pool "
+                    "of --concurrency, as before the scheduler). `--compare ahead=0,8` runs both")
     ap.add_argument("--sizes", choices=("examples", "full"), default="examples",
                     help="the 25 Triton candidates at the examples' small sizes, where an "
                          "evaluation is mostly fixed costs, or at their problems' own sizes, "
@@ -261,8 +287,10 @@ def main() -> int:
             logger.setLevel(logging.DEBUG)
             logger.addHandler(handler)
         items = json.loads(args.inner.read_text())
-        print(json.dumps(run_batch(items, args.device, args.concurrency, args.rows,
-                                   json.loads(args.settings), args.warm_baselines)))
+        settings = json.loads(args.settings)
+        ahead = settings.pop("ahead", args.ahead)  # the scheduler's, not an EvalConfig field
+        print(json.dumps(run_batch(items, args.device, args.concurrency, args.rows, settings,
+                                   args.warm_baselines, None if ahead is None else int(ahead))))
         return 0
     items = batch(args.sizes)
     items = items[:args.first] if args.first else items
@@ -293,6 +321,7 @@ def main() -> int:
                 p = subprocess.run(
                     [sys.executable, __file__, "--inner", str(path), "--device", args.device,
                      "--concurrency", str(args.concurrency),
+                     *(["--ahead", str(args.ahead)] if args.ahead is not None else []),
                      *(["--settings", json.dumps(settings)] if settings else []),
                      *(["--warm-baselines"] if args.warm_baselines else []),
                      *(["--rows", str(args.rows.resolve())] if args.rows else []),

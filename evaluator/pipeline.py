@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from evaluator.checks import result_checks
 from evaluator.config import EvalConfig
@@ -31,9 +30,11 @@ from problems.registry import Problem, get_problem
 
 log = logging.getLogger(__name__)
 
-STAGES: tuple[Callable[[EvalRun], None], ...] = (
-    static_stage, compile_stage, reference_stage, eager_as_candidate_stage, candidate_stage,
-)
+FRONT_STAGES: tuple[Callable[[EvalRun], None], ...] = (static_stage, compile_stage)
+"""Stages that never touch the device: `evaluator.scheduler` runs them ahead of it."""
+DEVICE_STAGES: tuple[Callable[[EvalRun], None], ...] = (
+    reference_stage, eager_as_candidate_stage, candidate_stage)
+STAGES = FRONT_STAGES + DEVICE_STAGES
 
 
 def evaluate(problem: Problem | str, candidate_source: str,
@@ -43,36 +44,55 @@ def evaluate(problem: Problem | str, candidate_source: str,
     Candidate faults (compile errors, crashes, hangs, wrong outputs) come back as the result's
     status. Faults of the evaluator or the reference itself raise (`ReferenceFailure`, ...).
     """
-    config = config or EvalConfig()
+    run = start(problem, candidate_source, config or EvalConfig())
+    try:
+        run_stages(run, STAGES)
+    except BaseException:
+        run.cleanup()
+        raise
+    return finish(run)
+
+
+def start(problem: Problem | str, candidate_source: str, config: EvalConfig) -> EvalRun:
     if isinstance(problem, str):
         problem = get_problem(problem)
     run = EvalRun.create(problem, candidate_source, config)
     log.info("evaluating a candidate for %s on %s (policy %s, work dir %s)",
              problem.id, run.device, run.policy.name, run.root)
-    try:
-        # Each stage records its own wall time (after waiting for the device, if it needs it).
-        for stage in STAGES:
-            stage(run)
-            if run.status is not None:
-                break
-    finally:
-        run.cleanup()
-    run.record(*(Flagged(flag=f"problem_{f}") for f in problem.meta.flags()))
+    return run
+
+
+def run_stages(run: EvalRun, stages: Sequence[Callable[[EvalRun], None]]) -> None:
+    """Each stage records its own wall time (after waiting for the device, if it needs it);
+    the first that gives the run a status ends it."""
+    for stage in stages:
+        if run.status is not None:
+            return
+        stage(run)
+
+
+def finish(run: EvalRun) -> EvalResult:
+    """The result of a run whose stages are over (its work dir removed first)."""
+    run.cleanup()
+    run.record(*(Flagged(flag=f"problem_{f}") for f in run.problem.meta.flags()))
     result_checks(run)
     return run.to_result()
 
 
 def evaluate_many(problem_and_sources: Sequence[tuple[Problem | str, str]],
                   config: EvalConfig | None = None,
-                  max_workers: int = 4) -> list[EvalResult]:
+                  max_workers: int = 4, ahead: int | None = None) -> list[EvalResult]:
     """Evaluate many candidates, results in input order.
 
-    Compile children run `max_workers` at a time; the reference and candidate stages, which
-    use the device, are serialised per device by a lock, so timings never overlap.
+    `max_workers` evaluations at once in their device stages (the device lock still times one
+    at a time); up to `ahead` more run their static checks and builds ahead of them
+    (`evaluator.scheduler`).
     """
-    with ThreadPoolExecutor(max_workers=max_workers) as pool:
-        futures = [pool.submit(evaluate, p, s, config) for p, s in problem_and_sources]
-        return [f.result() for f in futures]
+    from evaluator.scheduler import Scheduler
+
+    with Scheduler(max_workers, ahead) as sched:
+        futures = [sched.submit(p, s, config) for p, s in problem_and_sources]
+    return [f.result() for f in futures]
 
 
 def build_baselines(problem: Problem | str, config: EvalConfig | None = None,

@@ -52,6 +52,25 @@ def test_bundled_example_replays_with_the_same_verdicts(tmp_path):
 
 
 @pytest.mark.slow
+def test_rescore_judges_the_bundled_example_through_the_evaluators_queue(tmp_path):
+    """`kloop replay --rescore` with kloop's own evaluator: every kernel through one queue
+    (`LocalEvaluator.batch`, evaluator.scheduler), recorded in the source's order with the same
+    verdicts, each turn's evaluation seconds its own (not the queue's wait to start)."""
+    example = Path(__file__).resolve().parents[2] / "runs" / "examples" / "l3-1-mlp-triton"
+    out = tmp_path / "rescored"
+    res = CliRunner().invoke(app, ["replay", str(example), "--rescore", "--device", "cpu",
+                                   "--concurrency", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    before, after = RunStore.open(example).turns(), RunStore.open(out).turns()
+    assert [t.status for t in after] == [t.status for t in before] == [
+        "compile_error", "incorrect", "correct", "correct"]
+    assert [(t.episode, t.turn) for t in after] == [(t.episode, t.turn) for t in before]
+    seconds = [t.spend.eval_s for t in after]
+    assert all(s is not None and s > 0 for s in seconds), seconds
+    assert seconds[0] < min(seconds[2:]), seconds  # a syntax error never reaches the device
+
+
+@pytest.mark.slow
 def test_make_demo_rejudges_the_examples_and_writes_a_full_report(tmp_path):
     """`make demo`: a sample of the bundled runs' kernels judged again here, verdicts matching,
     and a report whose tables and plots are all written, in well under 3 minutes."""

@@ -1,0 +1,112 @@
+"""One queue of candidates per process: their CPU stages run ahead of the device.
+
+An evaluation has front stages, which never touch the device (static checks, the contained
+CUDA build), and device stages (the reference worker, the candidate child), which wait for
+the device lock. With one pool of N threads, a batch keeps N evaluations in flight and a
+candidate N+1 places down the queue starts its 40 s build only when one ahead of it has left
+the device: the GPU idles while it builds. Here front stages run on threads of their own, up
+to `ahead` evaluations beyond the `device_slots` in their device stages, and an evaluation
+enters its device stages in the order its front stages finished. Only that order and that
+overlap change: every evaluation runs the same stages, with the same checks, as `evaluate`.
+
+`device_slots` bounds what waits on the device lock with models prepared in memory (reference
+workers, candidate children built ahead), as a plain pool of that size did. The in-flight bound
+(`device_slots + ahead`) also bounds what holds a sandbox uid (`EvalConfig.sandbox_uids`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from evaluator.buildslots import default_slots
+from evaluator.config import EvalConfig
+from evaluator.pipeline import DEVICE_STAGES, FRONT_STAGES, finish, run_stages, start
+from evaluator.result import EvalResult
+from evaluator.state import EvalRun
+from problems.registry import Problem
+
+Stages = Sequence[Callable[[EvalRun], None]]
+
+
+class Scheduler:
+    """`submit` a candidate, get a future of its result; `close` (or leaving the `with`) waits
+    for every submitted one. Evaluator faults come back as the future's exception, as
+    `evaluate` raises them."""
+
+    def __init__(self, device_slots: int = 4, ahead: int | None = None,
+                 stages: tuple[Stages, Stages] = (FRONT_STAGES, DEVICE_STAGES)) -> None:
+        """`stages`: the front and the device stages (tests put probes around them)."""
+        if device_slots < 1:
+            raise ValueError("device_slots must be at least 1")
+        self.device_slots = device_slots
+        self._front_stages, self._device_stages = stages
+        self.ahead = default_slots() if ahead is None else max(0, ahead)
+        # Acquired before a run is created, released when it is finished: a queue of 10 000
+        # candidates holds only this many work dirs, uids and device claims at once.
+        self._in_flight = threading.BoundedSemaphore(device_slots + self.ahead)
+        self._front = ThreadPoolExecutor(device_slots + self.ahead, thread_name_prefix="kloop-front")
+        self._device = ThreadPoolExecutor(device_slots, thread_name_prefix="kloop-device")
+        self._closed = False
+
+    def submit(self, problem: Problem | str, source: str,
+               config: EvalConfig | None = None) -> Future[EvalResult]:
+        if self._closed:
+            raise RuntimeError("the scheduler is closed")
+        out: Future[EvalResult] = Future()
+        out.set_running_or_notify_cancel()
+        self._front.submit(self._front_half, problem, source, config or EvalConfig(), out)
+        return out
+
+    def _front_half(self, problem: Problem | str, source: str, config: EvalConfig,
+                    out: Future[EvalResult]) -> None:
+        self._in_flight.acquire()
+        run: EvalRun | None = None
+        try:
+            run = start(problem, source, config)
+            run_stages(run, self._front_stages)
+        except BaseException as e:  # noqa: BLE001 (the caller gets it through the future)
+            self._done(run, out, error=e)
+            return
+        if run.status is not None:  # ended before the device (a compile error, a static rule)
+            self._done(run, out)
+        else:  # in the order front stages finish; the device pool's queue is first in, first out
+            self._device.submit(self._device_half, run, out)
+
+    def _device_half(self, run: EvalRun, out: Future[EvalResult]) -> None:
+        try:
+            run_stages(run, self._device_stages)
+        except BaseException as e:  # noqa: BLE001
+            self._done(run, out, error=e)
+            return
+        self._done(run, out)
+
+    def _done(self, run: EvalRun | None, out: Future[EvalResult],
+              error: BaseException | None = None) -> None:
+        result = None
+        try:
+            if error is None and run is not None:
+                result = finish(run)
+            elif run is not None:
+                run.cleanup()
+        except BaseException as e:  # noqa: BLE001
+            error = error or e
+        finally:
+            self._in_flight.release()
+        if error is not None:
+            out.set_exception(error)
+        else:
+            out.set_result(result)
+
+    def close(self) -> None:
+        """Wait for every submitted evaluation (front halves first: they hand work on)."""
+        self._closed = True
+        self._front.shutdown(wait=True)
+        self._device.shutdown(wait=True)
+
+    def __enter__(self) -> Scheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,134 @@
+"""evaluator.scheduler: front stages (static checks, builds) run ahead of the device stages.
+
+The scheduler is real here, and so are the runs it creates (work dirs, sandbox uids, device
+claims) and their results; the stages are probes that record what ran when, and wait on each
+other through events, so every ordering asserted is forced, never a race won by timing.
+`evaluate_many` on real stages is exercised by test_broken_candidates.py and
+test_triton_aot_cpu.py (and on the GPU by test_gpu_candidates.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from evaluator.config import EvalConfig
+from evaluator.scheduler import Scheduler
+
+WAIT_S = 20  # a probe that waits this long means the scheduler serialised what it should not
+
+
+class Probes:
+    """Front and device stages that log (stage, source) and can be held back per source."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str]] = []
+        self.front_done: dict[str, threading.Event] = {}
+        self.entered_device: dict[str, threading.Event] = {}
+        self.hold_front: dict[str, threading.Event] = {}
+        self.hold_device: dict[str, threading.Event] = {}
+        self.status: dict[str, str] = {}  # a status the front stage gives (a compile error)
+        self.fail: set[str] = set()  # sources whose device stage raises (an evaluator fault)
+        self.active = 0
+        self.most_active = 0
+        self._lock = threading.Lock()
+
+    def done(self, name: str) -> threading.Event:
+        return self.front_done.setdefault(name, threading.Event())
+
+    def entered(self, name: str) -> threading.Event:
+        return self.entered_device.setdefault(name, threading.Event())
+
+    def front(self, run) -> None:
+        name = run.source
+        with self._lock:
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+            self.log.append(("front", name))
+        if name in self.hold_front:
+            assert self.hold_front[name].wait(WAIT_S), f"{name}'s front stage was never released"
+        if name in self.status:
+            run.status = self.status[name]
+        self.done(name).set()
+
+    def device(self, run) -> None:
+        name = run.source
+        with self._lock:
+            self.log.append(("device", name))
+        self.entered(name).set()
+        if name in self.hold_device:
+            assert self.hold_device[name].wait(WAIT_S), f"{name}'s device stage was never released"
+        with self._lock:
+            self.active -= 1
+        if name in self.fail:
+            raise RuntimeError(f"reference failure on {name}")
+        run.status = "correct"
+
+    def stages(self):
+        return (self.front,), (self.device,)
+
+    def order(self, stage: str) -> list[str]:
+        return [n for s, n in self.log if s == stage]
+
+
+CPU = EvalConfig(device="cpu")
+
+
+def _run(probes: Probes, sources: list[str], device_slots: int, ahead: int):
+    with Scheduler(device_slots, ahead, stages=probes.stages()) as sched:
+        futures = [sched.submit("L3/1", s, CPU) for s in sources]
+    return futures
+
+
+def test_a_build_runs_while_the_candidate_ahead_of_it_is_on_the_device():
+    p = Probes()
+    # "first" stays on the device until "second" has finished its front stage: with one
+    # device slot and nothing run ahead, "second" would start only after "first" left.
+    p.hold_device["first"] = p.done("second")
+    p.hold_front["second"] = p.entered("first")
+    futures = _run(p, ["first", "second"], device_slots=1, ahead=1)
+    assert [f.result().status for f in futures] == ["correct", "correct"]
+    assert p.log.index(("front", "second")) < p.log.index(("device", "second"))
+    assert p.order("device") == ["first", "second"]
+
+
+def test_candidates_reach_the_device_in_the_order_their_builds_finish_and_return_in_input_order():
+    p = Probes()
+    p.hold_device["a"] = p.done("b")  # a holds the only device slot until both b and c are built
+    p.hold_front["b"] = p.done("c")  # b's build is the slow one: c's finishes first
+    p.hold_front["c"] = p.entered("a")
+    futures = _run(p, ["a", "b", "c"], device_slots=1, ahead=2)
+    assert p.order("device") == ["a", "c", "b"]
+    assert [f.result().status for f in futures] == ["correct"] * 3
+
+
+def test_evaluations_in_flight_are_bounded_by_device_slots_plus_ahead():
+    p = Probes()
+    futures = _run(p, [f"c{i}" for i in range(12)], device_slots=2, ahead=1)
+    assert all(f.result().status == "correct" for f in futures)
+    assert 1 <= p.most_active <= 3
+
+
+def test_a_candidate_that_fails_before_the_device_never_takes_a_device_slot():
+    p = Probes()
+    p.status["broken"] = "compile_error"
+    p.hold_device["slow"] = p.done("broken")  # the only slot is busy while "broken" is built
+    futures = _run(p, ["slow", "broken"], device_slots=1, ahead=1)
+    assert [f.result().status for f in futures] == ["correct", "compile_error"]
+    assert p.order("device") == ["slow"]
+
+
+def test_an_evaluator_fault_is_that_candidates_exception_and_the_queue_goes_on():
+    p = Probes()
+    p.fail.add("bad")
+    futures = _run(p, ["bad", "ok1", "ok2"], device_slots=1, ahead=0)
+    with pytest.raises(RuntimeError, match="reference failure on bad"):
+        futures[0].result()
+    assert [f.result().status for f in futures[1:]] == ["correct", "correct"]
+
+
+def test_a_closed_scheduler_takes_no_more_candidates():
+    sched = Scheduler(1, 0)
+    sched.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        sched.submit("L3/1", "x = 1", CPU)
