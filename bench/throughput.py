@@ -2,7 +2,7 @@
 
     python bench/throughput.py [--device cuda] [--concurrency 4] [--kloop-root PATH] [--json F]
                                [--compare FIELD=A,B] [--first N] [--warm-baselines]
-                               [--sizes examples|full]
+                               [--sizes examples|full] [--ahead N] [--eval KEY=VALUE ...]
     python bench/throughput.py --list
 
 The batch, all from files in this repo (30 candidates, 7 problems): the bundled examples'
@@ -25,6 +25,8 @@ scheduler's look-ahead, 0 being one pool of `--concurrency`), and the ratio is p
 `--first N` takes only the first N candidates (a smoke run). `--warm-baselines` judges each problem's
 reference once before the clock starts (this checkout only), so the batch finds its baselines
 cached, as a long run does after its first candidate of each problem or `kloop baseline`.
+With both `--compare` and `--warm-baselines`, one warm-up serves both passes (its baseline
+records are copied into each pass's fresh cache, nothing else is).
 `--sizes full` judges the 25 Triton candidates at their problems' own sizes (as a run does)
 instead of the examples' small ones, where an evaluation is nearly all fixed costs and the GPU
 idles whatever the harness does.
@@ -110,8 +112,26 @@ def warm_baselines(items: list[dict], device: str, concurrency: int, cache: Path
     return time.monotonic() - t0
 
 
+def seed_baselines(src: Path, dst: Path) -> int:
+    """Copy the baseline records a warm-up left in cache `src` into cache `dst` (only those:
+    builds, Triton and inductor caches stay behind, so a pass still builds everything fresh).
+    Both passes of a `--compare` then warm in seconds instead of compiling every problem's
+    baselines twice (~340 s for the whole batch on the H200). Returns how many were copied."""
+    import shutil
+
+    from evaluator.isolation import private_dir
+
+    to = private_dir(dst) / "baselines"
+    to.mkdir(parents=True, exist_ok=True)
+    records = sorted((private_dir(src) / "baselines").glob("*.json"))
+    for f in records:
+        shutil.copy2(f, to / f.name)
+    return len(records)
+
+
 def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path | None = None,
-              settings: dict | None = None, warm: bool = False, ahead: int | None = None) -> dict:
+              settings: dict | None = None, warm: bool = False, ahead: int | None = None,
+              baselines_from: Path | None = None) -> dict:
     """Evaluate the batch with the evaluator importable here; per-candidate numbers and wall.
     Each finished row is also appended to `rows_file` (a run cut short by a time limit still
     leaves what it finished). `warm`: baselines first (`warm_baselines`), off the clock.
@@ -120,6 +140,9 @@ def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path 
     from evaluator.config import EvalConfig
 
     with tempfile.TemporaryDirectory(prefix="kloop-throughput-") as cache:
+        if baselines_from is not None:
+            n = seed_baselines(baselines_from, Path(cache))
+            print(f"{n} baseline records from the shared warm-up", file=sys.stderr, flush=True)
         warm_s = warm_baselines(items, device, concurrency, Path(cache),
                                 settings) if warm else None
         if warm_s is not None:  # stderr reaches the step's log as it happens (a cut run too)
@@ -274,8 +297,14 @@ def main() -> int:
                          "the batch finds its baselines cached (a long run's steady state)")
     ap.add_argument("--trace", type=Path, help="append each candidate child's messages (arrival "
                     "and judging time, `evaluator.stages` debug log) here")
+    ap.add_argument("--eval", action="append", default=[], metavar="KEY=VALUE",
+                    help="an EvalConfig setting for every pass of this checkout (a JSON value "
+                         "or a string), e.g. baselines=eager: a --compare whose warm-up "
+                         "compiles no torch.compile baselines")
     ap.add_argument("--settings", default="{}", help=argparse.SUPPRESS)
     ap.add_argument("--inner", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--warm-into", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--baselines-from", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:  # run a batch file with whatever evaluator comes first on sys.path
         if args.trace:
@@ -287,10 +316,16 @@ def main() -> int:
             logger.setLevel(logging.DEBUG)
             logger.addHandler(handler)
         items = json.loads(args.inner.read_text())
+        if args.warm_into:  # the shared warm-up of a --compare: baselines only, no clock
+            warm_s = warm_baselines(items, args.device, args.concurrency, args.warm_into,
+                                    json.loads(args.settings))
+            print(json.dumps({"warm_s": warm_s}))
+            return 0
         settings = json.loads(args.settings)
         ahead = settings.pop("ahead", args.ahead)  # the scheduler's, not an EvalConfig field
         print(json.dumps(run_batch(items, args.device, args.concurrency, args.rows, settings,
-                                   args.warm_baselines, None if ahead is None else int(ahead))))
+                                   args.warm_baselines, None if ahead is None else int(ahead),
+                                   args.baselines_from)))
         return 0
     items = batch(args.sizes)
     items = items[:args.first] if args.first else items
@@ -299,6 +334,13 @@ def main() -> int:
             print(f"{it['label']:42} {it['overrides']}")
         print(f"{len(items)} candidates, {len({it['problem'] for it in items})} problems")
         return 0
+    common = {}  # --eval KEY=VALUE: every pass of this checkout, and the shared warm-up
+    for kv in args.eval:
+        key, _, value = kv.partition("=")
+        try:
+            common[key] = json.loads(value)
+        except ValueError:
+            common[key] = value
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "batch.json"
@@ -313,9 +355,25 @@ def main() -> int:
             a, _, b = values.partition(",")
             if not (field and a and b):
                 ap.error("--compare wants FIELD=A,B")
-            passes += [(f"{field}={a}", REPO, {field: a}), (f"{field}={b}", REPO, {field: b})]
+            passes += [(f"{field}={a}", REPO, {**common, field: a}),
+                       (f"{field}={b}", REPO, {**common, field: b})]
         else:
-            passes.append(("this checkout", REPO, {}))
+            passes.append(("this checkout", REPO, common))
+        shared = None
+        if args.warm_baselines and args.compare:
+            # One warm-up for both passes of this checkout: its baseline records are copied
+            # into each pass's fresh cache, whose own warm-up then finds them (seconds).
+            shared = Path(tmp) / "warm"
+            w = subprocess.run([sys.executable, __file__, "--inner", str(path), "--device",
+                                args.device, "--concurrency", str(args.concurrency),
+                                "--warm-into", str(shared), "--settings", json.dumps(common)],
+                               stdout=subprocess.PIPE, text=True,
+                               cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+            if w.returncode != 0:
+                print(f"the shared warm-up failed ({w.returncode}); its output is above")
+                return 1
+            warm_s = json.loads(w.stdout.strip().splitlines()[-1])["warm_s"]
+            print(f"shared warm-up: every problem's baselines in {warm_s:.1f} s", flush=True)
         for name, root, settings in passes:
             with GpuSampler() as gpu:
                 p = subprocess.run(
@@ -324,6 +382,7 @@ def main() -> int:
                      *(["--ahead", str(args.ahead)] if args.ahead is not None else []),
                      *(["--settings", json.dumps(settings)] if settings else []),
                      *(["--warm-baselines"] if args.warm_baselines else []),
+                     *(["--baselines-from", str(shared)] if shared and root == REPO else []),
                      *(["--rows", str(args.rows.resolve())] if args.rows else []),
                      *(["--trace", str(args.trace.resolve())] if args.trace else [])],
                     stdout=subprocess.PIPE, text=True, cwd=root,  # progress: on stderr

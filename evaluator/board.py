@@ -8,20 +8,31 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 
-PHASES = ("build_wait", "build", "device_wait", "device")
+PHASES = ("build_wait", "build", "queued", "device_wait", "device")
+"""`queued`: static checks and build done, waiting for one of the scheduler's device slots
+(`evaluator.scheduler`); `device_wait`: in a device stage, waiting for the device lock."""
 _guard = threading.Lock()
 _counts: Counter[str] = Counter()
 
 
 @contextlib.contextmanager
 def phase(name: str) -> Iterator[None]:
-    with _guard:
-        _counts[name] += 1
+    enter(name)
     try:
         yield
     finally:
-        with _guard:
-            _counts[name] -= 1
+        leave(name)
+
+
+def enter(name: str) -> None:
+    """One more evaluation in `name` (for a phase that starts and ends on different threads)."""
+    with _guard:
+        _counts[name] += 1
+
+
+def leave(name: str) -> None:
+    with _guard:
+        _counts[name] -= 1
 
 
 def snapshot() -> dict[str, int]:
@@ -32,5 +43,6 @@ def snapshot() -> dict[str, int]:
 def describe() -> str:
     """`building 2 · waiting for the device 3 · on the device 1` (empty: nothing in flight)."""
     words = {"build_wait": "waiting to build", "build": "building",
+             "queued": "built, queued for the device",
              "device_wait": "waiting for the device", "device": "on the device"}
     return " · ".join(f"{words[p]} {n}" for p, n in snapshot().items())

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from evaluator import board
 from evaluator.buildslots import default_slots
 from evaluator.config import EvalConfig
 from evaluator.pipeline import DEVICE_STAGES, FRONT_STAGES, finish, run_stages, start
@@ -72,9 +73,11 @@ class Scheduler:
         if run.status is not None:  # ended before the device (a compile error, a static rule)
             self._done(run, out)
         else:  # in the order front stages finish; the device pool's queue is first in, first out
+            board.enter("queued")
             self._device.submit(self._device_half, run, out)
 
     def _device_half(self, run: EvalRun, out: Future[EvalResult]) -> None:
+        board.leave("queued")
         try:
             run_stages(run, self._device_stages)
         except BaseException as e:  # noqa: BLE001

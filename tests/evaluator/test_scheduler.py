@@ -9,6 +9,7 @@ test_triton_aot_cpu.py (and on the GPU by test_gpu_candidates.py)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -132,3 +133,23 @@ def test_a_closed_scheduler_takes_no_more_candidates():
     sched.close()
     with pytest.raises(RuntimeError, match="closed"):
         sched.submit("L3/1", "x = 1", CPU)
+
+
+def test_the_progress_line_counts_candidates_built_and_queued_for_the_device():
+    from evaluator import board
+
+    p = Probes()
+    release = threading.Event()
+    p.hold_device["a"] = release
+    p.hold_front["b"] = p.entered("a")
+    with Scheduler(1, 1, stages=p.stages()) as sched:
+        futures = [sched.submit("L3/1", s, CPU) for s in ("a", "b")]
+        assert p.done("b").wait(WAIT_S)
+        deadline = time.monotonic() + WAIT_S  # b is handed to the device queue just after
+        while board.snapshot().get("queued") != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert board.snapshot().get("queued") == 1
+        assert "built, queued for the device 1" in board.describe()
+        release.set()
+    assert [f.result().status for f in futures] == ["correct", "correct"]
+    assert "queued" not in board.snapshot()
