@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 
 from evaluator import board
 from evaluator.buildslots import default_slots
@@ -33,8 +33,8 @@ Stages = Sequence[Callable[[EvalRun], None]]
 
 class Scheduler:
     """`submit` a candidate, get a future of its result; `close` (or leaving the `with`) waits
-    for every submitted one. Evaluator faults come back as the future's exception, as
-    `evaluate` raises them."""
+    for every submitted one, or, leaving on an error, for those already started only.
+    Evaluator faults come back as the future's exception, as `evaluate` raises them."""
 
     def __init__(self, device_slots: int = 4, ahead: int | None = None,
                  stages: tuple[Stages, Stages] = (FRONT_STAGES, DEVICE_STAGES)) -> None:
@@ -50,6 +50,7 @@ class Scheduler:
         self._front = ThreadPoolExecutor(device_slots + self.ahead, thread_name_prefix="kloop-front")
         self._device = ThreadPoolExecutor(device_slots, thread_name_prefix="kloop-device")
         self._closed = False
+        self._cancelled = False
 
     def submit(self, problem: Problem | str, source: str,
                config: EvalConfig | None = None) -> Future[EvalResult]:
@@ -63,6 +64,10 @@ class Scheduler:
     def _front_half(self, problem: Problem | str, source: str, config: EvalConfig,
                     out: Future[EvalResult]) -> None:
         self._in_flight.acquire()
+        if self._cancelled:  # checked after the wait for a place in flight too
+            self._in_flight.release()
+            out.set_exception(CancelledError())
+            return
         run: EvalRun | None = None
         try:
             run = start(problem, source, config)
@@ -78,6 +83,9 @@ class Scheduler:
 
     def _device_half(self, run: EvalRun, out: Future[EvalResult]) -> None:
         board.leave("queued")
+        if self._cancelled:
+            self._done(run, out, error=CancelledError())
+            return
         try:
             run_stages(run, self._device_stages)
         except BaseException as e:  # noqa: BLE001
@@ -102,14 +110,19 @@ class Scheduler:
         else:
             out.set_result(result)
 
-    def close(self) -> None:
-        """Wait for every submitted evaluation (front halves first: they hand work on)."""
+    def close(self, cancel: bool = False) -> None:
+        """Wait for every submitted evaluation (front halves first: they hand work on). With
+        `cancel`, those not yet started end at once with `CancelledError` (their work dirs and
+        leases released); those running finish."""
         self._closed = True
+        self._cancelled = self._cancelled or cancel
         self._front.shutdown(wait=True)
         self._device.shutdown(wait=True)
 
     def __enter__(self) -> Scheduler:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # Leaving on an error (Ctrl-C, an evaluator fault the caller raised again): the queue
+        # behind it is not worth the wait.
+        self.close(cancel=exc_type is not None)

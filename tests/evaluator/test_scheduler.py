@@ -153,3 +153,22 @@ def test_the_progress_line_counts_candidates_built_and_queued_for_the_device():
         release.set()
     assert [f.result().status for f in futures] == ["correct", "correct"]
     assert "queued" not in board.snapshot()
+
+
+def test_leaving_on_an_error_cancels_what_has_not_started_and_cleans_it_up():
+    from concurrent.futures import CancelledError
+
+    p = Probes()
+    release = threading.Event()
+    p.hold_device["a"] = release
+    with pytest.raises(KeyboardInterrupt):  # noqa: PT012 (the interrupt comes from inside)
+        with Scheduler(1, 0, stages=p.stages()) as sched:
+            futures = [sched.submit("L3/1", s, CPU) for s in ("a", "b", "c", "d")]
+            assert p.entered("a").wait(WAIT_S)
+            threading.Timer(0.3, release.set).start()  # "a" finishes once the exit began
+            raise KeyboardInterrupt
+    assert futures[0].result().status == "correct"  # running: it finishes
+    for f in futures[1:]:
+        with pytest.raises(CancelledError):
+            f.result()
+    assert p.order("device") == ["a"] and p.order("front") == ["a"]
