@@ -91,7 +91,6 @@ class LocalEvaluator:
         except Exception as e:  # the evaluator reports candidate faults as results: this is ours
             raise EvalInfraError(f"evaluator failed on {problem.id}: {type(e).__name__}: {e}") from e
 
-
     @contextlib.contextmanager
     def batch(self, concurrency: int) -> Iterator[Submit]:
         """Many candidates through the evaluator's one queue (`evaluator.scheduler`):
