@@ -89,7 +89,7 @@ class LocalEvaluator:
         try:
             return self._evaluate(problem, source, config)
         except Exception as e:  # the evaluator reports candidate faults as results: this is ours
-            raise EvalInfraError(f"evaluator failed on {problem.id}: {type(e).__name__}: {e}") from e
+            raise _infra_error(problem, e) from e
 
     @contextlib.contextmanager
     def batch(self, concurrency: int) -> Iterator[Submit]:
@@ -109,8 +109,7 @@ class LocalEvaluator:
                     try:
                         r = f.result()
                     except Exception as e:  # as `evaluate` says it: ours, not the candidate's
-                        out.set_exception(EvalInfraError(
-                            f"evaluator failed on {problem.id}: {type(e).__name__}: {e}"))
+                        out.set_exception(_infra_error(problem, e))
                         return
                     began = datetime.fromisoformat(r.started_at)
                     out.set_result((r, (datetime.now(timezone.utc) - began).total_seconds()))
@@ -123,6 +122,10 @@ class LocalEvaluator:
 
 
 Submit = Callable[[Problem, str], "Future[tuple[EvalResult, float]]"]
+
+
+def _infra_error(problem: Problem, e: Exception) -> EvalInfraError:
+    return EvalInfraError(f"evaluator failed on {problem.id}: {type(e).__name__}: {e}")
 
 
 def _import_evaluate():

@@ -359,16 +359,21 @@ def main() -> int:
                        (f"{field}={b}", REPO, {**common, field: b})]
         else:
             passes.append(("this checkout", REPO, common))
+        def inner(root: Path, *extra: str) -> subprocess.CompletedProcess:
+            """This script's `--inner` run of the batch with the evaluator of checkout `root`
+            (its result on stdout's last line; progress on stderr)."""
+            return subprocess.run(
+                [sys.executable, __file__, "--inner", str(path), "--device", args.device,
+                 "--concurrency", str(args.concurrency), *extra],
+                stdout=subprocess.PIPE, text=True, cwd=root,
+                env={**os.environ, "PYTHONPATH": str(root)})
+
         shared = None
         if args.warm_baselines and args.compare:
             # One warm-up for both passes of this checkout: its baseline records are copied
             # into each pass's fresh cache, whose own warm-up then finds them (seconds).
             shared = Path(tmp) / "warm"
-            w = subprocess.run([sys.executable, __file__, "--inner", str(path), "--device",
-                                args.device, "--concurrency", str(args.concurrency),
-                                "--warm-into", str(shared), "--settings", json.dumps(common)],
-                               stdout=subprocess.PIPE, text=True,
-                               cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+            w = inner(REPO, "--warm-into", str(shared), "--settings", json.dumps(common))
             if w.returncode != 0:
                 print(f"the shared warm-up failed ({w.returncode}); its output is above")
                 return 1
@@ -376,17 +381,13 @@ def main() -> int:
             print(f"shared warm-up: every problem's baselines in {warm_s:.1f} s", flush=True)
         for name, root, settings in passes:
             with GpuSampler() as gpu:
-                p = subprocess.run(
-                    [sys.executable, __file__, "--inner", str(path), "--device", args.device,
-                     "--concurrency", str(args.concurrency),
-                     *(["--ahead", str(args.ahead)] if args.ahead is not None else []),
-                     *(["--settings", json.dumps(settings)] if settings else []),
-                     *(["--warm-baselines"] if args.warm_baselines else []),
-                     *(["--baselines-from", str(shared)] if shared and root == REPO else []),
-                     *(["--rows", str(args.rows.resolve())] if args.rows else []),
-                     *(["--trace", str(args.trace.resolve())] if args.trace else [])],
-                    stdout=subprocess.PIPE, text=True, cwd=root,  # progress: on stderr
-                    env={**os.environ, "PYTHONPATH": str(root)})
+                p = inner(root,
+                          *(["--ahead", str(args.ahead)] if args.ahead is not None else []),
+                          *(["--settings", json.dumps(settings)] if settings else []),
+                          *(["--warm-baselines"] if args.warm_baselines else []),
+                          *(["--baselines-from", str(shared)] if shared and root == REPO else []),
+                          *(["--rows", str(args.rows.resolve())] if args.rows else []),
+                          *(["--trace", str(args.trace.resolve())] if args.trace else []))
             if p.returncode != 0:
                 print(f"{name}: failed ({p.returncode}); its output is above")
                 return 1

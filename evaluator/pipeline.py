@@ -30,10 +30,10 @@ from problems.registry import Problem, get_problem
 
 log = logging.getLogger(__name__)
 
-FRONT_STAGES: tuple[Callable[[EvalRun], None], ...] = (static_stage, compile_stage)
+Stage = Callable[[EvalRun], None]
+FRONT_STAGES: tuple[Stage, ...] = (static_stage, compile_stage)
 """Stages that never touch the device: `evaluator.scheduler` runs them ahead of it."""
-DEVICE_STAGES: tuple[Callable[[EvalRun], None], ...] = (
-    reference_stage, eager_as_candidate_stage, candidate_stage)
+DEVICE_STAGES: tuple[Stage, ...] = (reference_stage, eager_as_candidate_stage, candidate_stage)
 STAGES = FRONT_STAGES + DEVICE_STAGES
 
 
@@ -62,7 +62,7 @@ def start(problem: Problem | str, candidate_source: str, config: EvalConfig) -> 
     return run
 
 
-def run_stages(run: EvalRun, stages: Sequence[Callable[[EvalRun], None]]) -> None:
+def run_stages(run: EvalRun, stages: Sequence[Stage]) -> None:
     """Each stage records its own wall time (after waiting for the device, if it needs it);
     the first that gives the run a status ends it."""
     for stage in stages:

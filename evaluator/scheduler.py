@@ -17,18 +17,18 @@ workers, candidate children built ahead), as a plain pool of that size did. The 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 
 from evaluator import board
 from evaluator.buildslots import default_slots
 from evaluator.config import EvalConfig
-from evaluator.pipeline import DEVICE_STAGES, FRONT_STAGES, finish, run_stages, start
+from evaluator.pipeline import DEVICE_STAGES, FRONT_STAGES, Stage, finish, run_stages, start
 from evaluator.result import EvalResult
 from evaluator.state import EvalRun
 from problems.registry import Problem
 
-Stages = Sequence[Callable[[EvalRun], None]]
+Stages = Sequence[Stage]
 
 
 class Scheduler:
