@@ -26,7 +26,9 @@ scheduler's look-ahead, 0 being one pool of `--concurrency`), and the ratio is p
 reference once before the clock starts (this checkout only), so the batch finds its baselines
 cached, as a long run does after its first candidate of each problem or `kloop baseline`.
 With both `--compare` and `--warm-baselines`, one warm-up serves both passes (its baseline
-records are copied into each pass's fresh cache, nothing else is).
+records are copied into each pass's fresh cache, nothing else is). `--baselines-cache DIR`
+keeps that warm-up in DIR for later runs (`--warm-only`: warm it and stop), so one device call
+can warm and the next one time the batch in full.
 `--sizes full` judges the 25 Triton candidates at their problems' own sizes (as a run does)
 instead of the examples' small ones, where an evaluation is nearly all fixed costs and the GPU
 idles whatever the harness does.
@@ -305,6 +307,11 @@ def main() -> int:
     ap.add_argument("--inner", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--warm-into", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--baselines-from", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--baselines-cache", type=Path, metavar="DIR",
+                    help="with --warm-baselines: warm into DIR and keep it (a later run with "
+                         "the same DIR finds every baseline there and warms in seconds)")
+    ap.add_argument("--warm-only", action="store_true",
+                    help="with --baselines-cache: warm it, then stop (no batch)")
     args = ap.parse_args()
     if args.inner:  # run a batch file with whatever evaluator comes first on sys.path
         if args.trace:
@@ -369,16 +376,23 @@ def main() -> int:
                 env={**os.environ, "PYTHONPATH": str(root)})
 
         shared = None
-        if args.warm_baselines and args.compare:
-            # One warm-up for both passes of this checkout: its baseline records are copied
-            # into each pass's fresh cache, whose own warm-up then finds them (seconds).
-            shared = Path(tmp) / "warm"
+        if args.warm_only and not (args.baselines_cache and args.warm_baselines):
+            ap.error("--warm-only wants --warm-baselines and --baselines-cache")
+        if args.warm_baselines and (args.compare or args.baselines_cache):
+            # One warm-up for every pass of this checkout: its baseline records are copied
+            # into each pass's fresh cache, whose own warm-up then finds them (seconds). A
+            # --baselines-cache outlives this run, so the next one skips the ~340 s of
+            # torch.compile baselines, as a long run does after `kloop baseline`.
+            shared = (args.baselines_cache.resolve() if args.baselines_cache
+                      else Path(tmp) / "warm")
             w = inner(REPO, "--warm-into", str(shared), "--settings", json.dumps(common))
             if w.returncode != 0:
                 print(f"the shared warm-up failed ({w.returncode}); its output is above")
                 return 1
             warm_s = json.loads(w.stdout.strip().splitlines()[-1])["warm_s"]
             print(f"shared warm-up: every problem's baselines in {warm_s:.1f} s", flush=True)
+            if args.warm_only:
+                return 0
         for name, root, settings in passes:
             with GpuSampler() as gpu:
                 p = inner(root,

@@ -52,6 +52,11 @@ for s in "$@"; do
                 --concurrency "${THROUGHPUT_CONCURRENCY:-4}" --rows "$OUT/throughput-rows.jsonl" \
                 --json "$OUT/throughput.json" ${THROUGHPUT_ROOT:+--kloop-root "$THROUGHPUT_ROOT"} \
                 ${THROUGHPUT_ARGS:-} ;;
+    # Baselines of every problem of the throughput batch, kept in an ignored dir that the
+    # machine keeps between calls while warm: the next call's `throughput` step passes
+    # THROUGHPUT_ARGS="--warm-baselines --baselines-cache .bench-warm" and times the batch.
+    warm) step warm 400 python3 bench/throughput.py --concurrency "${THROUGHPUT_CONCURRENCY:-4}" \
+            --warm-baselines --baselines-cache .bench-warm --warm-only ${WARM_ARGS:-} ;;
     template-bench) step template-bench 150 python3 bench/template.py --device cuda ;;
     pch) step pch 300 python3 bench/pch.py ;;
     stages) step stages 300 python3 bench/evaluator.py --only stages \

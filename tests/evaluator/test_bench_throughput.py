@@ -39,3 +39,28 @@ def test_a_compare_shares_one_warm_up_and_reports_both_passes(tmp_path):
     figures = json.loads(out.read_text())
     assert set(figures) == {"ahead=0", "ahead=1"}
     assert all(f["per_hour"] > 0 for f in figures.values())
+
+
+@pytest.mark.slow
+def test_a_kept_warm_up_serves_a_later_run(tmp_path):
+    """`--warm-only` fills a --baselines-cache and stops; a later run with the same dir seeds
+    its fresh cache from it (the device warms in one call and times the batch in the next)."""
+    warm = tmp_path / "warm"
+    cmd = [sys.executable, str(REPO / "bench" / "throughput.py"), "--device", "cpu", "--first", "2",
+           "--concurrency", "2", "--warm-baselines", "--eval", "baselines=eager",
+           "--baselines-cache", str(warm)]
+    first = subprocess.run([*cmd, "--warm-only"], capture_output=True, text=True, cwd=REPO,
+                           timeout=600)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "shared warm-up" in first.stdout and "== " not in first.stdout, first.stdout
+    assert "warm L3/1" in first.stderr  # the reference was judged once, into the kept dir
+    later = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert later.returncode == 0, later.stdout[-3000:] + later.stderr[-3000:]
+    seeded = re.findall(r"(\d+) baseline records from the shared warm-up", later.stderr)
+    assert len(seeded) == 1 and int(seeded[0]) >= 1, later.stderr[-3000:]
+    block = later.stdout[later.stdout.index("== this checkout:"):]
+    assert re.findall(r"^  (L3/1 triton \w+) +(\w+) ", block, re.M) == [
+        ("L3/1 triton syntax", "compile_error"), ("L3/1 triton crash", "runtime_error")], block
+    no_flag = subprocess.run([*cmd[:-2], "--warm-only"], capture_output=True, text=True,
+                             cwd=REPO, timeout=60)
+    assert no_flag.returncode == 2 and "--warm-only wants" in no_flag.stderr
