@@ -106,8 +106,10 @@ def warm_baselines(items: list[dict], device: str, concurrency: int, cache: Path
         r = evaluate(item["problem"], source, EvalConfig(
             device=device, cache_dir=cache, problem_overrides=item["overrides"],
             **(settings or {})))
+        top = sorted(r.stage_seconds.items(), key=lambda kv: -kv[1])[:5]
         print(f"warm {item['problem']} {item['overrides'] or 'full size'}: {r.status} in "
-              f"{time.monotonic() - t:.1f} s", file=sys.stderr, flush=True)
+              f"{time.monotonic() - t:.1f} s ({', '.join(f'{k} {v:.1f}' for k, v in top)})",
+              file=sys.stderr, flush=True)
 
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(one, seen.values()))
@@ -385,6 +387,11 @@ def main() -> int:
             # torch.compile baselines, as a long run does after `kloop baseline`.
             shared = (args.baselines_cache.resolve() if args.baselines_cache
                       else Path(tmp) / "warm")
+        kept = shared is not None and not args.warm_only and any(
+            (shared / "private" / "baselines").glob("*.json"))
+        if kept:  # a kept warm-up: the passes' own warm-ups add whatever it lacks
+            print(f"baselines kept in {shared}: no shared warm-up", flush=True)
+        elif shared is not None:
             w = inner(REPO, "--warm-into", str(shared), "--settings", json.dumps(common))
             if w.returncode != 0:
                 print(f"the shared warm-up failed ({w.returncode}); its output is above")

@@ -32,7 +32,6 @@ from evaluator.harness.clock import CallResult, ChannelBroken
 from evaluator.harness.expected import ExpectedStore
 from evaluator.harness.served import (
     CallPlan,
-    decode,
     event_bound_ms,
     overhead_ms,
     run_plan,
@@ -231,11 +230,11 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput,
     failed: list[int] = []
 
     def on_output(i: int, r: CallResult) -> bool:
-        if r.status != OK or r.data is None:
+        if r.status != OK or r.output is None:
             failed.append(i)
             return False
         if eager and out.served is not None:
-            out.served.add(i, decode(layout, r.data))
+            out.served.add(i, r.output)
         return True
 
     t = serving.timing

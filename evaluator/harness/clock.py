@@ -10,8 +10,9 @@ protocol violation.
 
 The snapshot inside the clock is the whole output when it is small, and otherwise 512 random
 64-byte lines of it, chosen in this process before the request (so the worker cannot know them);
-the whole output is copied right after the clock stops and must hold the same bytes at those
-lines. A worker that answers before its output is complete (and finishes writing it off the
+right after the clock stops those lines are read again and must hold the same bytes. The
+checks then read the output where it lies, only the elements they compare
+(`evaluator.harness.output`). A worker that answers before its output is complete (and finishes writing it off the
 clock) leaves some lines unwritten at the snapshot: with a fraction f of the output late, a call
 escapes with probability (1-f)^512, and every timed call is checked (f = 1 % escapes one call in
 170, a hundred calls never). A late write is a protocol violation. This keeps the clock's own
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from evaluator.harness.output import LINE, Output
 from evaluator.worker.serve import (
     OK,
     OP_CALL,
@@ -53,7 +55,6 @@ _perf_counter = time.perf_counter
 _SEALS = getattr(fcntl, "F_SEAL_SHRINK", 0x0002) | getattr(fcntl, "F_SEAL_GROW", 0x0004) | \
     getattr(fcntl, "F_SEAL_SEAL", 0x0001)
 _F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
-LINE = 64
 SAMPLE_LINES = 512
 FULL_SNAPSHOT_BYTES = 256 << 10
 """Outputs up to this size are copied whole inside the clock (a few microseconds)."""
@@ -75,7 +76,8 @@ class CallResult:
     """Trusted: from sending the request to holding the output's snapshot."""
     event_ms: float | None
     """The worker's own CUDA-event time of the forward (its word only; a cross-check)."""
-    data: bytes | None
+    output: Output | None
+    """None: the shared memory was cut short (it is sealed, so never once sized)."""
 
 
 @dataclass
@@ -154,7 +156,12 @@ class CallChannel:
         self._closed = True
         self._lines = None  # drop the view before the map it points into
         if self._map is not None:
-            self._map.close()
+            try:
+                self._map.close()
+            except BufferError:
+                # An `Output` still reads it (a traceback holds the call's result): the map
+                # goes when that view does; the descriptors below close now either way.
+                pass
         for fd in (self.req_r, self.req_w, self.rep_r, self.rep_w, self.mem):
             if fd >= 0:
                 try:
@@ -182,10 +189,19 @@ class CallChannel:
         status, ms = REPLY.unpack(data)
         return status, ms
 
-    def _output(self) -> bytes | None:
+    def _output(self) -> Output | None:
+        """The whole output, copied (inside the clock: small outputs only)."""
         assert self.layout is not None
         data = os.pread(self.mem, self.layout.total, 0)
-        return data if len(data) == self.layout.total else None
+        if len(data) != self.layout.total:
+            return None
+        return Output(self.layout, np.frombuffer(data, dtype=np.uint8))
+
+    def _after(self) -> Output:
+        """The output where it lies, after the clock stopped (large outputs: the checks read
+        only what they look at, `evaluator.harness.output`)."""
+        assert self.layout is not None and self._lines is not None
+        return Output(self.layout, self._lines.reshape(-1))
 
     def prep(self, deadline: float) -> None:
         self._send(OP_PREP, 0)
@@ -200,18 +216,18 @@ class CallChannel:
         self._send(op, seed)
         status, ms = self._wait(deadline)
         if pick is None:
-            data = self._output()
+            output = self._output()
         else:
             snap = self._lines[pick]  # fancy indexing copies
         t1 = _perf_counter()
         if pick is not None:
-            data = self._output()
-            if status == OK and data is not None and not np.array_equal(
-                    np.frombuffer(data, dtype=np.uint8).reshape(-1, LINE)[pick], snap):
+            output = self._after()
+            if status == OK and not np.array_equal(output.lines(pick), snap):
                 raise ChannelBroken("protocol", "the worker wrote its output after it answered "
                                     "(the output changed after the clock stopped)")
         event = None if math.isnan(ms) or ms < 0 else float(ms)
-        return CallResult(status=status, wall_ms=(t1 - t0) * 1000.0, event_ms=event, data=data)
+        return CallResult(status=status, wall_ms=(t1 - t0) * 1000.0, event_ms=event,
+                          output=output)
 
     def stop(self, last: bool = True) -> None:
         """Tell the worker to stop serving. After its last serve, also close our end: a reader

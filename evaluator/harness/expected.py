@@ -9,14 +9,22 @@ call: an output wrong in a fraction f of its elements passes with probability (1
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 
 import torch
 
 from evaluator.correctness import compare_outputs
+from evaluator.harness.output import Output
 from evaluator.result import OutputDiff
+from evaluator.worker.serve import DTYPES
 
 FULL_BUDGET_BYTES = 512 << 20
 SAMPLES = 1 << 14
+
+
+Outputs = Sequence[torch.Tensor] | Output
+"""A call's outputs: tensors, or a served call's `Output`, of which only the kept elements are
+ever read."""
 
 
 class ExpectedStore:
@@ -29,42 +37,64 @@ class ExpectedStore:
     def sampled(self) -> bool:
         return bool(self.positions) and any(p is not None for p in self.positions or [])
 
-    def add(self, index: int, outs: list[torch.Tensor]) -> None:
+    def add(self, index: int, outs: Outputs) -> None:
         if self.positions is None:
-            total = sum(o.numel() * o.element_size() for o in outs) * self.n_calls
+            numels = _numels(outs)
+            sizes = [n * _element_size(outs, k) for k, n in enumerate(numels)]
+            total = sum(sizes) * self.n_calls
             gen = torch.Generator().manual_seed(secrets.randbits(62))
             self.positions = [
-                None if total <= FULL_BUDGET_BYTES or o.numel() <= SAMPLES
-                else torch.randint(0, o.numel(), (SAMPLES,), generator=gen)
-                for o in outs
+                None if total <= FULL_BUDGET_BYTES or n <= SAMPLES
+                else torch.randint(0, n, (SAMPLES,), generator=gen)
+                for n in numels
             ]
-        self.outputs[index] = [self._keep(i, o) for i, o in enumerate(outs)]
+        self.outputs[index] = self._kept(outs)
+
+    def _kept(self, outs: Outputs) -> list[torch.Tensor]:
+        """What is kept (and compared) of each output: all of it, or its secret positions."""
+        assert self.positions is not None
+        if isinstance(outs, Output):
+            return [outs.whole(k) if k >= len(self.positions) or self.positions[k] is None
+                    else outs.at(k, self.positions[k]) for k in range(len(outs.layout.slots))]
+        return [self._keep(i, o) for i, o in enumerate(outs)]
 
     def _keep(self, i: int, o: torch.Tensor) -> torch.Tensor:
         assert self.positions is not None
         pos = self.positions[i] if i < len(self.positions) else None
         return o if pos is None else o.reshape(-1)[pos].clone()
 
-    def passes(self, index: int, got: list[torch.Tensor], tol: float) -> bool:
+    def passes(self, index: int, got: Outputs, tol: float) -> bool:
         """Whether `compare` would find every output within tolerance, in a few passes instead
         of the diff statistics' dozen: it runs between two timed calls on one CPU thread
         (`evaluator.harness.cputhreads`), and only a failing call needs the statistics."""
         expected = self.outputs[index]
-        if len(got) != len(expected):
+        kept = self._kept(got)
+        if len(kept) != len(expected):
             return False
-        return all(_close(e, self._keep(i, g), tol) for i, (e, g) in
-                   enumerate(zip(expected, got, strict=True)))
+        return all(_close(e, g, tol) for e, g in zip(expected, kept, strict=True))
 
-    def compare(self, index: int, got: list[torch.Tensor], tol: float) -> list[OutputDiff]:
+    def compare(self, index: int, got: Outputs, tol: float) -> list[OutputDiff]:
         """The candidate's outputs of timed call `index` against the reference's."""
         expected = self.outputs[index]
-        kept = [self._keep(i, g) if i < len(expected) else g for i, g in enumerate(got)]
+        kept = self._kept(got)
         diffs = compare_outputs(expected, kept, ["torch.Tensor"] * len(kept), tol)
         if self.sampled:
             note = f" (checked at {SAMPLES} secret positions per output)"
             diffs = [d if d.ok else d.model_copy(update={"message": (d.message or "") + note})
                      for d in diffs]
         return diffs
+
+
+def _numels(outs: Outputs) -> list[int]:
+    if isinstance(outs, Output):
+        return [outs.numel(k) for k in range(len(outs.layout.slots))]
+    return [o.numel() for o in outs]
+
+
+def _element_size(outs: Outputs, k: int) -> int:
+    if isinstance(outs, Output):
+        return torch.empty((), dtype=DTYPES[outs.layout.slots[k].dtype]).element_size()
+    return outs[k].element_size()
 
 
 def _close(e: torch.Tensor, g: torch.Tensor, tol: float) -> bool:

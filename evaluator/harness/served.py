@@ -15,14 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from evaluator.harness import gpustate
 from evaluator.harness.clock import CallChannel, CallResult, ChannelBroken
 from evaluator.harness.cputhreads import one_cpu_thread
 from evaluator.harness.flusher import flusher
 from evaluator.result import BoundedEvents, GpuSample, TimingStats
-from evaluator.worker.serve import DTYPES, OK, ServeLayout
+from evaluator.worker.serve import OK
 
 _MAX_WARMUP_CALLS = 1000
 
@@ -68,17 +67,6 @@ class Served:
 
 OnOutput = Callable[[int, CallResult], bool]
 """Told each timed call's result (off the clock); returns False to stop calling."""
-
-
-def decode(layout: ServeLayout, data: bytes) -> list[torch.Tensor]:
-    """The outputs in a served call's shared memory, as CPU tensors of their own."""
-    outs = []
-    for s in layout.slots:
-        raw = bytearray(data[s.offset:s.offset + s.nbytes])
-        t = torch.frombuffer(raw, dtype=DTYPES[s.dtype]) if raw else \
-            torch.empty(0, dtype=DTYPES[s.dtype])
-        outs.append(t.reshape(s.shape))
-    return outs
 
 
 def run_plan(ch: CallChannel, plan: CallPlan, budget_s: float, on_output: OnOutput) -> Served:

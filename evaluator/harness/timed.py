@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from evaluator.checks import violate
 from evaluator.harness.clock import CallResult, ChannelBroken
-from evaluator.harness.served import CallPlan, decode, null_call_count, run_plan, timing_stats
+from evaluator.harness.served import CallPlan, null_call_count, run_plan, timing_stats
 from evaluator.outcome import Decided, Entered, Failed, Judged, Measured, Noted, violated
 from evaluator.protocol import Control
 from evaluator.result import CorrectnessTrial, ErrorInfo, OutputDiff
@@ -55,9 +55,9 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
         if r.status != OK:
             failed.append(i)  # it raised: the worker's error message says what
             return False
-        if r.data is None:
+        if r.output is None:
             return fail(i, "the shared output memory was cut short")
-        got = decode(layout, r.data)
+        got = r.output
         if store.passes(i, got, tol):
             return True
         # The full comparison decides (the quick test only ever answers "passes" early).

@@ -56,6 +56,7 @@ def test_a_kept_warm_up_serves_a_later_run(tmp_path):
     assert "warm L3/1" in first.stderr  # the reference was judged once, into the kept dir
     later = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
     assert later.returncode == 0, later.stdout[-3000:] + later.stderr[-3000:]
+    assert "no shared warm-up" in later.stdout and "shared warm-up:" not in later.stdout
     seeded = re.findall(r"(\d+) baseline records from the shared warm-up", later.stderr)
     assert len(seeded) == 1 and int(seeded[0]) >= 1, later.stderr[-3000:]
     block = later.stdout[later.stdout.index("== this checkout:"):]

@@ -79,3 +79,70 @@ def test_sampled_outputs_are_tested_at_the_same_secret_positions(monkeypatch):
     bad = big.clone()
     bad[store.positions[0][0]] += 1.0  # type: ignore[index]
     assert not _agree(store, 0, [bad], 1e-4)
+
+
+def _served(outs: list[torch.Tensor]):
+    """`outs` as a served call leaves them: in one buffer laid out by `ServeLayout`."""
+    import numpy as np
+
+    from evaluator.harness.output import Output
+    from evaluator.worker.serve import ServeLayout
+
+    layout = ServeLayout.of([(list(o.shape), str(o.dtype)) for o in outs])
+    buf = np.zeros(layout.total, dtype=np.uint8)
+    for s, o in zip(layout.slots, outs, strict=True):
+        raw = o.contiguous().reshape(-1).view(torch.uint8).numpy()
+        buf[s.offset:s.offset + s.nbytes] = raw
+    return Output(layout, buf)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64,
+                                   torch.int64, torch.int8, torch.bool, torch.complex64])
+def test_a_served_output_reads_back_whole_and_at_positions_bit_for_bit(dtype):
+    gen = torch.Generator().manual_seed(7)
+    first = (torch.randn(3, 1001, generator=gen) * 100).to(dtype)
+    second = (torch.randn(17, generator=gen) * 100).to(dtype)  # an unaligned slot after it
+    out = _served([first, second, torch.empty(0, 4, dtype=dtype)])
+    whole = out.tensors()
+    assert [t.shape for t in whole] == [first.shape, second.shape, (0, 4)]
+    assert all(t.dtype == dtype for t in whole)
+    assert torch.equal(whole[0].view(torch.uint8), first.view(torch.uint8))
+    assert torch.equal(whole[1].view(torch.uint8), second.view(torch.uint8))
+    pos = torch.randint(0, first.numel(), (257,), generator=gen)
+    assert torch.equal(out.at(0, pos).view(torch.uint8),
+                       first.reshape(-1)[pos].view(torch.uint8))
+
+
+def test_a_sampled_store_reads_only_its_positions_of_a_served_output(monkeypatch):
+    """The reference's and the candidate's outputs come as served `Output`s: a sampled store
+    keeps and compares the same elements it would have taken from whole tensors, and never
+    copies an output out whole (the cost it exists to avoid)."""
+    from evaluator.harness.output import Output
+
+    monkeypatch.setattr(expected_mod, "FULL_BUDGET_BYTES", 1024)
+
+    class NoWhole(Output):
+        def whole(self, k):
+            raise AssertionError("copied whole")
+
+    big, small = torch.randn(1 << 16), torch.randn(8)
+    served = _served([big, small])
+    ref = ExpectedStore(n_calls=3)
+    ref.add(0, served)
+    assert ref.positions is not None and ref.positions[0] is not None
+    assert ref.positions[1] is None  # a small output is kept whole even when sampling
+    assert torch.equal(ref.outputs[0][0], big[ref.positions[0]])
+    assert torch.equal(ref.outputs[0][1], small)
+
+    ref.positions[1] = torch.arange(8)  # every output sampled: nothing may be copied whole
+    good = _served([big.clone(), small.clone()])
+    assert ref.passes(0, NoWhole(good.layout, good.buf), 1e-4)
+    bad_big = big.clone()
+    bad_big[ref.positions[0][5]] += 1.0
+    bad = _served([bad_big, small.clone()])
+    assert not ref.passes(0, NoWhole(bad.layout, bad.buf), 1e-4)
+    diffs = ref.compare(0, NoWhole(bad.layout, bad.buf), 1e-4)
+    assert not diffs[0].ok and "secret positions" in (diffs[0].message or "") and diffs[1].ok
+    # Tensors and served outputs get the same answers from one store.
+    assert ref.passes(0, [big.clone(), small.clone()], 1e-4)
+    assert not ref.passes(0, [bad_big, small.clone()], 1e-4)

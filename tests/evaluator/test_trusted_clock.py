@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from evaluator.harness.clock import CallChannel, ChannelBroken
-from evaluator.harness.served import CallPlan, decode, run_plan
+from evaluator.harness.served import CallPlan, run_plan
 from evaluator.worker.serve import OK, ServeLayout
 
 N = 64
@@ -122,8 +122,8 @@ def _serve(mode: str, seeds: list[int], budget_s: float = 30.0, layout: ServeLay
     def on_output(i, r):
         if observe is not None:
             observe(i)
-        ok = r.status == OK and r.data is not None and torch.allclose(
-            decode(layout, r.data)[0], _expected(seeds[i], n))
+        ok = r.status == OK and r.output is not None and torch.allclose(
+            r.output.whole(0), _expected(seeds[i], n))
         judged.append(ok)
         return True
 
@@ -186,11 +186,11 @@ class _LateWrite(CallChannel):
 
     calls = 0
 
-    def _output(self):
+    def _after(self):
         type(self).calls += 1
         if type(self).calls > 1:  # the warm-up call stays clean
             os.pwrite(self.mem, os.urandom(self.layout.total), 0)  # whichever lines were sampled
-        return super()._output()
+        return super()._after()
 
 
 def test_output_that_changes_after_the_clock_stopped_breaks_the_protocol():
