@@ -80,9 +80,7 @@ def main() -> int:
         old, new = times["copy"], times["in place"]
         print(f"{text:>8} {'ratio':>9} {old[0] / new[0]:7.0f}x {old[1] / new[1]:9.0f}x  "
               f"(sampled: {store.sampled})")
-        live = None  # the view goes before its map
-        mm.close()
-        os.close(fd)
+        os.close(fd)  # the map goes with its last view
     return 0
 
 
