@@ -55,6 +55,8 @@ _perf_counter = time.perf_counter
 _SEALS = getattr(fcntl, "F_SEAL_SHRINK", 0x0002) | getattr(fcntl, "F_SEAL_GROW", 0x0004) | \
     getattr(fcntl, "F_SEAL_SEAL", 0x0001)
 _F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
+LATE_WRITE = "the worker wrote its output after it answered (the output changed after the " \
+    "clock stopped)"
 SAMPLE_LINES = 512
 FULL_SNAPSHOT_BYTES = 256 << 10
 """Outputs up to this size are copied whole inside the clock (a few microseconds)."""
@@ -197,11 +199,11 @@ class CallChannel:
             return None
         return Output(self.layout, np.frombuffer(data, dtype=np.uint8))
 
-    def _after(self) -> Output:
+    def _after(self, pick: np.ndarray, snap: np.ndarray) -> Output:
         """The output where it lies, after the clock stopped (large outputs: the checks read
         only what they look at, `evaluator.harness.output`)."""
         assert self.layout is not None and self._lines is not None
-        return Output(self.layout, self._lines.reshape(-1))
+        return Output(self.layout, self._lines.reshape(-1), (pick, snap))
 
     def prep(self, deadline: float) -> None:
         self._send(OP_PREP, 0)
@@ -221,10 +223,9 @@ class CallChannel:
             snap = self._lines[pick]  # fancy indexing copies
         t1 = _perf_counter()
         if pick is not None:
-            output = self._after()
-            if status == OK and not np.array_equal(output.lines(pick), snap):
-                raise ChannelBroken("protocol", "the worker wrote its output after it answered "
-                                    "(the output changed after the clock stopped)")
+            output = self._after(pick, snap)
+            if status == OK and not output.as_snapped():
+                raise ChannelBroken("protocol", LATE_WRITE)
         event = None if math.isnan(ms) or ms < 0 else float(ms)
         return CallResult(status=status, wall_ms=(t1 - t0) * 1000.0, event_ms=event,
                           output=output)

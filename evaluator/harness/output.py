@@ -26,15 +26,23 @@ LINE = 64
 
 
 class Output:
-    def __init__(self, layout: ServeLayout, buf: np.ndarray):
-        """`buf`: the whole shared memory's bytes (uint8, `layout.total` of them), a copy or the
-        memory itself."""
+    def __init__(self, layout: ServeLayout, buf: np.ndarray,
+                 snapshot: tuple[np.ndarray, np.ndarray] | None = None):
+        """`buf`: the whole shared memory's bytes (uint8, `layout.total` of them), a copy taken
+        inside the clock, or the memory itself with `snapshot`: the lines the clock sampled
+        (`pick`) and their bytes when it stopped."""
         self.layout = layout
         self.buf = buf
+        self.snapshot = snapshot
 
-    def lines(self, pick: np.ndarray) -> np.ndarray:
-        """A copy of the `LINE`-byte lines at `pick` (the clock's late-write check)."""
-        return self.buf.reshape(-1, LINE)[pick]
+    def as_snapped(self) -> bool:
+        """Whether the sampled lines still hold what they held when the clock stopped (always,
+        for a copy). Checked before the output is read and again after (`served.run_plan`):
+        what was judged was read between two checks, as it would have been from one copy."""
+        if self.snapshot is None:
+            return True
+        pick, snap = self.snapshot
+        return bool(np.array_equal(self.buf.reshape(-1, LINE)[pick], snap))
 
     def numel(self, k: int) -> int:
         return math.prod(self.layout.slots[k].shape)

@@ -186,16 +186,39 @@ class _LateWrite(CallChannel):
 
     calls = 0
 
-    def _after(self):
+    def _after(self, pick, snap):
         type(self).calls += 1
         if type(self).calls > 1:  # the warm-up call stays clean
             os.pwrite(self.mem, os.urandom(self.layout.total), 0)  # whichever lines were sampled
-        return super()._after()
+        return super()._after(pick, snap)
 
 
 def test_output_that_changes_after_the_clock_stopped_breaks_the_protocol():
     with pytest.raises(ChannelBroken) as e:
         _serve("honest", [41, 42], layout=BIG, channel=_LateWrite)
+    assert e.value.kind == "protocol" and "after it answered" in str(e.value)
+
+
+class _WritesWhileJudged(CallChannel):
+    """A large output that passes the clock's late-write check and changes while the harness
+    reads it to judge it (a write landing between the check and the read): what was judged is
+    not what was timed unless the sampled lines are checked again after the read."""
+
+    def _after(self, pick, snap):
+        out = super()._after(pick, snap)
+        mem = self.mem
+
+        class Changing(type(out)):
+            def whole(self, k):
+                os.pwrite(mem, os.urandom(self.layout.total), 0)
+                return super().whole(k)
+
+        return Changing(out.layout, out.buf, out.snapshot)
+
+
+def test_output_that_changes_while_it_is_judged_breaks_the_protocol():
+    with pytest.raises(ChannelBroken) as e:
+        _serve("honest", [43, 44], layout=BIG, channel=_WritesWhileJudged)
     assert e.value.kind == "protocol" and "after it answered" in str(e.value)
 
 
