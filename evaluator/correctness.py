@@ -49,6 +49,14 @@ def compare_tensor(index: int, expected: torch.Tensor, got: Any, got_type: str,
     return _compare_values(expected, got, tol, base)
 
 
+def _masked_max(values: torch.Tensor, keep: torch.Tensor) -> float | None:
+    """The largest of `values` where `keep` (values there are >= 0), None where none is kept."""
+    if values.numel() == 0:
+        return None
+    top = float(torch.where(keep, values, float("-inf")).max())
+    return None if top == float("-inf") else top
+
+
 def _compare_values(expected: torch.Tensor, got: torch.Tensor, tol: float,
                     base: dict[str, Any]) -> OutputDiff:
     wide = torch.float64 if expected.dtype == torch.float64 else torch.float32
@@ -64,11 +72,12 @@ def _compare_values(expected: torch.Tensor, got: torch.Tensor, tol: float,
     ok_elem &= ~(e.isnan() | g.isnan())
     n = e.numel()
     mismatch = n - int(ok_elem.sum())
-    finite = diff[diff.isfinite()]
-    max_abs = float(finite.max()) if finite.numel() else None
-    nonzero = e.abs() > 0
-    rel = diff[nonzero & diff.isfinite()] / e.abs()[nonzero & diff.isfinite()]
-    max_rel = float(rel.max()) if rel.numel() else None
+    # Maxima over masked elements without selecting them: a boolean selection of a 50 M
+    # element output took 3.7 of 8.3 s on one thread (the probe trials' comparisons run under
+    # the device lock). Kept elements are >= 0 here, so -inf marks "none kept".
+    finite = diff.isfinite()
+    max_abs = _masked_max(diff, finite)
+    max_rel = _masked_max(diff / e.abs(), finite & (e != 0))
     return OutputDiff(
         ok=mismatch == 0, **base, max_abs_err=max_abs, max_rel_err=max_rel,
         mismatch_fraction=mismatch / n if n else 0.0,

@@ -60,6 +60,36 @@ def _result_with(diff):
                       correctness=[CorrectnessTrial(trial=0, passed=False, outputs=[diff])])
 
 
+def _max_errors_by_definition(e: torch.Tensor, g: torch.Tensor) -> tuple[float | None, ...]:
+    """max |g - e| over the elements where it is finite (the same infinity on both sides counts
+    0), and max |g - e| / |e| over those where e is also nonzero: element by element."""
+    abs_errs, rel_errs = [], []
+    for x, y in zip(e.tolist(), g.tolist(), strict=True):
+        d = 0.0 if math.isinf(x) and x == y else abs(torch.tensor(y) - torch.tensor(x)).item()
+        if math.isfinite(d):
+            abs_errs.append(d)
+            if abs(x) > 0:
+                rel_errs.append((torch.tensor(d) / abs(torch.tensor(x))).item())
+    return (max(abs_errs) if abs_errs else None, max(rel_errs) if rel_errs else None)
+
+
+@pytest.mark.parametrize("case", ["mixed", "no_finite_diff", "all_zero_expected", "empty"])
+def test_max_errors_are_the_maxima_over_the_elements_they_are_defined_on(case):
+    inf, nan = float("inf"), float("nan")
+    e, g = {
+        "mixed": ([1.0, 0.0, -2.0, inf, -inf, nan, 3e38, 1e-40, 5.0, 0.0],
+                  [1.5, 0.25, -2.0, inf, 4.0, 1.0, -3e38, 2e-40, nan, 0.0]),
+        "no_finite_diff": ([inf, nan, 1.0], [-inf, 1.0, nan]),
+        "all_zero_expected": ([0.0, 0.0, 0.0], [0.5, -1.0, 0.0]),
+        "empty": ([], []),
+    }[case]
+    e, g = torch.tensor(e, dtype=torch.float32), torch.tensor(g, dtype=torch.float32)
+    [d] = compare_outputs([e], [g], ["torch.Tensor"], 1e-4)
+    assert (d.max_abs_err, d.max_rel_err) == _max_errors_by_definition(e, g)
+    if case == "mixed":  # every branch of the definition is exercised
+        assert d.max_abs_err is not None and d.max_rel_err is not None
+
+
 def test_worst_element_values_round_trip_through_json_even_when_nan():
     expected = torch.tensor([1.0, 2.0])
     got = torch.tensor([float("nan"), 2.0])
