@@ -10,9 +10,9 @@ protocol violation.
 
 The snapshot inside the clock is the whole output when it is small, and otherwise 512 random
 64-byte lines of it, chosen in this process before the request (so the worker cannot know them);
-right after the clock stops those lines are read again and must hold the same bytes. The
-checks then read the output where it lies, only the elements they compare
-(`evaluator.harness.output`). A worker that answers before its output is complete (and finishes writing it off the
+the whole output is copied right after the clock stops (into memory the channel keeps,
+`evaluator.harness.output`) and must hold the same bytes at those lines; the checks read only
+that copy. A worker that answers before its output is complete (and finishes writing it off the
 clock) leaves some lines unwritten at the snapshot: with a fraction f of the output late, a call
 escapes with probability (1-f)^512, and every timed call is checked (f = 1 % escapes one call in
 170, a hundred calls never). A late write is a protocol violation. This keeps the clock's own
@@ -55,8 +55,6 @@ _perf_counter = time.perf_counter
 _SEALS = getattr(fcntl, "F_SEAL_SHRINK", 0x0002) | getattr(fcntl, "F_SEAL_GROW", 0x0004) | \
     getattr(fcntl, "F_SEAL_SEAL", 0x0001)
 _F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
-LATE_WRITE = "the worker wrote its output after it answered (the output changed after the " \
-    "clock stopped)"
 SAMPLE_LINES = 512
 FULL_SNAPSHOT_BYTES = 256 << 10
 """Outputs up to this size are copied whole inside the clock (a few microseconds)."""
@@ -99,6 +97,7 @@ class CallChannel:
     _closed: bool = field(default=False, repr=False)
     _map: mmap.mmap | None = field(default=None, repr=False)
     _lines: np.ndarray | None = field(default=None, repr=False)
+    _copy: np.ndarray | None = field(default=None, repr=False)
     _starts: np.ndarray | None = field(default=None, repr=False)
     _ends: np.ndarray | None = field(default=None, repr=False)
     _befores: np.ndarray | None = field(default=None, repr=False)
@@ -156,14 +155,9 @@ class CallChannel:
         if self._closed:
             return
         self._closed = True
-        self._lines = None  # drop the view before the map it points into
+        self._lines = self._copy = None  # drop the view before the map it points into
         if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:
-                # An `Output` still reads it (a traceback holds the call's result): the map
-                # goes when that view does; the descriptors below close now either way.
-                pass
+            self._map.close()
         for fd in (self.req_r, self.req_w, self.rep_r, self.rep_w, self.mem):
             if fd >= 0:
                 try:
@@ -199,11 +193,14 @@ class CallChannel:
             return None
         return Output(self.layout, np.frombuffer(data, dtype=np.uint8))
 
-    def _after(self, pick: np.ndarray, snap: np.ndarray) -> Output:
-        """The output where it lies, after the clock stopped (large outputs: the checks read
-        only what they look at, `evaluator.harness.output`)."""
+    def _after(self) -> Output:
+        """The whole output, copied after the clock stopped into the buffer this channel
+        keeps (large outputs: `evaluator.harness.output` says why whole, and why kept)."""
         assert self.layout is not None and self._lines is not None
-        return Output(self.layout, self._lines.reshape(-1), (pick, snap))
+        if self._copy is None:
+            self._copy = np.empty(self.layout.total, dtype=np.uint8)
+        np.copyto(self._copy, self._lines.reshape(-1))
+        return Output(self.layout, self._copy)
 
     def prep(self, deadline: float) -> None:
         self._send(OP_PREP, 0)
@@ -223,9 +220,10 @@ class CallChannel:
             snap = self._lines[pick]  # fancy indexing copies
         t1 = _perf_counter()
         if pick is not None:
-            output = self._after(pick, snap)
-            if status == OK and not output.as_snapped():
-                raise ChannelBroken("protocol", LATE_WRITE)
+            output = self._after()
+            if status == OK and not np.array_equal(output.lines(pick), snap):
+                raise ChannelBroken("protocol", "the worker wrote its output after it answered "
+                                    "(the output changed after the clock stopped)")
         event = None if math.isnan(ms) or ms < 0 else float(ms)
         return CallResult(status=status, wall_ms=(t1 - t0) * 1000.0, event_ms=event,
                           output=output)

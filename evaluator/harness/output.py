@@ -1,15 +1,22 @@
-"""A served call's outputs as the harness reads them after the call's clock stopped.
+"""A served call's outputs as the harness holds them after the call's clock stopped: a copy.
 
-Small outputs are a copy taken inside the clock. Large ones are read where they lie, in the
-shared memory, and only as much of them as the check needs: the reference's outputs are kept at
-secret positions once they are large (`evaluator.harness.expected`), so copying all of a 200 MB
-output out three times per call (a `pread`, a slice, a `bytearray`) to look at 16 384 elements
-of it cost ~0.3 s a call, half a minute of the device lock for 100 timed calls of L3/43 at its
-full size. The positions are drawn in the harness and never leave it, so reading them in place
-checks exactly the elements a copy would have.
+Small outputs are copied inside the clock. Large ones are copied right after it, whole and in
+order, into a buffer the channel keeps for the session: until 0c1dc05 each call copied a 200 MB
+output three times into fresh memory (a `pread`, a slice, a `bytearray`; 0.22 s a call at
+192 MB, half a minute of the device lock for 100 timed calls of L3/43 at full size), and one
+copy into memory already mapped takes 15 ms there (`bench/output_read.py`).
 
-An `Output` over the shared memory is valid until the channel's next request: it is read in the
-`on_output` callback (`evaluator.harness.served.run_plan`), before the next call is sent.
+Why a copy, and a whole one, although a large output is checked only at 16 384 secret
+positions (`evaluator.harness.expected`): the shared memory is mapped in the candidate's
+process too. Reading only those positions in place would show them to it (flush a line,
+time reloading it: a shared page's cache lines reveal who touched them), and with the same
+positions for every call a candidate could then compute only those elements. A whole
+sequential copy touches every line alike, and the checks then read only harness-private
+memory. It also freezes the output: the late-write check compares the clock's sampled lines
+with this copy, and what is judged is this copy, so nothing written afterwards counts.
+
+An `Output` is valid until the channel's next request (the buffer is reused): it is read in
+the `on_output` callback (`evaluator.harness.served.run_plan`), before the next call is sent.
 """
 
 from __future__ import annotations
@@ -26,29 +33,20 @@ LINE = 64
 
 
 class Output:
-    def __init__(self, layout: ServeLayout, buf: np.ndarray,
-                 snapshot: tuple[np.ndarray, np.ndarray] | None = None):
-        """`buf`: the whole shared memory's bytes (uint8, `layout.total` of them), a copy taken
-        inside the clock, or the memory itself with `snapshot`: the lines the clock sampled
-        (`pick`) and their bytes when it stopped."""
+    def __init__(self, layout: ServeLayout, buf: np.ndarray):
+        """`buf`: a copy of the whole shared memory (uint8, `layout.total` bytes)."""
         self.layout = layout
         self.buf = buf
-        self.snapshot = snapshot
 
-    def as_snapped(self) -> bool:
-        """Whether the sampled lines still hold what they held when the clock stopped (always,
-        for a copy). Checked before the output is read and again after (`served.run_plan`):
-        what was judged was read between two checks, as it would have been from one copy."""
-        if self.snapshot is None:
-            return True
-        pick, snap = self.snapshot
-        return bool(np.array_equal(self.buf.reshape(-1, LINE)[pick], snap))
+    def lines(self, pick: np.ndarray) -> np.ndarray:
+        """A copy of the `LINE`-byte lines at `pick` (the clock's late-write check)."""
+        return self.buf.reshape(-1, LINE)[pick]
 
     def numel(self, k: int) -> int:
         return math.prod(self.layout.slots[k].shape)
 
     def whole(self, k: int) -> torch.Tensor:
-        """Output `k`, copied out whole (a tensor of its own)."""
+        """Output `k`, as a tensor of its own."""
         s = self.layout.slots[k]
         dtype = DTYPES[s.dtype]
         if s.nbytes == 0:
@@ -57,8 +55,8 @@ class Output:
         return raw.view(dtype).reshape(s.shape)
 
     def at(self, k: int, positions: torch.Tensor) -> torch.Tensor:
-        """The elements of output `k` (flattened) at `positions`, copied out: what
-        `whole(k).reshape(-1)[positions]` holds, without copying the rest."""
+        """The elements of output `k` (flattened) at `positions`, as a tensor of their own:
+        what `whole(k).reshape(-1)[positions]` holds, without copying the rest again."""
         s = self.layout.slots[k]
         dtype = DTYPES[s.dtype]
         size = torch.empty((), dtype=dtype).element_size()
@@ -67,5 +65,5 @@ class Output:
         return torch.from_numpy(picked).view(dtype).reshape(-1)
 
     def tensors(self) -> list[torch.Tensor]:
-        """Every output, copied out whole."""
+        """Every output, as tensors of their own."""
         return [self.whole(k) for k in range(len(self.layout.slots))]

@@ -186,11 +186,11 @@ class _LateWrite(CallChannel):
 
     calls = 0
 
-    def _after(self, pick, snap):
+    def _after(self):
         type(self).calls += 1
         if type(self).calls > 1:  # the warm-up call stays clean
             os.pwrite(self.mem, os.urandom(self.layout.total), 0)  # whichever lines were sampled
-        return super()._after(pick, snap)
+        return super()._after()
 
 
 def test_output_that_changes_after_the_clock_stopped_breaks_the_protocol():
@@ -200,12 +200,11 @@ def test_output_that_changes_after_the_clock_stopped_breaks_the_protocol():
 
 
 class _WritesWhileJudged(CallChannel):
-    """A large output that passes the clock's late-write check and changes while the harness
-    reads it to judge it (a write landing between the check and the read): what was judged is
-    not what was timed unless the sampled lines are checked again after the read."""
+    """A large output that passes the clock's late-write check and is then overwritten with
+    garbage while the harness judges it: what is judged must be what the clock stopped on."""
 
-    def _after(self, pick, snap):
-        out = super()._after(pick, snap)
+    def _after(self):
+        out = super()._after()
         mem = self.mem
 
         class Changing(type(out)):
@@ -213,13 +212,12 @@ class _WritesWhileJudged(CallChannel):
                 os.pwrite(mem, os.urandom(self.layout.total), 0)
                 return super().whole(k)
 
-        return Changing(out.layout, out.buf, out.snapshot)
+        return Changing(out.layout, out.buf)
 
 
-def test_output_that_changes_while_it_is_judged_breaks_the_protocol():
-    with pytest.raises(ChannelBroken) as e:
-        _serve("honest", [43, 44], layout=BIG, channel=_WritesWhileJudged)
-    assert e.value.kind == "protocol" and "after it answered" in str(e.value)
+def test_output_written_while_it_is_judged_changes_nothing_judged():
+    served, judged, _ = _serve("honest", [43, 44, 45], layout=BIG, channel=_WritesWhileJudged)
+    assert judged == [True] * 3 and len(served.wall_ms) == 3
 
 
 def test_a_worker_that_finishes_its_output_after_answering_never_passes():
