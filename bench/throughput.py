@@ -60,6 +60,9 @@ STAGES = ["static", "build_wait", "compile", "reference", "device_wait", "warmup
 """`<mode>_held`: lock taken -> child gone (start-up on the device and exit included);
 `<mode>_start`: spawn -> ready, before the lock; `first_trial`: the part of `correctness` up to
 the first trial's result (on a GPU the trial that counts launches under the profiler)."""
+LOCKED = ["ref_reference", "ref_baselines", "load", "correctness", "timing", "profile",
+          "warmup"]
+"""Stages inside a device-lock hold (what a long hold is made of)."""
 
 
 def batch(sizes: str = "examples") -> list[dict]:
@@ -258,14 +261,20 @@ def report(name: str, res: dict, n: int) -> dict:
     walls = [r["wall_s"] for r in rows]
     print(f"{'end to end':16} {statistics.median(walls):7.2f} {_pct(walls, 0.9):7.2f} {len(walls):3}")
     # The exclusive lock is the queue: what each candidate held it for bounds the rate.
-    held = [sum(v for k, v in r["stages"].items() if k in ("reference_held", "candidate_held"))
-            for r in rows]
-    held = [h for h in held if h > 0]
+    holds = [(sum(v for k, v in r["stages"].items() if k in ("reference_held", "candidate_held")),
+              r) for r in rows]
+    held = [h for h, _ in holds if h > 0]
     if held:
         total = sum(held)
         print(f"{'held excl.':16} {statistics.median(held):7.2f} {_pct(held, 0.9):7.2f} "
               f"{len(held):3}   sum {total:.1f} s of {res['wall_s']:.1f} s wall: at most "
               f"{n / total * 3600:.0f} per GPU-hour while the lock is the queue")
+        # Who held it: in session 19 two full-size candidates held 69 % of the batch's wall.
+        for h, r in sorted((hr for hr in holds if hr[0] > 0), key=lambda hr: -hr[0])[:3]:
+            inner = sorted(((k, v) for k, v in r["stages"].items() if k in LOCKED and v >= 0.05),
+                           key=lambda kv: -kv[1])
+            print(f"  longest hold: {r['label']} {h:.1f} s ({h / total:.0%} of the holds): "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in inner[:4]))
     # A candidate built ahead that had to be built again under the lock pays twice; the first
     # reason says why (it named the torch.cuda query behind every such retry in session 17).
     again = [f for r in rows for f in r.get("flags", []) if f.startswith("constructed_under_lock")]

@@ -36,6 +36,8 @@ def test_a_compare_shares_one_warm_up_and_reports_both_passes(tmp_path):
                         ("L3/1 triton crash", "runtime_error"),
                         ("L3/1 triton wrong", "incorrect")], block
     assert "ahead=1 / ahead=0:" in p.stdout
+    # The longest device-lock holds are named, with what they were made of.
+    assert re.search(r"longest hold: L3/1 triton \w+ [\d.]+ s \(\d+% of the holds\)", p.stdout)
     figures = json.loads(out.read_text())
     assert set(figures) == {"ahead=0", "ahead=1"}
     assert all(f["per_hour"] > 0 for f in figures.values())
