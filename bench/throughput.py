@@ -22,8 +22,8 @@ the batch runs through this checkout twice, with the evaluator setting FIELD at 
 (`jit_warmup=off,auto`: the JIT warm-up pass under the shared device lock; `cuda_init=
 under_lock,before_lock`: children make their CUDA context before the lock; `ahead=0,8`: the
 scheduler's look-ahead, 0 being one pool of `--concurrency`), and the ratio is printed.
-`--first N` takes only the first N candidates (a smoke run). `--warm-baselines` judges each problem's
-reference once before the clock starts (this checkout only), so the batch finds its baselines
+`--first N` takes only the first N candidates (a smoke run). `--warm-baselines` times each
+problem's baselines (its reference stage alone) before the clock starts, so the batch finds them
 cached, as a long run does after its first candidate of each problem or `kloop baseline`.
 With both `--compare` and `--warm-baselines`, one warm-up serves both passes (its baseline
 records are copied into each pass's fresh cache, nothing else is). `--baselines-cache DIR`
@@ -90,29 +90,34 @@ def batch(sizes: str = "examples") -> list[dict]:
 
 def warm_baselines(items: list[dict], device: str, concurrency: int, cache: Path,
                    settings: dict | None = None) -> float:
-    """Steady state before the clock starts: every problem's reference, judged as a candidate
-    once into the batch's cache, leaves its baselines there (and the template process up), as
-    `kloop baseline` leaves them for a long run. Returns the seconds it took."""
+    """Steady state before the clock starts: every problem configuration's baselines timed (or
+    found) in the batch's cache by its reference stage alone (`build_baselines`, as `kloop
+    baseline` leaves them for a long run), which also brings the template process up. Judging
+    each reference as a candidate as well, as this did until session 19, added ~100 timed calls
+    per problem under the device lock and changed nothing the batch then finds. Returns the
+    seconds it took."""
     from concurrent.futures import ThreadPoolExecutor
 
     from evaluator.config import EvalConfig
-    from evaluator.fair_baseline import honest_source
-    from evaluator.pipeline import evaluate
-    from problems.registry import get_problem
+    from evaluator.pipeline import build_baselines
 
     seen = {(it["problem"], json.dumps(it["overrides"], sort_keys=True)): it for it in items}
     t0 = time.monotonic()
 
     def one(item: dict) -> None:
-        source = honest_source(get_problem(item["problem"]).path.read_text())
-        t = time.monotonic()
-        r = evaluate(item["problem"], source, EvalConfig(
-            device=device, cache_dir=cache, problem_overrides=item["overrides"],
-            **(settings or {})))
-        top = sorted(r.stage_seconds.items(), key=lambda kv: -kv[1])[:5]
-        print(f"warm {item['problem']} {item['overrides'] or 'full size'}: {r.status} in "
-              f"{time.monotonic() - t:.1f} s ({', '.join(f'{k} {v:.1f}' for k, v in top)})",
-              file=sys.stderr, flush=True)
+        t, what = time.monotonic(), f"warm {item['problem']} {item['overrides'] or 'full size'}"
+        try:
+            ref = build_baselines(item["problem"], EvalConfig(
+                device=device, cache_dir=cache, problem_overrides=item["overrides"],
+                **(settings or {})), rebuild=False)
+        except Exception as e:  # the batch then times this problem's baselines itself
+            print(f"{what}: failed: {type(e).__name__}: {e}"[:300], file=sys.stderr, flush=True)
+            return
+        eager = f"{ref.eager.median_ms:.3f} ms" if ref.eager is not None else "none"
+        top = ", ".join(f"{k} {v:.1f}" for k, v in
+                        sorted(ref.stage_seconds.items(), key=lambda kv: -kv[1])[:3])
+        print(f"{what}: eager {eager} in {time.monotonic() - t:.1f} s ({top})", file=sys.stderr,
+              flush=True)
 
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(one, seen.values()))
@@ -306,8 +311,9 @@ def main() -> int:
                          "evaluation is mostly fixed costs, or at their problems' own sizes, "
                          "as a run judges them (the other five are the same either way)")
     ap.add_argument("--warm-baselines", action="store_true",
-                    help="judge each problem's reference once before the clock starts, so that "
-                         "the batch finds its baselines cached (a long run's steady state)")
+                    help="time each problem's baselines (its reference stage alone) before the "
+                         "clock starts, so that the batch finds them cached (a long run's "
+                         "steady state)")
     ap.add_argument("--trace", type=Path, help="append each candidate child's messages (arrival "
                     "and judging time, `evaluator.stages` debug log) here")
     ap.add_argument("--eval", action="append", default=[], metavar="KEY=VALUE",
