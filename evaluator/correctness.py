@@ -61,17 +61,21 @@ def _compare_values(expected: torch.Tensor, got: torch.Tensor, tol: float,
                     base: dict[str, Any]) -> OutputDiff:
     wide = torch.float64 if expected.dtype == torch.float64 else torch.float32
     e, g = expected.to(wide), got.to(wide)
-    nan_e, nan_g = int(e.isnan().sum()), int(g.isnan().sum())
-    inf_e, inf_g = int(e.isinf().sum()), int(g.isinf().sum())
-    same_inf = e.isinf() & (e == g)
+    # count_nonzero, not sum: the same count of a bool tensor, 5-10x faster on a large one.
+    nan_e, nan_g = int(e.isnan().count_nonzero()), int(g.isnan().count_nonzero())
+    inf_e, inf_g = int(e.isinf().count_nonzero()), int(g.isinf().count_nonzero())
     diff = (g - e).abs()
-    diff = torch.where(same_inf, torch.zeros_like(diff), diff)
     bound = tol + tol * e.abs()
-    # An infinity (on either side) matches only the same infinity; NaN matches nothing.
-    ok_elem = torch.where(e.isinf() | g.isinf(), same_inf, diff <= bound)
-    ok_elem &= ~(e.isnan() | g.isnan())
+    if nan_e or nan_g or inf_e or inf_g:
+        # An infinity (on either side) matches only the same infinity; NaN matches nothing.
+        same_inf = e.isinf() & (e == g)
+        diff = torch.where(same_inf, torch.zeros_like(diff), diff)
+        ok_elem = torch.where(e.isinf() | g.isinf(), same_inf, diff <= bound)
+        ok_elem &= ~(e.isnan() | g.isnan())
+    else:  # all finite (the usual case): the masks above would change nothing
+        ok_elem = diff <= bound
     n = e.numel()
-    mismatch = n - int(ok_elem.sum())
+    mismatch = n - int(ok_elem.count_nonzero())
     # Maxima over masked elements without selecting them: a boolean selection of a 50 M
     # element output took 3.7 of 8.3 s on one thread (the probe trials' comparisons run under
     # the device lock). Kept elements are >= 0 here, so -inf marks "none kept".
