@@ -16,7 +16,6 @@ import torch
 from evaluator.correctness import compare_outputs
 from evaluator.harness.output import Output
 from evaluator.result import OutputDiff
-from evaluator.worker.serve import DTYPES
 
 FULL_BUDGET_BYTES = 512 << 20
 SAMPLES = 1 << 14
@@ -39,9 +38,8 @@ class ExpectedStore:
 
     def add(self, index: int, outs: Outputs) -> None:
         if self.positions is None:
-            numels = _numels(outs)
-            sizes = [n * _element_size(outs, k) for k, n in enumerate(numels)]
-            total = sum(sizes) * self.n_calls
+            numels, nbytes = _sizes(outs)
+            total = sum(nbytes) * self.n_calls
             gen = torch.Generator().manual_seed(secrets.randbits(62))
             self.positions = [
                 None if total <= FULL_BUDGET_BYTES or n <= SAMPLES
@@ -85,16 +83,12 @@ class ExpectedStore:
         return diffs
 
 
-def _numels(outs: Outputs) -> list[int]:
+def _sizes(outs: Outputs) -> tuple[list[int], list[int]]:
+    """Each output's element count and bytes."""
     if isinstance(outs, Output):
-        return [outs.numel(k) for k in range(len(outs.layout.slots))]
-    return [o.numel() for o in outs]
-
-
-def _element_size(outs: Outputs, k: int) -> int:
-    if isinstance(outs, Output):
-        return torch.empty((), dtype=DTYPES[outs.layout.slots[k].dtype]).element_size()
-    return outs[k].element_size()
+        return ([outs.numel(k) for k in range(len(outs.layout.slots))],
+                [s.nbytes for s in outs.layout.slots])
+    return [o.numel() for o in outs], [o.numel() * o.element_size() for o in outs]
 
 
 def _close(e: torch.Tensor, g: torch.Tensor, tol: float) -> bool:

@@ -1,10 +1,10 @@
 """A served call's outputs as the harness holds them after the call's clock stopped: a copy.
 
 Small outputs are copied inside the clock. Large ones are copied right after it, whole and in
-order, into a buffer the channel keeps for the session: until 0c1dc05 each call copied a 200 MB
+order, into a buffer the channel keeps for the session: up to c8554dc each call copied a 200 MB
 output three times into fresh memory (a `pread`, a slice, a `bytearray`; 0.22 s a call at
 192 MB, half a minute of the device lock for 100 timed calls of L3/43 at full size), and one
-copy into memory already mapped takes 15 ms there (`bench/output_read.py`).
+copy into memory already mapped takes ~17 ms there (`bench/output_read.py`).
 
 Why a copy, and a whole one, although a large output is checked only at 16 384 secret
 positions (`evaluator.harness.expected`): the shared memory is mapped in the candidate's
