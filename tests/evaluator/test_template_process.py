@@ -31,7 +31,8 @@ def _facts(path):
             pass
     facts = dict(pid=os.getpid(), ppid=os.getppid(), sid=os.getsid(0), cwd=os.getcwd(),
                  path0=sys.path[0], env=sorted(os.environ), home=os.environ.get("HOME"),
-                 fds=fds, dynamo=_DYNAMO_AT_IMPORT, cuda=_CUDA_AT_IMPORT, template=getattr(getattr(sys.modules["__main__"], "__spec__", None),
+                 fds=fds, dynamo=_DYNAMO_AT_IMPORT, cuda=_CUDA_AT_IMPORT,
+                 cuda_now=__import__("torch").cuda.is_initialized(), template=getattr(getattr(sys.modules["__main__"], "__spec__", None),
                                            "name", None) == "evaluator.worker.zygote")
     with open(path, "w") as f:
         json.dump(facts, f)
@@ -92,15 +93,16 @@ def test_without_the_template_children_start_the_plain_way(tmp_path, drop_box, m
 @pytest.mark.parametrize("cuda_init", ["before_lock", "under_lock"])
 def test_a_forked_child_initialises_the_gpu_and_is_timed(tmp_path, drop_box, cuda_init):
     """On a GPU: the template never touched the device, so its forks can; the probe says the
-    child was a fork and the evaluation is correct and timed by the harness. The candidate's
-    code runs under either `cuda_init` (`test_an_early_context_exists_before_ready`)."""
+    child was a fork, its forward ran with a CUDA context, and the evaluation is correct and
+    timed by the harness, under either `cuda_init`. (Its import may see no context: the
+    candidate is built ahead where no device can be reached, `test_build_ahead`.)"""
     out = drop_box / "facts.json"
     r = evaluate("L3/1", _probe_source(out), cpu_config(
         tmp_path / "cache", policy="kernelbench", device="cuda", problem_overrides=MLP_SMALL,
         cuda_init=cuda_init))
     assert r.status == "correct" and r.timing is not None, r.error
     facts = json.loads(out.read_text())
-    assert facts["template"] and facts["cuda"], facts  # the harness's snapshot, under the lock
+    assert facts["template"] and facts["cuda_now"], facts  # the forward ran on the device
 
 
 _READY_THEN_LOOK = """
