@@ -69,7 +69,11 @@ def test_kernelbench_divides_bounded_events_on_the_gpu(cache_dir):
         assert ev.min_ms >= t.min_ms + (t.handshake_ms or 0) - ev.bound_ms - 1e-9
         # Events leave the serving out: below the trusted clock's numbers, which keep it in.
         assert ev.mean_ms <= t.mean_ms
-        assert ev.raised + ev.lowered < t.n_trials // 2, ev
+        assert t.mean_ms - ev.bound_ms - 1e-9 <= ev.mean_ms <= t.mean_ms - (t.handshake_ms or 0)
+    # The bound comes from the reference worker's own calls, so few of them fall outside it.
+    # A candidate child's calls cost more outside their events (why is not measured): on the H200
+    # 95 of its 100 calls were raised (session 20), a bias against the candidate, never for it.
+    assert r.eager.events.raised + r.eager.events.lowered < r.eager.n_trials // 2, r.eager.events
     assert r.speedup_vs_eager == pytest.approx(r.eager.events.mean_ms / r.timing.events.mean_ms)
 
 
