@@ -59,6 +59,7 @@ for s in "$@"; do
             --warm-baselines --baselines-cache .bench-warm --warm-only ${WARM_ARGS:-} ;;
     template-bench) step template-bench 150 python3 bench/template.py --device cuda ;;
     pch) step pch 300 python3 bench/pch.py ;;
+    lean) step lean 150 python3 bench/lean_prologue.py ;;  # the way to a 15 s CUDA build
     stages) step stages 300 python3 bench/evaluator.py --only stages \
               ${STAGES_PROBLEMS:+--problems "$STAGES_PROBLEMS"} ;;
     cv) step cv 150 python3 bench/evaluator.py --only cv --repeats "${CV_REPEATS:-6}" \
