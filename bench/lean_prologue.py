@@ -127,6 +127,33 @@ def _include_name(path: str) -> str | None:
     return None
 
 
+def macros(nvcc: str, flags: list[str], src: Path) -> dict[str, str]:
+    """The macros defined at the end of `src` under nvcc's host preprocessing (`-dM`)."""
+    r = subprocess.run([nvcc, *flags, "-E", "-Xcompiler", "-dM", str(src)], capture_output=True,
+                       text=True)
+    out = {}
+    for line in r.stdout.splitlines():
+        m = re.match(r"#define ([A-Za-z_]\w*)(\([^)]*\))?(?: (.*))?$", line)
+        if m:
+            out[m.group(1)] = (m.group(2) or "") + " " + (m.group(3) or "")
+    return out
+
+
+def macro_gap(full: dict[str, str], lean: dict[str, str]) -> str:
+    """What a lean build would have to `#define` / `#undef` to leave the candidate's first line
+    with the macro state `<torch/types.h>` leaves (the design's other half, not built)."""
+    added = sorted(k for k in full if k not in lean)
+    changed = sorted(k for k in full if k in lean and full[k] != lean[k])
+    removed = sorted(k for k in lean if k not in full)
+    prefixes = ("C10_", "AT_", "TORCH_", "CAFFE2_", "CUDA_KERNEL_ASSERT", "_GLIBCXX", "__")
+    other = [k for k in added if not k.startswith(prefixes)]
+    return (f"{len(added)} macros only torch defines ({len(other)} without a torch, libstdc++ "
+            f"or reserved prefix: {' '.join(other[:40])}{' ...' if len(other) > 40 else ''}); "
+            f"{len(changed)} defined differently: {' '.join(changed[:8])}; "
+            f"{len(removed)} the lean prologue defines and torch's leaves undefined: "
+            f"{' '.join(removed[:8])}")
+
+
 def compile_once(nvcc: str, flags: list[str], src: Path) -> tuple[float, Path]:
     obj = src.with_suffix(".o")
     t = time.monotonic()
@@ -182,6 +209,11 @@ def main() -> int:
               f"(found in {time.monotonic() - t:.1f} s): {' '.join(names)}")
         lean = "".join(f"#include <{n}>\n" for n in names) + \
             "#include <cuda.h>\n#include <cuda_runtime.h>\n"
+        probes = {}
+        for mode, head in (("full", PROLOGUE), ("lean", lean)):
+            probes[mode] = work / f"macros_{mode}.cu"
+            probes[mode].write_text(head)
+        print("host pass:", macro_gap(*(macros(nvcc, flags, probes[m]) for m in ("full", "lean"))))
         print(f"{'kernel':10} {'load_inline s':>14} {'lean s':>8} {'ratio':>7}  same device code")
         for kernel, text in KERNELS.items():
             times: dict[str, list[float]] = {"full": [], "lean": []}
