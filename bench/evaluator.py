@@ -113,12 +113,13 @@ def light(source: str) -> str:
 
 
 def compile_times(pairs: bool, sources: list[str] | None = None, at_once: int | None = None,
-                  headers: str = "as-is") -> None:
+                  headers: str = "as-is", lean_cuda: bool = False) -> None:
     """Plain and kloop builds of the CUDA candidates run concurrently (cold, then warm), so both
     paths are measured side by side under the same machine load: all at once, `at_once` at a
     time, or (`pairs`) one candidate's plain and kloop builds together, candidate after candidate
     (the latency of a build on a quiet host). `headers`: the files as they are, their `light`
-    versions, or both (each file then twice)."""
+    versions, or both (each file then twice). `lean_cuda`: kloop's builds as under
+    `EvalConfig.lean_cuda: on` (a torch-free `.cu`, e.g. `mlp_cuda_relu_lean.py`, built lean)."""
     names = sources or CUDA_SOURCES
     from evaluator.build import cxx_pch, pch
 
@@ -131,6 +132,10 @@ def compile_times(pairs: bool, sources: list[str] | None = None, at_once: int | 
           f"({root}) ==")
     if root is not None and ready:
         os.environ[cxx_pch.ROOT_ENV] = str(root)
+    if lean_cuda:  # read by kloop's nvcc (evaluator.build.nvcc_parallel); plain never asks
+        from evaluator.build import lean
+
+        os.environ[lean.ENV] = "1"
     with tempfile.TemporaryDirectory() as tmp:
         files: list[tuple[str, Path]] = []
         for name in names:
@@ -242,13 +247,15 @@ def main() -> None:
     parser.add_argument("--headers", choices=("as-is", "light", "both"), default="as-is",
                         help="compile: the files as they are, with only the light include in "
                         "their CUDA sources, or both")
+    parser.add_argument("--lean-cuda", action="store_true",
+                        help="compile: kloop's builds with lean_cuda on (a torch-free .cu lean)")
     args = parser.parse_args()
     parts = set(args.only.split(","))
     if "stages" in parts:
         stage_times(args.device, set(args.problems.split(",")) if args.problems else None)
     if "compile" in parts:
         compile_times(args.compile_pairs, args.sources.split(",") if args.sources else None,
-                      args.compile_at_once, args.headers)
+                      args.compile_at_once, args.headers, args.lean_cuda)
     if "cv" in parts:
         timing_spread(args.device, args.repeats, args.cv_set)
 

@@ -8,8 +8,8 @@ of torch (any machine with nvcc: compile only). Side by side in one run, for eac
 
 Both compile with torch's own nvcc flags for one architecture (`-O3`, sm_90 unless `--arch`),
 one after the other; printed: seconds each, the ratio, and whether the two objects hold the
-same device code (`cuobjdump -sass`, the functions in order). It measures the way to the
-issue's 15 s build; kloop does not build this way (GPU_VALIDATION.md, session 20).
+same device code (`cuobjdump -sass`, the functions in order). The lean prologue and the
+macro gap are `evaluator.build.lean`'s, which kloop builds with under `lean_cuda: on`.
 
     python bench/lean_prologue.py [--arch 90] [--repeats 1]
 """
@@ -26,8 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-PROLOGUE = "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
-"""What `load_inline` puts in front of `cuda_sources` (torch/utils/cpp_extension.py)."""
+sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
+
+from evaluator.build import lean  # noqa: E402
+
+PROLOGUE = "".join(line + "\n" for line in lean.PROLOGUE)
+"""What `load_inline` puts in front of `cuda_sources`."""
 
 KERNELS = {
     "relu": r"""
@@ -73,85 +77,9 @@ void softmax_launch(const float* x, float* y, int rows, int cols, cudaStream_t s
 def torch_flags(arch: str) -> list[str]:
     from torch.utils import cpp_extension as ce
 
-    common = list(getattr(ce, "COMMON_NVCC_FLAGS", []))
-    return [*(f"-I{p}" for p in ce.include_paths()), *common, "-std=c++17", "-O3",
-            f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xcompiler", "-fPIC"]
-
-
-def boundary_headers(nvcc: str, flags: list[str], work: Path) -> list[str]:
-    """The headers outside torch's include tree that a torch header includes directly, in the
-    order first met, as `<name>` relative to the directory the preprocessor found them in."""
-    probe = work / "probe.cu"
-    probe.write_text("#include <torch/types.h>\n")
-    r = subprocess.run([nvcc, *flags, "-E", "-Xcompiler", "-H", str(probe), "-o", "/dev/null"],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"preprocessing <torch/types.h> failed:\n{r.stderr[-2000:]}")
-    torch_dirs = [f[2:] for f in flags if f.startswith("-I")]
-    stack: list[str] = []
-    out: list[str] = []
-    for line in r.stderr.splitlines():
-        m = re.match(r"(\.+) (\S+)$", line)
-        if not m:
-            continue
-        depth, path = len(m.group(1)), m.group(2)
-        del stack[depth - 1:]
-        parent = stack[-1] if stack else str(probe)
-        stack.append(path)
-        in_torch = any(path.startswith(d) for d in torch_dirs)
-        parent_torch = parent == str(probe) or any(parent.startswith(d) for d in torch_dirs)
-        if in_torch or not parent_torch:
-            continue
-        name = _include_name(path)
-        if name and name not in out:
-            out.append(name)
-    return out
-
-
-_INCLUDE_ROOTS = [
-    re.compile(r".*/include/c\+\+/[^/]+/(.+)"),                 # libstdc++
-    re.compile(r".*/lib/gcc/[^/]+/[^/]+/include/(.+)"),         # gcc's own (x86intrin.h)
-    re.compile(r".*/include/cccl/(.+)"),                       # CUDA's thrust, cub, libcu++
-    re.compile(r".*/targets/[^/]+/include/(.+)"),              # CUDA toolkit
-    re.compile(r".*/cuda[^/]*/include/(.+)"),
-    re.compile(r"/usr/include/(.+)"),
-]
-
-
-def _include_name(path: str) -> str | None:
-    """`/usr/include/c++/12/vector` -> `vector`; `.../cuda/include/cuda_fp16.h` -> `cuda_fp16.h`."""
-    for root in _INCLUDE_ROOTS:
-        m = root.match(path)
-        if m:
-            return m.group(1)
-    return None
-
-
-def macros(nvcc: str, flags: list[str], src: Path) -> dict[str, str]:
-    """The macros defined at the end of `src` under nvcc's host preprocessing (`-dM`)."""
-    r = subprocess.run([nvcc, *flags, "-E", "-Xcompiler", "-dM", str(src)], capture_output=True,
-                       text=True)
-    out = {}
-    for line in r.stdout.splitlines():
-        m = re.match(r"#define ([A-Za-z_]\w*)(\([^)]*\))?(?: (.*))?$", line)
-        if m:
-            out[m.group(1)] = (m.group(2) or "") + " " + (m.group(3) or "")
-    return out
-
-
-def macro_gap(full: dict[str, str], lean: dict[str, str]) -> str:
-    """What a lean build would have to `#define` / `#undef` to leave the candidate's first line
-    with the macro state `<torch/types.h>` leaves (the design's other half, not built)."""
-    added = sorted(k for k in full if k not in lean)
-    changed = sorted(k for k in full if k in lean and full[k] != lean[k])
-    removed = sorted(k for k in lean if k not in full)
-    prefixes = ("C10_", "AT_", "TORCH_", "CAFFE2_", "CUDA_KERNEL_ASSERT", "_GLIBCXX", "__")
-    other = [k for k in added if not k.startswith(prefixes)]
-    return (f"{len(added)} macros only torch defines ({len(other)} without a torch, libstdc++ "
-            f"or reserved prefix: {' '.join(other[:40])}{' ...' if len(other) > 40 else ''}); "
-            f"{len(changed)} defined differently: {' '.join(changed[:8])}; "
-            f"{len(removed)} the lean prologue defines and torch's leaves undefined: "
-            f"{' '.join(removed[:8])}")
+    return [*(f"-I{p}" for p in ce.include_paths()), *getattr(ce, "COMMON_NVCC_FLAGS", []),
+            "-std=c++17", "-O3", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xcompiler",
+            "-fPIC"]
 
 
 def compile_once(nvcc: str, flags: list[str], src: Path) -> tuple[float, Path]:
@@ -204,22 +132,24 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kloop-lean-") as tmp:
         work = Path(tmp)
         t = time.monotonic()
-        names = boundary_headers(nvcc, flags, work)
+        found = lean.facts(nvcc, [*flags, "-c", "x.cu"], "x.cu", work)
+        if found is None:
+            print("the preprocessor's facts could not be had: no lean prologue")
+            return 1
+        names = found.headers
         print(f"{len(names)} headers outside torch that <torch/types.h> includes "
               f"(found in {time.monotonic() - t:.1f} s): {' '.join(names)}")
-        lean = "".join(f"#include <{n}>\n" for n in names) + \
-            "#include <cuda.h>\n#include <cuda_runtime.h>\n"
-        probes = {}
-        for mode, head in (("full", PROLOGUE), ("lean", lean)):
-            probes[mode] = work / f"macros_{mode}.cu"
-            probes[mode].write_text(head)
-        print("host pass:", macro_gap(*(macros(nvcc, flags, probes[m]) for m in ("full", "lean"))))
+        other = sorted(m for m in found.torch_macros if not m.startswith(lean.TORCH_PREFIXES))
+        print(f"{len(found.torch_macros)} macros only torch's header defines; "
+              f"{len(other)} without a torch prefix: {' '.join(other[:30])}"
+              f"{' ...' if len(other) > 30 else ''}")
+        prologue = lean.prologue_text(names)
         print(f"{'kernel':10} {'load_inline s':>14} {'lean s':>8} {'ratio':>7}  same device code")
         for kernel, text in KERNELS.items():
             times: dict[str, list[float]] = {"full": [], "lean": []}
             objs: dict[str, Path] = {}
             for _ in range(args.repeats):
-                for mode, head in (("full", PROLOGUE), ("lean", lean)):
+                for mode, head in (("full", PROLOGUE), ("lean", prologue)):
                     src = work / f"{kernel}_{mode}.cu"
                     src.write_text(head + text)
                     took, objs[mode] = compile_once(nvcc, flags, src)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from evaluator import board
-from evaluator.build import buildstore, cxx_pch, pch
+from evaluator.build import buildstore, cxx_pch, lean, pch
 from evaluator.buildslots import build_slot, default_slots
 from evaluator.checks import STATIC_CHECKS
 from evaluator.harness.served import null_call_count
@@ -174,6 +174,8 @@ def _build_env(run: EvalRun) -> dict[str, str]:
            "TRITON_CACHE_DIR": str(run.root / "triton"),
            # This evaluation's own (the warm-up child fills it for the candidate child).
            "TORCHINDUCTOR_CACHE_DIR": str(run.root / "inductor")}
+    if run.config.lean_cuda == "on":  # the compile child's and the candidate child's key
+        env[lean.ENV] = "1"
     root = pch.store_dir() if run.config.pch != "off" else None
     if root is not None and pch.ready_keys(root):
         env[cxx_pch.ROOT_ENV] = str(root)

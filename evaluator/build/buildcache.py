@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from evaluator.build import cxx_pch, nvcc_parallel, pch
+from evaluator.build import cxx_pch, lean, nvcc_parallel, pch
 from evaluator.build.diagnostics import build_source_map, make_compile_log, parse_nvcc_log
 from evaluator.build.nvcc import (
     CPP_IMPLICIT_HEADERS,
@@ -158,6 +158,8 @@ def build_key(args: dict[str, Any], arch: str | None, candidate_sha256: str | No
         "arch": arch,
         "python": [sys.implementation.cache_tag, sysconfig.get_config_var("EXT_SUFFIX")],
     }
+    if os.environ.get(lean.ENV) == "1":  # a lean build is another binary (keys without it stay)
+        payload["lean"] = True
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()
 
 

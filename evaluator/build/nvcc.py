@@ -29,6 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from evaluator.build import lean
 from evaluator.build.diagnostics import (
     build_source_map,
     locate_string,
@@ -40,7 +41,7 @@ from evaluator.result import CompileDiagnostic, CompileLog
 
 log = logging.getLogger(__name__)
 
-CUDA_IMPLICIT_HEADERS = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
+CUDA_IMPLICIT_HEADERS = lean.PROLOGUE
 CPP_IMPLICIT_HEADERS = ["#include <torch/extension.h>"]
 CHECK_CACHE_ENV = "KLOOP_NVCC_CHECK_CACHE"
 CHECK_VERIFIED_ENV = "KLOOP_NVCC_CHECK_VERIFIED"

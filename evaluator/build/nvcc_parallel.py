@@ -30,6 +30,10 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
+if __package__ in (None, ""):  # run as a script (torch's build calls it as its nvcc)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from evaluator.build import lean  # noqa: E402
+
 SHELL = "/bin/sh"  # what ninja runs commands with; the scripts here are POSIX
 REPORT_ENV = "KLOOP_NVCC_REPORT"
 _ASSIGN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
@@ -126,6 +130,10 @@ def run(args: list[str]) -> int:
     if args[:1] == ["--nvcc"]:
         nvcc, args = args[1], args[2:]
     source = next((a for a in args if a.endswith(".cu")), None)
+    if source is not None and os.environ.get(lean.ENV) == "1":
+        code = _lean(nvcc, args, source)
+        if code is not None:
+            return code
     with tempfile.TemporaryDirectory(prefix="kloop-nvcc-") as tmp:
         # nvcc names its intermediates in TMPDIR after its pid, which is free again once the
         # dryrun has exited: a directory of this run's own keeps them apart from any other
@@ -165,6 +173,32 @@ def run(args: list[str]) -> int:
             return _relay(logs[1], code)
         _relay(logs[1], 0)
         return subprocess.run([SHELL, "-c", _chain_script(prologue, rest)], env=env).returncode
+
+
+def _lean(nvcc: str, args: list[str], source: str) -> int | None:
+    """Build `source` lean (`evaluator.build.lean`): 0 if it built, passing on what it printed;
+    None (and nothing printed) if it does not qualify or failed: then the plain way."""
+    with tempfile.TemporaryDirectory(prefix="kloop-lean-") as tmp:
+        found = lean.facts(nvcc, args, source, Path(tmp))
+        text, why = lean.lean_source(Path(source), found) if found else (None, "no facts")
+        if text is None:
+            _report(f"lean refused: {why}")
+            return None
+        # Its own directory and the original's name: nvcc names the module id after the file.
+        (Path(tmp) / "src").mkdir()
+        lean_file = Path(tmp) / "src" / Path(source).name
+        lean_file.write_text(text)
+        env = {k: v for k, v in os.environ.items() if k not in (lean.ENV, REPORT_ENV)}
+        r = subprocess.run([sys.executable, __file__, "--nvcc", nvcc,
+                            *(str(lean_file) if a == source else a for a in args)],
+                           capture_output=True, env=env)
+        if r.returncode != 0:
+            _report("lean failed: built the plain way")
+            return None
+        _report("lean")
+        sys.stdout.buffer.write(r.stdout)
+        sys.stderr.buffer.write(r.stderr)
+        return 0
 
 
 def _kill_tree(pid: int) -> None:

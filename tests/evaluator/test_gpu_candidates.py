@@ -246,3 +246,17 @@ def test_a_real_cuda_build_splits_and_its_errors_point_into_the_candidate(tmp_pa
     assert bad.compile.nvcc_runs == ["split"], bad.compile
     assert good.status == "correct", good.error
     assert good.compile is not None and good.compile.nvcc_runs == ["split"], good.compile
+
+
+def test_a_torch_free_cu_builds_lean_and_the_rest_the_plain_way(tmp_path):
+    """`lean_cuda: on` in the evaluator's compile child: a `.cu` that names nothing of torch is
+    built lean (`evaluator.build.lean`) and is correct and timed on the GPU; one that uses
+    torch's API is built the usual way, with the reason recorded."""
+    config = gpu_config(tmp_path / "cache", problem_overrides=MLP_MEDIUM, lean_cuda="on")
+    lean_r, torch_r = evaluate_many([("L3/1", candidate("mlp_cuda_relu_lean.py")),
+                                     ("L3/1", candidate("mlp_cuda_relu.py"))], config, max_workers=2)
+    _assert_correct_and_timed(lean_r)
+    assert lean_r.compile is not None and lean_r.compile.nvcc_runs == ["lean"], lean_r.compile
+    assert torch_r.status == "correct", torch_r.error
+    assert torch_r.compile.nvcc_runs[0].startswith("lean refused: it includes <torch/extension.h>")
+    assert torch_r.compile.nvcc_runs[1:] == ["split"], torch_r.compile

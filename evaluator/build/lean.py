@@ -1,0 +1,186 @@
+"""The lean build of a `load_inline` `.cu` (opt-in, `EvalConfig.lean_cuda`; stdlib only: it runs
+inside `evaluator.build.nvcc_parallel`).
+
+`load_inline` puts `<torch/types.h>` in front of every `cuda_sources`, and parsing it is most of
+a cold build: nvcc's host and device front ends each read all of ATen (a 6-line kernel: 19.1 s
+with it, 3.1 s without on the CPU host, `bench/lean_prologue.py`). A `.cu` whose own text uses nothing of
+torch does not need it. Such a file is built with, in place of that one line, the headers
+outside torch that `<torch/types.h>` itself includes directly (found by the preprocessor's `-H`
+under the build's own flags): the candidate's first line then sees the same standard and CUDA
+declarations, and a `#line` keeps every diagnostic and `__FILE__` pointing into the original.
+
+What qualifies (`refusal` says why not), so that no name in the candidate's text can mean
+something else without torch:
+- no identifier of torch's namespaces or prefixes (`torch`, `at`, `c10`, `TORCH_…`, …), outside
+  comments and string literals;
+- none of the macro names `<torch/types.h>` defines that the lean prologue does not (`CHECK`,
+  `LOG`, … : found by `-dM` of both), so no macro in its text expands differently;
+- every `#include` is one the lean prologue already made (a no-op after it, as after torch's
+  header), so no header it includes sees the macro state differ.
+What is left: an overload torch adds to a standard name that would beat the standard ones for
+the candidate's own call; a header torch includes only in nvcc's device pass (the headers are
+found in the host pass); a text the comment-and-string scan misreads (raw strings, line
+splices). Each can only change the candidate's own binary, never what judges it, and
+`tests/evaluator/test_lean_build.py` compares the device code with the plain build's. A lean build that fails for any reason is thrown away and the file
+is built the plain way (`nvcc_parallel` reports `lean` or `lean refused: …` / `lean failed`).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import NamedTuple
+
+ENV = "KLOOP_NVCC_LEAN"
+"""Set (to 1) in the build's environment when the evaluation asks for lean builds."""
+
+PROLOGUE = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
+"""The lines `load_inline` puts in front of `cuda_sources` (torch/utils/cpp_extension.py)."""
+
+TORCH_NAMES = {"torch", "at", "c10", "caffe2", "ATen", "pybind11", "ska", "ska_ordered",
+               "TORCH_EXTENSION_NAME"}
+TORCH_PREFIXES = ("TORCH_", "AT_", "C10_", "CAFFE_", "CAFFE2_", "THO_", "STD_TORCH_")
+
+_COMMENT_OR_STRING = re.compile(
+    r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
+_INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
+_IDENT = re.compile(r"[A-Za-z_]\w*")
+_INCLUDE_ROOTS = [
+    re.compile(r".*/include/c\+\+/[^/]+/(.+)"),                 # libstdc++
+    re.compile(r".*/lib/gcc/[^/]+/[^/]+/include/(.+)"),         # gcc's own
+    re.compile(r".*/include/cccl/(.+)"),                       # CUDA's thrust, cub, libcu++
+    re.compile(r".*/targets/[^/]+/include/(.+)"),              # CUDA toolkit
+    re.compile(r".*/cuda[^/]*/include/(.+)"),
+    re.compile(r"/usr/include/(.+)"),
+]
+
+
+class Facts(NamedTuple):
+    headers: list[str]
+    """What `<torch/types.h>` includes directly from outside torch, in order, as `<name>`."""
+    torch_macros: set[str]
+    """Macros defined after `<torch/types.h>` and not after the lean prologue."""
+
+
+def include_name(path: str) -> str | None:
+    """`/usr/include/c++/12/vector` -> `vector`, as an `#include <...>` would name it."""
+    for root in _INCLUDE_ROOTS:
+        if m := root.match(path):
+            return m.group(1)
+    return None
+
+
+def _preprocess_args(args: list[str], source: str) -> list[str]:
+    """The compile's arguments for preprocessing another file: no source, output or
+    dependency file (their values go with them)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a in ("-o", "--output-file", "--dependency-output", "-MF"):
+            skip = True
+            continue
+        if a == source or a in ("-c", "--compile", "--generate-dependencies-with-compile",
+                                "-MD", "-MMD"):
+            continue
+        out.append(a)
+    return out
+
+
+def facts(nvcc: str, args: list[str], source: str, work: Path) -> Facts | None:
+    """The lean prologue's headers and the macros torch's header adds, under this compile's own
+    flags (host pass; two preprocessor runs, ~1 s each); None if the preprocessor refuses."""
+    flags = _preprocess_args(args, source)
+    full, lean = work / "full.cu", work / "lean.cu"
+    full.write_text("\n".join(PROLOGUE) + "\n")
+    r = subprocess.run([nvcc, *flags, "-E", "-Xcompiler", "-dM", "-Xcompiler", "-H", str(full)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return None
+    torch_dirs = _torch_dirs(r.stderr)
+    stack: list[str] = []
+    headers: list[str] = []
+    for line in r.stderr.splitlines():
+        m = re.match(r"(\.+) (\S+)$", line)
+        if not m:
+            continue
+        depth, path = len(m.group(1)), m.group(2)
+        del stack[depth - 1:]
+        parent = stack[-1] if stack else None
+        stack.append(path)
+        if parent is None or path.startswith(torch_dirs) or not parent.startswith(torch_dirs):
+            continue  # the prologue's own lines, torch's headers, or a header's own includes
+        name = include_name(path)
+        if name is None:  # a header this module cannot name: no lean build
+            return None
+        if name not in headers:
+            headers.append(name)
+    lean.write_text(prologue_text(headers))
+    leaned = _macros(nvcc, flags, lean)
+    if leaned is None or not headers:
+        return None
+    return Facts(headers, set(_defines(r.stdout)) - set(leaned))
+
+
+def _torch_dirs(tree: str) -> tuple[str, ...]:
+    """Where torch's headers live: the `.../torch/include/` above the `<torch/types.h>` found
+    (its ATen, c10 and torch/csrc/api/include trees are all below it)."""
+    for line in tree.splitlines():
+        m = re.match(r"\. (\S+?/torch/include/)\S*torch/types\.h$", line)
+        if m:
+            return (m.group(1),)
+    return ("\0",)
+
+
+def _macros(nvcc: str, flags: list[str], src: Path) -> dict[str, str] | None:
+    r = subprocess.run([nvcc, *flags, "-E", "-Xcompiler", "-dM", str(src)], capture_output=True,
+                       text=True)
+    return _defines(r.stdout) if r.returncode == 0 else None
+
+
+def _defines(dump: str) -> dict[str, str]:
+    out = {}
+    for line in dump.splitlines():
+        if m := re.match(r"#define ([A-Za-z_]\w*)(.*)$", line):
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+def prologue_text(headers: list[str]) -> str:
+    return "".join(f"#include <{h}>\n" for h in headers) + "".join(
+        line + "\n" for line in PROLOGUE[1:])
+
+
+def refusal(text: str, found: Facts) -> str | None:
+    """Why the candidate's text (what follows `load_inline`'s prologue) cannot be built lean;
+    None if it can."""
+    includes = _INCLUDE.findall(_COMMENT_OR_STRING.sub(
+        lambda m: m.group(0) if m.group(0).startswith('"') else " ", text))
+    made = set(found.headers) | {"cuda.h", "cuda_runtime.h"}
+    for kind, name in includes:
+        if kind == '"' or name not in made:
+            return f"it includes {kind}{name}{'>' if kind == '<' else kind}, which the lean " \
+                   "prologue does not"
+    code = _COMMENT_OR_STRING.sub(" ", text)
+    for ident in sorted(set(_IDENT.findall(code))):
+        if ident in TORCH_NAMES or ident.startswith(TORCH_PREFIXES):
+            return f"it names `{ident}`, which is torch's"
+        if ident in found.torch_macros:
+            return f"it names `{ident}`, a macro torch's header defines"
+    return None
+
+
+def lean_source(source: Path, found: Facts) -> tuple[str | None, str]:
+    """(the lean file's text, why not) for `source` as `load_inline` wrote it."""
+    text = source.read_text()
+    lines = text.split("\n")
+    if lines[:3] != PROLOGUE:
+        return None, "not load_inline's prologue"
+    rest = "\n".join(lines[3:])
+    why = refusal(rest, found)
+    if why is not None:
+        return None, why
+    # `#line 4`: the candidate's first line is line 4 of the original file, as it was.
+    return prologue_text(found.headers) + f'#line 4 "{source}"\n' + rest, ""

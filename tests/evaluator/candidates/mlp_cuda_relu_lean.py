@@ -1,0 +1,59 @@
+"""Honest CUDA candidate for L3/1 (1_MLP) written for the lean build (`EvalConfig.lean_cuda`):
+the `.cu` holds the kernel and a launcher on raw pointers and a stream, and names nothing of
+torch; the `torch::Tensor` wrapper lives in `cpp_sources`, which the binding file compiles."""
+
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.cpp_extension import load_inline
+
+cuda_source = r"""
+__global__ void relu_kernel(const float* __restrict__ x, float* __restrict__ y, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+
+void relu_launch(const float* x, float* y, long n, cudaStream_t stream) {
+    int threads = 256;
+    relu_kernel<<<(unsigned)((n + threads - 1) / threads), threads, 0, stream>>>(x, y, n);
+}
+"""
+
+cpp_source = r"""
+#include <c10/cuda/CUDAStream.h>
+
+void relu_launch(const float* x, float* y, long n, cudaStream_t stream);
+
+torch::Tensor relu_forward(torch::Tensor x) {
+    TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat32, "float32 CUDA tensor expected");
+    auto xc = x.contiguous();
+    auto y = torch::empty_like(xc);
+    relu_launch(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(),
+                c10::cuda::getCurrentCUDAStream().stream());
+    return y;
+}
+"""
+
+relu_ext = load_inline(
+    name="kloop_test_mlp_relu_lean",
+    cpp_sources=cpp_source,
+    cuda_sources=cuda_source,
+    functions=["relu_forward"],
+    verbose=False,
+)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, input_size, layer_sizes, output_size):
+        super().__init__()
+        layers, current = [], input_size
+        for hidden in layer_sizes:
+            layers += [nn.Linear(current, hidden), nn.ReLU()]
+            current = hidden
+        layers.append(nn.Linear(current, output_size))
+        self.network = nn.Sequential(*layers)
+
+    def forward(self, x):
+        linears = [m for m in self.network if isinstance(m, nn.Linear)]
+        for lin in linears[:-1]:
+            x = relu_ext.relu_forward(F.linear(x, lin.weight, lin.bias))
+        return F.linear(x, linears[-1].weight, linears[-1].bias)

@@ -1,0 +1,133 @@
+"""The lean build of a `load_inline` `.cu` (evaluator.build.lean, through nvcc_parallel): which
+texts qualify, and that a qualifying file builds to the same device code as the plain way while
+one that fails lean is built the plain way. Compile only (nvcc, torch's headers; no GPU)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from evaluator.build import lean, nvcc_parallel
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+
+KERNEL = r"""
+__global__ void relu_kernel(const float* __restrict__ x, float* __restrict__ y, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = fmaxf(x[i], 0.0f);  // no torch here: "at::Tensor" is only text
+}
+void relu_launch(const float* x, float* y, long n, cudaStream_t stream) {
+    relu_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(x, y, n);
+}
+"""
+WARNS = KERNEL + "__global__ void w(float* p) { int unused = 3; p[0] = 1.f; }\n"
+# Qualifies by its text and fails to compile: the lean attempt is dropped, the plain one speaks.
+BROKEN = KERNEL + "__global__ void b(float* p) { p[0] = undeclared_thing; }\n"
+
+
+def _flags() -> list[str]:
+    from torch.utils import cpp_extension as ce
+
+    return [*(f"-I{p}" for p in ce.include_paths()), *getattr(ce, "COMMON_NVCC_FLAGS", []),
+            "-std=c++17", "-O3", "-gencode=arch=compute_90,code=sm_90", "--compiler-options",
+            "-fPIC"]
+
+
+@pytest.fixture(scope="module")
+def facts(tmp_path_factory) -> lean.Facts:
+    work = tmp_path_factory.mktemp("facts")
+    found = lean.facts(shutil.which("nvcc"), [*_flags(), "-c", "x.cu", "-o", "x.o"], "x.cu", work)
+    assert found is not None
+    return found
+
+
+def test_the_prologue_is_what_torch_includes_from_outside_torch(facts):
+    assert {"vector", "cmath", "cuda_fp16.h"} <= set(facts.headers), facts.headers
+    assert not [h for h in facts.headers if h.startswith(("bits/", "torch/", "ATen/", "c10/"))]
+    # Torch's header defines macros without a torch prefix; a text naming them never qualifies.
+    assert {"CHECK", "CUDA_KERNEL_ASSERT"} <= facts.torch_macros
+
+
+@pytest.mark.parametrize("path, name", [
+    ("/usr/include/c++/12/vector", "vector"),
+    ("/usr/lib/gcc/x86_64-linux-gnu/12/include/x86intrin.h", "x86intrin.h"),
+    ("/usr/local/cuda-13.0/targets/x86_64-linux/include/cuda_fp16.h", "cuda_fp16.h"),
+    ("/usr/local/cuda-13.0/targets/x86_64-linux/include/cccl/thrust/complex.h", "thrust/complex.h"),
+    ("/usr/include/stdio.h", "stdio.h"),
+    ("/opt/elsewhere/foo.h", None),
+])
+def test_a_found_header_is_named_as_an_include_would_name_it(path, name):
+    assert lean.include_name(path) == name
+
+
+@pytest.mark.parametrize("text, why", [
+    (KERNEL, None),
+    ("#include <vector>\n#include <cuda_runtime.h>\n" + KERNEL, None),
+    ("// torch::Tensor in a comment\n/* c10 */ int x;\n", None),
+    ("#include <torch/extension.h>\n" + KERNEL, "includes <torch/extension.h>"),
+    ('#include "my.h"\n', 'includes "my.h"'),
+    ("#include <unordered_map>\n", "includes <unordered_map>"),
+    ("torch::Tensor f(torch::Tensor x);\n", "`torch`"),
+    ("int g(at::Tensor t);\n", "`at`"),
+    ("#define CHECK(x) x\n", "`CHECK`, a macro"),
+    ("int a = AT_CUDA_CHECK_X;\n", "`AT_CUDA_CHECK_X`"),
+])
+def test_only_a_text_that_uses_nothing_of_torch_qualifies(facts, text, why):
+    got = lean.refusal(text, facts)
+    assert (got is None) if why is None else (got is not None and why in got), got
+
+
+def _build(work: Path, body: str, lean_on: bool) -> tuple[subprocess.CompletedProcess, list[str]]:
+    work.mkdir(parents=True)
+    src = work / "cuda.cu"
+    src.write_text("\n".join(lean.PROLOGUE) + "\n" + body)
+    report = work / "report.txt"
+    env = {k: v for k, v in os.environ.items() if k != lean.ENV}
+    env[nvcc_parallel.REPORT_ENV] = str(report)
+    if lean_on:
+        env[lean.ENV] = "1"
+    r = subprocess.run([sys.executable, str(Path(nvcc_parallel.__file__)), *_flags(), "-c",
+                        str(src), "-o", str(work / "cuda.o")], env=env, capture_output=True,
+                       text=True)
+    return r, report.read_text().splitlines() if report.exists() else []
+
+
+def _sass(obj: Path) -> list[str]:
+    import triton
+
+    dump = shutil.which("cuobjdump") or str(
+        Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+    out = subprocess.run([dump, "-sass", str(obj)], capture_output=True, text=True,
+                         check=True).stdout
+    return [re.sub(r"/\*[0-9a-f]{4,}\*/", "", ln).split(";")[0].strip()
+            for ln in out.splitlines() if re.search(r"\b[A-Z]{2,}[A-Z0-9.]*\b", ln)]
+
+
+@pytest.mark.slow
+def test_a_qualifying_file_builds_lean_to_the_plain_device_code_and_a_failing_one_plainly(
+        tmp_path):
+    lean_r, lean_report = _build(tmp_path / "lean", WARNS, lean_on=True)
+    assert lean_r.returncode == 0, lean_r.stderr[-2000:]
+    assert lean_report == ["lean"]
+    # Its warning points into the file load_inline wrote, at the line there (`#line`).
+    line = 4 + WARNS.count("\n", 0, WARNS.index("int unused"))
+    assert f"{tmp_path / 'lean' / 'cuda.cu'}({line})" in lean_r.stderr, lean_r.stderr
+    assert "kloop-lean-" not in lean_r.stderr
+    plain_r, plain_report = _build(tmp_path / "plain", WARNS, lean_on=False)
+    assert plain_r.returncode == 0 and plain_report == ["split"], plain_report
+    lean_code, plain_code = _sass(tmp_path / "lean" / "cuda.o"), _sass(tmp_path / "plain" / "cuda.o")
+    assert plain_code and any("FMNMX" in ln for ln in plain_code), plain_code[:20]
+    assert lean_code == plain_code
+    # A failing lean build is dropped: the plain build runs and its diagnostics are the ones seen.
+    r, report = _build(tmp_path / "broken", BROKEN, lean_on=True)
+    assert r.returncode != 0
+    assert report == ["lean failed: built the plain way", "split"], report
+    line = 4 + BROKEN.count("\n", 0, BROKEN.index("undeclared_thing"))
+    assert r.stderr.count('"undeclared_thing" is undefined') == 1, r.stderr  # the plain one's
+    assert f"{tmp_path / 'broken' / 'cuda.cu'}({line}): error" in r.stderr, r.stderr
