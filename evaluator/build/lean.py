@@ -3,8 +3,8 @@ inside `evaluator.build.nvcc_parallel`).
 
 `load_inline` puts `<torch/types.h>` in front of every `cuda_sources`, and parsing it is most of
 a cold build: nvcc's host and device front ends each read all of ATen (a 6-line kernel: 19.1 s
-with it, 3.1 s without on the CPU host, `bench/lean_prologue.py`). A `.cu` whose own text uses nothing of
-torch does not need it. Such a file is built with, in place of that one line, the headers
+with it, 3.1 s without on the CPU host, `bench/lean_prologue.py`). A `.cu` whose own text uses
+nothing of torch does not need it. Such a file is built with, in place of that one line, the headers
 outside torch that `<torch/types.h>` itself includes directly (found by the preprocessor's `-H`
 under the build's own flags): the candidate's first line then sees the same standard and CUDA
 declarations, and a `#line` keeps every diagnostic and `__FILE__` pointing into the original.
@@ -21,8 +21,9 @@ What is left: an overload torch adds to a standard name that would beat the stan
 the candidate's own call; a header torch includes only in nvcc's device pass (the headers are
 found in the host pass); a text the comment-and-string scan misreads (raw strings, line
 splices). Each can only change the candidate's own binary, never what judges it, and
-`tests/evaluator/test_lean_build.py` compares the device code with the plain build's. A lean build that fails for any reason is thrown away and the file
-is built the plain way (`nvcc_parallel` reports `lean` or `lean refused: …` / `lean failed`).
+`tests/evaluator/test_lean_build.py` compares the device code with the plain build's. A lean
+build that fails for any reason is thrown away and the file is built the plain way
+(`nvcc_parallel` reports `lean` or `lean refused: …` / `lean failed`).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ one that fails lean is built the plain way. Compile only (nvcc, torch's headers;
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -99,14 +99,14 @@ def _build(work: Path, body: str, lean_on: bool) -> tuple[subprocess.CompletedPr
 
 
 def _sass(obj: Path) -> list[str]:
-    import triton
-
-    dump = shutil.which("cuobjdump") or str(
-        Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
-    out = subprocess.run([dump, "-sass", str(obj)], capture_output=True, text=True,
-                         check=True).stdout
-    return [re.sub(r"/\*[0-9a-f]{4,}\*/", "", ln).split(";")[0].strip()
-            for ln in out.splitlines() if re.search(r"\b[A-Z]{2,}[A-Z0-9.]*\b", ln)]
+    """The device code, as bench/lean_prologue.py compares it."""
+    spec = importlib.util.spec_from_file_location(
+        "lean_prologue", Path(__file__).resolve().parents[2] / "bench" / "lean_prologue.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    dump = bench.find_cuobjdump(shutil.which("nvcc"))
+    assert dump is not None, "no cuobjdump on PATH, beside nvcc, or in Triton"
+    return bench.sass(dump, obj)
 
 
 @pytest.mark.slow
