@@ -262,12 +262,14 @@ class EvalConfig(BaseModel):
     there, and a CUDA build on a GPU host starts making the missing ones in the background;
     `on`: also on a CPU host (for CPU-only extensions; ~50 s of one core per variant);
     `off`: neither."""
-    lean_cuda: Literal["off", "on"] = "off"
+    lean_cuda: Literal["off", "on"] = "on"
     """`on`: a `load_inline` `.cu` whose own text uses nothing of torch is built with the
     standard and CUDA headers `<torch/types.h>` includes in place of it (`evaluator.build.lean`
-    has the rule; on the CPU host a 6-line kernel's nvcc compile 19.1 -> 3.1 s with the same
-    device code, `bench/lean_prologue.py`); anything else, or a lean build that fails, is built
-    the plain way. Off until it has run on a GPU (GPU_VALIDATION.md, session 20)."""
+    has the rule; the same device code; on the H200 host a torch-free candidate's cold build
+    33.1 -> 9.0 s beside plain `load_inline`, GPU_VALIDATION.md, session 21); anything else, or
+    a lean build that fails, is built the plain way. The CUDA prompt asks for such a `.cu`
+    (kernels and raw-pointer launchers; the `torch::Tensor` wrappers in `cpp_sources`).
+    `off`: every `.cu` the plain way."""
     build_slots: int | None = Field(None, ge=1)
     """Compile children at once on this host, across every kloop process sharing `cache_dir`
     (`evaluator.buildslots`; None: half the cores). Evaluations past it wait for a slot

@@ -67,7 +67,7 @@ for s in "$@"; do
     builds) step builds 300 python3 bench/evaluator.py --only compile \
               ${BUILD_PAIRS:+--compile-pairs} ${BUILD_SOURCES:+--sources "$BUILD_SOURCES"} \
               ${BUILD_AT_ONCE:+--compile-at-once "$BUILD_AT_ONCE"} --headers "${BUILD_HEADERS:-as-is}" \
-              ${BUILD_LEAN:+--lean-cuda} ;;
+              ${BUILD_PLAIN:+--plain-cuda} ;;
     # Tests that assert on measured times run after the rest, one at a time (`alone`).
     evaluator) step evaluator 540 python3 -m pytest -m "gpu and not alone" -q -rA \
                 -p no:cacheprovider -n 4 tests/evaluator ${EVALUATOR_K:+-k "$EVALUATOR_K"} ;;

@@ -4,6 +4,7 @@ one that fails lean is built the plain way. Compile only (nvcc, torch's headers;
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import shutil
@@ -81,6 +82,38 @@ def test_a_found_header_is_named_as_an_include_would_name_it(path, name):
 def test_only_a_text_that_uses_nothing_of_torch_qualifies(facts, text, why):
     got = lean.refusal(text, facts)
     assert (got is None) if why is None else (got is not None and why in got), got
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cuda_sources(code: str) -> str:
+    """The `cuda_sources` string a file's `load_inline` call passes (a literal or a module-level
+    name bound to one)."""
+    tree = ast.parse(code)
+    names = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+             for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "load_inline":
+            arg = next(k.value for k in node.keywords if k.arg == "cuda_sources")
+            return arg.value if isinstance(arg, ast.Constant) else names[arg.id]
+    raise AssertionError("no load_inline call")
+
+
+def _prompt_example() -> str:
+    text = (ROOT / "prompts" / "_example_cuda.j2").read_text()
+    return text.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize("where", ["prompt example", "mlp_cuda_relu_lean.py",
+                                   "attention_cuda_lean.py",
+                                   "resnet_block_bn_relu_cuda_lean.py"])
+def test_the_prompts_example_and_the_lean_candidates_qualify(facts, where):
+    """What the CUDA prompt shows the model, and the candidates written that way, build lean:
+    a prompt edit that put torch back into the `.cu` would cost every build ~30 s."""
+    code = _prompt_example() if where == "prompt example" else (
+        ROOT / "tests" / "evaluator" / "candidates" / where).read_text()
+    assert lean.refusal(_cuda_sources(code), facts) is None
 
 
 def _build(work: Path, body: str, lean_on: bool) -> tuple[subprocess.CompletedProcess, list[str]]:
