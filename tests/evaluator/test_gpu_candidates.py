@@ -260,3 +260,18 @@ def test_a_torch_free_cu_builds_lean_and_the_rest_the_plain_way(tmp_path):
     assert torch_r.status == "correct", torch_r.error
     assert torch_r.compile.nvcc_runs[0].startswith("lean refused: it includes <torch/extension.h>")
     assert torch_r.compile.nvcc_runs[1:] == ["split"], torch_r.compile
+
+
+def test_lean_forms_of_the_attention_and_bn_relu_candidates_build_lean_and_are_correct(
+        cache_dir):
+    """The default config (`lean_cuda: on`) and two torch-free `.cu` with shared memory,
+    shuffles, `FLT_MAX` and several kernels a launcher: built lean, correct, timed, profiled."""
+    items = [("L3/43", candidate("attention_cuda_lean.py")),
+             ("L3/8", candidate("resnet_block_bn_relu_cuda_lean.py"))]
+    config = gpu_config(cache_dir, problem_overrides={})
+    assert config.lean_cuda == "on"
+    for r in evaluate_many(items, config, max_workers=2):
+        _assert_correct_and_timed(r)
+        assert r.compile is not None and r.compile.nvcc_runs == ["lean"], r.compile
+        assert r.profile is not None and r.profile.custom_share and r.profile.custom_share > 0
+
