@@ -2,7 +2,7 @@
 
     python bench/throughput.py [--device cuda] [--concurrency 4] [--kloop-root PATH] [--json F]
                                [--compare FIELD=A,B] [--first N] [--warm-baselines]
-                               [--sizes examples|full] [--ahead N] [--eval KEY=VALUE ...]
+                               [--sizes examples|full] [--cuda-form torch|lean] [--ahead N] [--eval KEY=VALUE ...]
     python bench/throughput.py --list
 
 The batch, all from files in this repo (30 candidates, 7 problems): the bundled examples'
@@ -31,7 +31,9 @@ keeps that warm-up in DIR for later runs (`--warm-only`: warm it and stop), so o
 can warm and the next one time the batch in full.
 `--sizes full` judges the 25 Triton candidates at their problems' own sizes (as a run does)
 instead of the examples' small ones, where an evaluation is nearly all fixed costs and the GPU
-idles whatever the harness does.
+idles whatever the harness does. `--cuda-form lean` swaps the three CUDA candidates for the
+same kernels in the form the CUDA prompt asks for since session 21 (a torch-free `.cu`, built
+lean in ~10 s instead of ~40 s).
 """
 
 from __future__ import annotations
@@ -65,9 +67,12 @@ LOCKED = ["ref_reference", "ref_baselines", "load", "correctness", "timing", "pr
 """Stages inside a device-lock hold (what a long hold is made of)."""
 
 
-def batch(sizes: str = "examples") -> list[dict]:
+def batch(sizes: str = "examples", cuda_form: str = "torch") -> list[dict]:
     """[{label, problem, source, overrides}] (read from this repo only). `sizes`: the Triton
-    candidates at the examples' small sizes (`examples`) or at their problems' own (`full`)."""
+    candidates at the examples' small sizes (`examples`) or at their problems' own (`full`).
+    `cuda_form`: the three CUDA candidates as the batch was fixed (`torch`: their `.cu` uses
+    torch's API, built the plain way) or in the form the CUDA prompt asks for since session 21
+    (`lean`: the same kernels in a torch-free `.cu`, the wrappers in `cpp_sources`)."""
     sys.path[:0] = [str(REPO)]
     from agent.demo.kernels import SIZES, source
     from evaluator.fair_baseline import honest_source
@@ -80,6 +85,7 @@ def batch(sizes: str = "examples") -> list[dict]:
     for pid, name, sizes in [("L3/1", "mlp_cuda_relu.py", MLP_MEDIUM),
                              ("L3/43", "attention_cuda.py", {}),
                              ("L3/8", "resnet_block_bn_relu_cuda.py", {})]:
+        name = name.replace(".py", "_lean.py") if cuda_form == "lean" else name
         out.append({"label": f"{pid} cuda {name}", "problem": pid,
                     "source": (cands / name).read_text(), "overrides": sizes})
     for pid in ("L3/35", "L3/4"):
@@ -310,6 +316,9 @@ def main() -> int:
                     help="the 25 Triton candidates at the examples' small sizes, where an "
                          "evaluation is mostly fixed costs, or at their problems' own sizes, "
                          "as a run judges them (the other five are the same either way)")
+    ap.add_argument("--cuda-form", choices=("torch", "lean"), default="torch",
+                    help="the CUDA candidates as fixed (their .cu uses torch) or as the CUDA "
+                         "prompt asks for them (a torch-free .cu, built lean)")
     ap.add_argument("--warm-baselines", action="store_true",
                     help="time each problem's baselines (its reference stage alone) before the "
                          "clock starts, so that the batch finds them cached (a long run's "
@@ -351,7 +360,7 @@ def main() -> int:
                                    args.warm_baselines, None if ahead is None else int(ahead),
                                    args.baselines_from)))
         return 0
-    items = batch(args.sizes)
+    items = batch(args.sizes, args.cuda_form)
     items = items[:args.first] if args.first else items
     if args.list:
         for it in items:

@@ -67,3 +67,23 @@ def test_a_kept_warm_up_serves_a_later_run(tmp_path):
     no_flag = subprocess.run([*cmd[:-2], "--warm-only"], capture_output=True, text=True,
                              cwd=REPO, timeout=60)
     assert no_flag.returncode == 2 and "--warm-only wants" in no_flag.stderr
+
+
+def test_the_lean_cuda_form_swaps_only_the_cuda_candidates_for_their_lean_forms():
+    """`--cuda-form lean`: the same batch, problems and sizes, with the three CUDA candidates'
+    lean forms (the form the CUDA prompt asks for) in place of the ones whose `.cu` uses torch."""
+    code = ("import json, sys; sys.path.insert(0, 'bench'); import throughput as t; "
+            "print(json.dumps([t.batch(cuda_form=f) for f in ('torch', 'lean')]))")
+    torch_form, lean_form = json.loads(subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+        check=True).stdout)
+    assert [(i["problem"], i["overrides"]) for i in torch_form] == \
+        [(i["problem"], i["overrides"]) for i in lean_form]
+    changed = [(a["label"], b["label"]) for a, b in zip(torch_form, lean_form)
+               if a["source"] != b["source"]]
+    assert changed == [(f"{p} cuda {n}.py", f"{p} cuda {n}_lean.py") for p, n in (
+        ("L3/1", "mlp_cuda_relu"), ("L3/43", "attention_cuda"),
+        ("L3/8", "resnet_block_bn_relu_cuda"))]
+    assert all("load_inline" in b["source"] and "torch::" not in b["source"].split(
+        "cuda_source = ", 1)[1].split('"""', 2)[1]
+        for a, b in zip(torch_form, lean_form) if a["source"] != b["source"])
