@@ -79,11 +79,11 @@ def test_the_lean_cuda_form_swaps_only_the_cuda_candidates_for_their_lean_forms(
         check=True).stdout)
     assert [(i["problem"], i["overrides"]) for i in torch_form] == \
         [(i["problem"], i["overrides"]) for i in lean_form]
-    changed = [(a["label"], b["label"]) for a, b in zip(torch_form, lean_form)
+    changed = [(a["label"], b["label"]) for a, b in zip(torch_form, lean_form, strict=True)
                if a["source"] != b["source"]]
     assert changed == [(f"{p} cuda {n}.py", f"{p} cuda {n}_lean.py") for p, n in (
         ("L3/1", "mlp_cuda_relu"), ("L3/43", "attention_cuda"),
         ("L3/8", "resnet_block_bn_relu_cuda"))]
     assert all("load_inline" in b["source"] and "torch::" not in b["source"].split(
         "cuda_source = ", 1)[1].split('"""', 2)[1]
-        for a, b in zip(torch_form, lean_form) if a["source"] != b["source"])
+        for a, b in zip(torch_form, lean_form, strict=True) if a["source"] != b["source"])
