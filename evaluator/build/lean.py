@@ -15,8 +15,9 @@ something else without torch:
   comments and string literals;
 - none of the macro names `<torch/types.h>` defines that the lean prologue does not (`CHECK`,
   `LOG`, … : found by `-dM` of both), so no macro in its text expands differently;
-- every `#include` is one the lean prologue already made (a no-op after it, as after torch's
-  header), so no header it includes sees the macro state differ.
+- every `#include` is of a header both the lean prologue and torch's header already made,
+  directly or not (`<cfloat>`, `<math.h>`: a no-op after either), so no header it includes
+  sees the macro state differ.
 What is left: an overload torch adds to a standard name that would beat the standard ones for
 the candidate's own call; a header torch includes only in nvcc's device pass (the headers are
 found in the host pass); a text the comment-and-string scan misreads (raw strings, line
@@ -62,6 +63,10 @@ class Facts(NamedTuple):
     """What `<torch/types.h>` includes directly from outside torch, in order, as `<name>`."""
     torch_macros: set[str]
     """Macros defined after `<torch/types.h>` and not after the lean prologue."""
+    made: frozenset[str] = frozenset()
+    """Every header, as `<name>`, that both `<torch/types.h>` and the lean prologue include,
+    directly or not (`<cfloat>`, `<math.h>`, `<stdio.h>`, …): a candidate's `#include` of one
+    is a no-op after either."""
 
 
 def include_name(path: str) -> str | None:
@@ -101,6 +106,7 @@ def facts(nvcc: str, args: list[str], source: str, work: Path) -> Facts | None:
     if r.returncode != 0:
         return None
     torch_dirs = _torch_dirs(r.stderr)
+    plain_made = _names(r.stderr)
     stack: list[str] = []
     headers: list[str] = []
     for line in r.stderr.splitlines():
@@ -119,10 +125,22 @@ def facts(nvcc: str, args: list[str], source: str, work: Path) -> Facts | None:
         if name not in headers:
             headers.append(name)
     lean.write_text(prologue_text(headers))
-    leaned = _macros(nvcc, flags, lean)
-    if leaned is None or not headers:
+    got = _macros(nvcc, flags, lean)
+    if got is None or not headers:
         return None
-    return Facts(headers, set(_defines(r.stdout)) - set(leaned))
+    leaned, lean_tree = got
+    return Facts(headers, set(_defines(r.stdout)) - set(leaned),
+                 frozenset(plain_made & _names(lean_tree)))
+
+
+def _names(tree: str) -> set[str]:
+    """The headers of a `-H` tree, as an `#include <...>` would name them."""
+    out = set()
+    for line in tree.splitlines():
+        m = re.match(r"\.+ (\S+)$", line)
+        if m and (name := include_name(m.group(1))) is not None:
+            out.add(name)
+    return out
 
 
 def _torch_dirs(tree: str) -> tuple[str, ...]:
@@ -135,10 +153,11 @@ def _torch_dirs(tree: str) -> tuple[str, ...]:
     return ("\0",)
 
 
-def _macros(nvcc: str, flags: list[str], src: Path) -> dict[str, str] | None:
-    r = subprocess.run([nvcc, *flags, "-E", "-Xcompiler", "-dM", str(src)], capture_output=True,
-                       text=True)
-    return _defines(r.stdout) if r.returncode == 0 else None
+def _macros(nvcc: str, flags: list[str], src: Path) -> tuple[dict[str, str], str] | None:
+    """The macros defined after `src`, and its `-H` include tree."""
+    r = subprocess.run([nvcc, *flags, "-E", "-Xcompiler", "-dM", "-Xcompiler", "-H", str(src)],
+                       capture_output=True, text=True)
+    return (_defines(r.stdout), r.stderr) if r.returncode == 0 else None
 
 
 def _defines(dump: str) -> dict[str, str]:
@@ -159,7 +178,7 @@ def refusal(text: str, found: Facts) -> str | None:
     None if it can."""
     includes = _INCLUDE.findall(_COMMENT_OR_STRING.sub(
         lambda m: m.group(0) if m.group(0).startswith('"') else " ", text))
-    made = set(found.headers) | {"cuda.h", "cuda_runtime.h"}
+    made = set(found.headers) | set(found.made) | {"cuda.h", "cuda_runtime.h"}
     for kind, name in includes:
         if kind == '"' or name not in made:
             return f"it includes {kind}{name}{'>' if kind == '<' else kind}, which the lean " \

@@ -27,7 +27,9 @@ void relu_launch(const float* x, float* y, long n, cudaStream_t stream) {
     relu_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(x, y, n);
 }
 """
-WARNS = KERNEL + "__global__ void w(float* p) { int unused = 3; p[0] = 1.f; }\n"
+# Includes of headers torch's and the lean prologue both made already (no-ops after either).
+WARNS = ("#include <cfloat>\n#include <math.h>\n" + KERNEL
+         + "__global__ void w(float* p) { int unused = 3; p[0] = FLT_MAX; }\n")
 # Qualifies by its text and fails to compile: the lean attempt is dropped, the plain one speaks.
 BROKEN = KERNEL + "__global__ void b(float* p) { p[0] = undeclared_thing; }\n"
 
@@ -53,6 +55,9 @@ def test_the_prologue_is_what_torch_includes_from_outside_torch(facts):
     assert not [h for h in facts.headers if h.startswith(("bits/", "torch/", "ATen/", "c10/"))]
     # Torch's header defines macros without a torch prefix; a text naming them never qualifies.
     assert {"CHECK", "CUDA_KERNEL_ASSERT"} <= facts.torch_macros
+    # Headers both include, directly or not: a candidate may include them and still qualify.
+    assert {"cfloat", "math.h", "unordered_map", "cstdint"} <= facts.made
+    assert "mma.h" not in facts.made  # torch's header does not include it
 
 
 @pytest.mark.parametrize("path, name", [
@@ -73,7 +78,8 @@ def test_a_found_header_is_named_as_an_include_would_name_it(path, name):
     ("// torch::Tensor in a comment\n/* c10 */ int x;\n", None),
     ("#include <torch/extension.h>\n" + KERNEL, "includes <torch/extension.h>"),
     ('#include "my.h"\n', 'includes "my.h"'),
-    ("#include <unordered_map>\n", "includes <unordered_map>"),
+    ("#include <cfloat>\n#include <unordered_map>\n#include <math.h>\n" + KERNEL, None),
+    ("#include <mma.h>\n", "includes <mma.h>"),
     ("torch::Tensor f(torch::Tensor x);\n", "`torch`"),
     ("int g(at::Tensor t);\n", "`at`"),
     ("#define CHECK(x) x\n", "`CHECK`, a macro"),
