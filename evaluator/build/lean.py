@@ -16,8 +16,10 @@ something else without torch:
 - none of the macro names `<torch/types.h>` defines that the lean prologue does not (`CHECK`,
   `LOG`, … : found by `-dM` of both), so no macro in its text expands differently;
 - every `#include` is of a header both the lean prologue and torch's header already made,
-  directly or not (`<cfloat>`, `<math.h>`: a no-op after either), so no header it includes
-  sees the macro state differ.
+  directly or not (`<cfloat>`, `<math.h>`: a no-op after either), or (`extra_refusal`) of
+  headers from outside torch whose files torch's header never opens and whose text names none
+  of those macros (`<mma.h>`, `<cooperative_groups.h>`: read at the candidate's line either
+  way, to the same text), so no header it includes sees the macro state differ.
 What is left: an overload torch adds to a standard name that would beat the standard ones for
 the candidate's own call; a header torch includes only in nvcc's device pass (the headers are
 found in the host pass); a text the comment-and-string scan misreads (raw strings, line
@@ -29,8 +31,10 @@ build that fails for any reason is thrown away and the file is built the plain w
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -67,6 +71,10 @@ class Facts(NamedTuple):
     """Every header, as `<name>`, that both `<torch/types.h>` and the lean prologue include,
     directly or not (`<cfloat>`, `<math.h>`, `<stdio.h>`, …): a candidate's `#include` of one
     is a no-op after either."""
+    plain_paths: frozenset[str] = frozenset()
+    """Every file `<torch/types.h>` opens (the `-H` tree, real paths)."""
+    lean_paths: frozenset[str] = frozenset()
+    """Every file the lean prologue opens."""
 
 
 def include_name(path: str) -> str | None:
@@ -130,7 +138,40 @@ def facts(nvcc: str, args: list[str], source: str, work: Path) -> Facts | None:
         return None
     leaned, lean_tree = got
     return Facts(headers, set(_defines(r.stdout)) - set(leaned),
-                 frozenset(plain_made & _names(lean_tree)))
+                 frozenset(plain_made & _names(lean_tree)), _paths(r.stderr), _paths(lean_tree))
+
+
+def _paths(tree: str) -> frozenset[str]:
+    return frozenset(os.path.realpath(m.group(1)) for line in tree.splitlines()
+                     if (m := re.match(r"\.+ (\S+)$", line)))
+
+
+def extra_refusal(nvcc: str, args: list[str], source: str, found: Facts, names: list[str],
+                  work: Path) -> str | None:
+    """Why the headers `names` (included by the candidate, not made by both prologues: `<mma.h>`,
+    `<cooperative_groups.h>`, `<cub/cub.cuh>`) cannot be included after the lean prologue as
+    after torch's; None if they can. They can when every file they open (one more preprocessor
+    run) is one torch's header does not open (so after it too the file is read at the
+    candidate's line, not skipped as read already) and names, outside comments and strings,
+    none of the macros only torch's header defines (so its text reads the same after either)."""
+    probe = work / "extra.cu"
+    probe.write_text(prologue_text(found.headers) + "".join(f"#include <{n}>\n" for n in names))
+    got = _macros(nvcc, _preprocess_args(args, source), probe)
+    if got is None:
+        return f"<{names[0]}> does not preprocess after the lean prologue"
+    opened = _paths(got[1]) - found.lean_paths
+    for path in sorted(opened):
+        if path in found.plain_paths:
+            return f"<{include_name(path) or path}> is read already after torch's header"
+        try:
+            text = Path(path).read_text(errors="replace")
+        except OSError:
+            return f"{path} cannot be read"
+        hit = set(_IDENT.findall(_COMMENT_OR_STRING.sub(" ", text))) & found.torch_macros
+        if hit:
+            return f"<{include_name(path) or path}> names `{min(hit)}`, a macro torch's header " \
+                   "defines"
+    return None
 
 
 def _names(tree: str) -> set[str]:
@@ -173,33 +214,42 @@ def prologue_text(headers: list[str]) -> str:
         line + "\n" for line in PROLOGUE[1:])
 
 
-def refusal(text: str, found: Facts) -> str | None:
+def refusal(text: str, found: Facts,
+            extra: Callable[[list[str]], str | None] | None = None) -> str | None:
     """Why the candidate's text (what follows `load_inline`'s prologue) cannot be built lean;
-    None if it can."""
+    None if it can. `extra`: asked about the `<...>` headers it includes that the two prologues
+    do not both make (`extra_refusal` under the build's flags); without it they are refused."""
     includes = _INCLUDE.findall(_COMMENT_OR_STRING.sub(
         lambda m: m.group(0) if m.group(0).startswith('"') else " ", text))
     made = set(found.headers) | set(found.made) | {"cuda.h", "cuda_runtime.h"}
+    others: list[str] = []
     for kind, name in includes:
-        if kind == '"' or name not in made:
+        if kind == '"' or (name not in made and (extra is None or name.startswith(
+                ("torch/", "ATen/", "c10/", "caffe2/", "pybind11/")))):
             return f"it includes {kind}{name}{'>' if kind == '<' else kind}, which the lean " \
                    "prologue does not"
+        if name not in made and name not in others:
+            others.append(name)
     code = _COMMENT_OR_STRING.sub(" ", text)
     for ident in sorted(set(_IDENT.findall(code))):
         if ident in TORCH_NAMES or ident.startswith(TORCH_PREFIXES):
             return f"it names `{ident}`, which is torch's"
         if ident in found.torch_macros:
             return f"it names `{ident}`, a macro torch's header defines"
+    if others and extra is not None:
+        return extra(others)
     return None
 
 
-def lean_source(source: Path, found: Facts) -> tuple[str | None, str]:
+def lean_source(source: Path, found: Facts,
+                extra: Callable[[list[str]], str | None] | None = None) -> tuple[str | None, str]:
     """(the lean file's text, why not) for `source` as `load_inline` wrote it."""
     text = source.read_text()
     lines = text.split("\n")
     if lines[:3] != PROLOGUE:
         return None, "not load_inline's prologue"
     rest = "\n".join(lines[3:])
-    why = refusal(rest, found)
+    why = refusal(rest, found, extra)
     if why is not None:
         return None, why
     # `#line 4`: the candidate's first line is line 4 of the original file, as it was.

@@ -180,7 +180,8 @@ def _lean(nvcc: str, args: list[str], source: str) -> int | None:
     None (and nothing printed) if it does not qualify or failed: then the plain way."""
     with tempfile.TemporaryDirectory(prefix="kloop-lean-") as tmp:
         found = lean.facts(nvcc, args, source, Path(tmp))
-        text, why = lean.lean_source(Path(source), found) if found else (None, "no facts")
+        text, why = lean.lean_source(Path(source), found, lambda names: lean.extra_refusal(
+            nvcc, args, source, found, names, Path(tmp))) if found else (None, "no facts")
         if text is None:
             _report(f"lean refused: {why}")
             return None

@@ -30,6 +30,21 @@ void relu_launch(const float* x, float* y, long n, cudaStream_t stream) {
 # Includes of headers torch's and the lean prologue both made already (no-ops after either).
 WARNS = ("#include <cfloat>\n#include <math.h>\n" + KERNEL
          + "__global__ void w(float* p) { int unused = 3; p[0] = FLT_MAX; }\n")
+# Tensor cores through <mma.h>, a header neither prologue makes (`lean.extra_refusal`).
+WMMA = r"""
+#include <mma.h>
+using namespace nvcuda;
+__global__ void tile16(const half* a, const half* b, float* c) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+    wmma::fill_fragment(fc, 0.0f);
+    wmma::load_matrix_sync(fa, a, 16);
+    wmma::load_matrix_sync(fb, b, 16);
+    wmma::mma_sync(fc, fa, fb, fc);
+    wmma::store_matrix_sync(c, fc, 16, wmma::mem_row_major);
+}
+"""
 # Qualifies by its text and fails to compile: the lean attempt is dropped, the plain one speaks.
 BROKEN = KERNEL + "__global__ void b(float* p) { p[0] = undeclared_thing; }\n"
 
@@ -122,6 +137,32 @@ def test_the_prompts_example_and_the_lean_candidates_qualify(facts, where):
     assert lean.refusal(_cuda_sources(code), facts) is None
 
 
+def _extra(facts, names: list[str], work: Path, include_dir: Path | None = None) -> str | None:
+    args = [*_flags(), *([f"-I{include_dir}"] if include_dir else []), "-c", "x.cu", "-o", "x.o"]
+    return lean.extra_refusal(shutil.which("nvcc"), args, "x.cu", facts, names, work)
+
+
+def test_headers_torch_never_opens_qualify_unless_they_name_its_macros_or_it_read_them(
+        facts, tmp_path):
+    """A header outside both prologues (`<mma.h>`, `<cooperative_groups.h>`, `<cub/cub.cuh>`)
+    is read at the candidate's line after either prologue, to the same text, unless torch's
+    header opened one of its files already (then only the lean build would read it there) or
+    its text names a macro only torch's header defines."""
+    assert _extra(facts, ["mma.h", "cooperative_groups.h"], tmp_path) is None
+    assert _extra(facts, ["cub/cub.cuh"], tmp_path) is None
+    why = _extra(facts, ["c10/macros/Macros.h"], tmp_path)
+    assert why is not None and "is read already after torch's header" in why, why
+    mine = tmp_path / "inc"
+    mine.mkdir()
+    (mine / "uses_check.h").write_text("#pragma once\n// CHECK in a comment is fine\n"
+                                       "#ifndef CHECK\n#define MY_ASSERT(x) x\n#endif\n")
+    (mine / "plain.h").write_text("#pragma once\n/* CHECK */ inline int two() { return 2; }\n")
+    why = _extra(facts, ["uses_check.h"], tmp_path, mine)
+    assert why is not None and "names `CHECK`" in why, why
+    assert _extra(facts, ["plain.h"], tmp_path, mine) is None
+    assert "does not preprocess" in _extra(facts, ["no_such_header.h"], tmp_path)
+
+
 def _build(work: Path, body: str, lean_on: bool) -> tuple[subprocess.CompletedProcess, list[str]]:
     work.mkdir(parents=True)
     src = work / "cuda.cu"
@@ -170,3 +211,16 @@ def test_a_qualifying_file_builds_lean_to_the_plain_device_code_and_a_failing_on
     line = 4 + BROKEN.count("\n", 0, BROKEN.index("undeclared_thing"))
     assert r.stderr.count('"undeclared_thing" is undefined') == 1, r.stderr  # the plain one's
     assert f"{tmp_path / 'broken' / 'cuda.cu'}({line}): error" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_a_wmma_kernel_with_its_own_header_builds_lean_to_the_plain_device_code(tmp_path):
+    lean_r, lean_report = _build(tmp_path / "lean", WMMA, lean_on=True)
+    assert lean_r.returncode == 0, lean_r.stderr
+    assert lean_report == ["lean"]
+    plain_r, _ = _build(tmp_path / "plain", WMMA, lean_on=False)
+    assert plain_r.returncode == 0, plain_r.stderr
+    lean_code, plain_code = _sass(tmp_path / "lean" / "cuda.o"), _sass(tmp_path / "plain" / "cuda.o")
+    assert any("HMMA" in ln for ln in plain_code), plain_code[:20]
+    assert lean_code == plain_code
+
