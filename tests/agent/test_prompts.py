@@ -177,3 +177,23 @@ def test_clip_keeps_head_and_tail():
     text = "HEAD" + "x" * 5000 + "TAIL"
     out = clip(text, 300)
     assert out.startswith("HEAD") and out.endswith("TAIL") and len(out) < 400
+
+
+def test_feedback_says_why_a_cuda_build_took_the_slow_path():
+    """The model learns why its `.cu` could not build lean (and how long it took), on every
+    outcome after a build but a compile error (where the error comes first)."""
+    from evaluator.result import CompileLog
+
+    why = "it names `torch`, which is torch's"
+    slow = CompileLog(backend="cuda", ok=True, seconds=41.2,
+                      nvcc_runs=[f"lean refused: {why}", "split"])
+    lean = CompileLog(backend="cuda", ok=True, seconds=9.8, nvcc_runs=["lean"])
+    for marker in ("", "BUG", "CRASH"):
+        result = FakeEvaluator().evaluate(PROBLEM, kernel(marker))
+        text = render_feedback(turn_with(result.model_copy(update={"compile": slow})))
+        assert f"slow build path because {why} (built in 41 s)" in text, text
+        assert "slow build path" not in render_feedback(
+            turn_with(result.model_copy(update={"compile": lean})))
+    broken = FakeEvaluator().evaluate(PROBLEM, kernel("SYNTAX"))
+    assert "slow build path" not in render_feedback(turn_with(broken.model_copy(update={
+        "compile": broken.compile.model_copy(update={"nvcc_runs": slow.nvcc_runs})})))
