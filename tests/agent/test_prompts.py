@@ -197,3 +197,7 @@ def test_feedback_says_why_a_cuda_build_took_the_slow_path():
     broken = FakeEvaluator().evaluate(PROBLEM, kernel("SYNTAX"))
     assert "slow build path" not in render_feedback(turn_with(broken.model_copy(update={
         "compile": broken.compile.model_copy(update={"nvcc_runs": slow.nvcc_runs})})))
+    # The reason comes from the compile child, the candidate's own process: it is cut short.
+    flood = slow.model_copy(update={"nvcc_runs": ["lean refused: " + "x" * 100_000]})
+    ok = FakeEvaluator().evaluate(PROBLEM, kernel())
+    assert len(render_feedback(turn_with(ok.model_copy(update={"compile": flood})))) < 5000
