@@ -126,15 +126,17 @@ def _prompt_example() -> str:
     return text.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-@pytest.mark.parametrize("where", ["prompt example", "mlp_cuda_relu_lean.py",
-                                   "attention_cuda_lean.py",
-                                   "resnet_block_bn_relu_cuda_lean.py"])
-def test_the_prompts_example_and_the_lean_candidates_qualify(facts, where):
+@pytest.mark.parametrize("where", [
+    "prompt example", "tests/evaluator/candidates/mlp_cuda_relu_lean.py",
+    "tests/evaluator/candidates/attention_cuda_lean.py",
+    "tests/evaluator/candidates/resnet_block_bn_relu_cuda_lean.py",
+    "tests/exploits/honest/h48_minigpt_lean_cg_softmax.py"])
+def test_the_prompts_example_and_the_lean_candidates_qualify(facts, where, tmp_path):
     """What the CUDA prompt shows the model, and the candidates written that way, build lean:
     a prompt edit that put torch back into the `.cu` would cost every build ~30 s."""
-    code = _prompt_example() if where == "prompt example" else (
-        ROOT / "tests" / "evaluator" / "candidates" / where).read_text()
-    assert lean.refusal(_cuda_sources(code), facts) is None
+    code = _prompt_example() if where == "prompt example" else (ROOT / where).read_text()
+    assert lean.refusal(_cuda_sources(code), facts,
+                        lambda names: _extra(facts, names, tmp_path)) is None
 
 
 def _extra(facts, names: list[str], work: Path, include_dir: Path | None = None) -> str | None:
