@@ -150,10 +150,16 @@ def extra_refusal(nvcc: str, args: list[str], source: str, found: Facts, names: 
                   work: Path) -> str | None:
     """Why the headers `names` (included by the candidate, not made by both prologues: `<mma.h>`,
     `<cooperative_groups.h>`, `<cub/cub.cuh>`) cannot be included after the lean prologue as
-    after torch's; None if they can. They can when every file they open (one more preprocessor
-    run) is one torch's header does not open (so after it too the file is read at the
+    after torch's; None if they can. They can when none is a header the lean prologue reads and
+    torch's does not, and every file they open (one more preprocessor run) is one torch's header
+    does not open (so after it too the file is read at the
     candidate's line, not skipped as read already) and names, outside comments and strings,
     none of the macros only torch's header defines (so its text reads the same after either)."""
+    # Read by the lean prologue only: a no-op at the candidate's line there, not after torch's.
+    lean_only = {include_name(p) for p in found.lean_paths - found.plain_paths}
+    for name in names:
+        if name in lean_only:
+            return f"<{name}> is read by the lean prologue and not by torch's header"
     probe = work / "extra.cu"
     probe.write_text(prologue_text(found.headers) + "".join(f"#include <{n}>\n" for n in names))
     got = _macros(nvcc, _preprocess_args(args, source), probe)

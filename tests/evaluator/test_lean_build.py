@@ -163,6 +163,13 @@ def test_headers_torch_never_opens_qualify_unless_they_name_its_macros_or_it_rea
     assert why is not None and "names `CHECK`" in why, why
     assert _extra(facts, ["plain.h"], tmp_path, mine) is None
     assert "does not preprocess" in _extra(facts, ["no_such_header.h"], tmp_path)
+    # One the lean prologue reads and torch's header would not: the lean build would skip it
+    # at the candidate's line where the plain build reads it there.
+    cfloat = next(p for p in facts.lean_paths if lean.include_name(p) == "cfloat")
+    lean_only = facts._replace(plain_paths=facts.plain_paths - {cfloat},
+                               made=facts.made - {"cfloat"})
+    why = _extra(lean_only, ["cfloat"], tmp_path)
+    assert why is not None and "read by the lean prologue and not by torch's" in why, why
 
 
 def _build(work: Path, body: str, lean_on: bool) -> tuple[subprocess.CompletedProcess, list[str]]:
