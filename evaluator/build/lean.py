@@ -15,11 +15,11 @@ something else without torch:
   comments and string literals;
 - none of the macro names `<torch/types.h>` defines that the lean prologue does not (`CHECK`,
   `LOG`, … : found by `-dM` of both), so no macro in its text expands differently;
-- every `#include` is of a header both the lean prologue and torch's header already made,
-  directly or not (`<cfloat>`, `<math.h>`: a no-op after either), or (`extra_refusal`) of
-  headers from outside torch whose files torch's header never opens and whose text names none
-  of those macros (`<mma.h>`, `<cooperative_groups.h>`: read at the candidate's line either
-  way, to the same text), so no header it includes sees the macro state differ.
+- every `#include <...>` reads the same after either prologue (`extra_refusal`, one more
+  preprocessor run): each file it opens or skips there is one torch's header opened as well, or
+  one neither opened (`<cfloat>`, `<vector>`: skipped after both; `<mma.h>`,
+  `<cooperative_groups.h>`: read at the candidate's line after both), and none of those files
+  names one of those macros, so no header it includes sees the macro state differ.
 What is left: an overload torch adds to a standard name that would beat the standard ones for
 the candidate's own call; a header torch includes only in nvcc's device pass (the headers are
 found in the host pass); a text the comment-and-string scan misreads (raw strings, line
@@ -51,6 +51,7 @@ TORCH_PREFIXES = ("TORCH_", "AT_", "C10_", "CAFFE_", "CAFFE2_", "THO_", "STD_TOR
 _COMMENT_OR_STRING = re.compile(
     r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
 _INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
+_DIRECTIVE = re.compile(r"^\s*#\s*(include\w*|import)\b[ \t]*(.*)$", re.M)
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 _INCLUDE_ROOTS = [
     re.compile(r".*/include/c\+\+/[^/]+/(.+)"),                 # libstdc++
@@ -67,10 +68,6 @@ class Facts(NamedTuple):
     """What `<torch/types.h>` includes directly from outside torch, in order, as `<name>`."""
     torch_macros: set[str]
     """Macros defined after `<torch/types.h>` and not after the lean prologue."""
-    made: frozenset[str] = frozenset()
-    """Every header, as `<name>`, that both `<torch/types.h>` and the lean prologue include,
-    directly or not (`<cfloat>`, `<math.h>`, `<stdio.h>`, …): a candidate's `#include` of one
-    is a no-op after either."""
     plain_paths: frozenset[str] = frozenset()
     """Every file `<torch/types.h>` opens (the `-H` tree, real paths)."""
     lean_paths: frozenset[str] = frozenset()
@@ -114,7 +111,6 @@ def facts(nvcc: str, args: list[str], source: str, work: Path) -> Facts | None:
     if r.returncode != 0:
         return None
     torch_dirs = _torch_dirs(r.stderr)
-    plain_made = _names(r.stderr)
     stack: list[str] = []
     headers: list[str] = []
     for line in r.stderr.splitlines():
@@ -137,8 +133,8 @@ def facts(nvcc: str, args: list[str], source: str, work: Path) -> Facts | None:
     if got is None or not headers:
         return None
     leaned, lean_tree = got
-    return Facts(headers, set(_defines(r.stdout)) - set(leaned),
-                 frozenset(plain_made & _names(lean_tree)), _paths(r.stderr), _paths(lean_tree))
+    return Facts(headers, set(_defines(r.stdout)) - set(leaned), _paths(r.stderr),
+                 _paths(lean_tree))
 
 
 def _paths(tree: str) -> frozenset[str]:
@@ -148,46 +144,39 @@ def _paths(tree: str) -> frozenset[str]:
 
 def extra_refusal(nvcc: str, args: list[str], source: str, found: Facts, names: list[str],
                   work: Path) -> str | None:
-    """Why the headers `names` (included by the candidate, not made by both prologues: `<mma.h>`,
-    `<cooperative_groups.h>`, `<cub/cub.cuh>`) cannot be included after the lean prologue as
-    after torch's; None if they can. They can when none is a header the lean prologue reads and
-    torch's does not, and every file they open (one more preprocessor run) is one torch's header
-    does not open (so after it too the file is read at the
-    candidate's line, not skipped as read already) and names, outside comments and strings,
-    none of the macros only torch's header defines (so its text reads the same after either)."""
-    # Read by the lean prologue only: a no-op at the candidate's line there, not after torch's.
-    lean_only = {include_name(p) for p in found.lean_paths - found.plain_paths}
-    for name in names:
-        if name in lean_only:
-            return f"<{name}> is read by the lean prologue and not by torch's header"
+    """Why the headers `names` (the candidate's `#include <...>`s) cannot be included after the
+    lean prologue as after torch's; None if they can. The preprocessor's `-H` tree of the lean
+    prologue followed by them (one more run, 0.2-0.5 s) lists every file they open, and every
+    file they skip as read already: each must be one torch's header opened too, or one neither
+    prologue opened (skipped after both, or read after both at the candidate's line), and its
+    text, outside comments and strings, must name none of the macros only torch's header
+    defines (so it reads the same after either)."""
+    (work / "extra.h").write_text("".join(f"#include <{n}>\n" for n in names))
     probe = work / "extra.cu"
-    probe.write_text(prologue_text(found.headers) + "".join(f"#include <{n}>\n" for n in names))
+    probe.write_text(prologue_text(found.headers) + '#include "extra.h"\n')
     got = _macros(nvcc, _preprocess_args(args, source), probe)
     if got is None:
         return f"<{names[0]}> does not preprocess after the lean prologue"
-    opened = _paths(got[1]) - found.lean_paths
-    for path in sorted(opened):
-        if path in found.plain_paths:
-            return f"<{include_name(path) or path}> is read already after torch's header"
+    files, inside = [], False
+    for line in got[1].splitlines():
+        if m := re.match(r"(\.+) (\S+)$", line):
+            if len(m.group(1)) == 1:
+                inside = os.path.basename(m.group(2)) == "extra.h"
+            elif inside:
+                files.append(os.path.realpath(m.group(2)))
+    for path in dict.fromkeys(files):
+        label = f"<{include_name(path) or path}>"
+        if (path in found.plain_paths) != (path in found.lean_paths):
+            which = "torch's header" if path in found.plain_paths else "the lean prologue"
+            return f"{label} was read already by {which} only"
         try:
             text = Path(path).read_text(errors="replace")
         except OSError:
             return f"{path} cannot be read"
         hit = set(_IDENT.findall(_COMMENT_OR_STRING.sub(" ", text))) & found.torch_macros
         if hit:
-            return f"<{include_name(path) or path}> names `{min(hit)}`, a macro torch's header " \
-                   "defines"
+            return f"{label} names `{min(hit)}`, a macro torch's header defines"
     return None
-
-
-def _names(tree: str) -> set[str]:
-    """The headers of a `-H` tree, as an `#include <...>` would name them."""
-    out = set()
-    for line in tree.splitlines():
-        m = re.match(r"\.+ (\S+)$", line)
-        if m and (name := include_name(m.group(1))) is not None:
-            out.add(name)
-    return out
 
 
 def _torch_dirs(tree: str) -> tuple[str, ...]:
@@ -223,18 +212,22 @@ def prologue_text(headers: list[str]) -> str:
 def refusal(text: str, found: Facts,
             extra: Callable[[list[str]], str | None] | None = None) -> str | None:
     """Why the candidate's text (what follows `load_inline`'s prologue) cannot be built lean;
-    None if it can. `extra`: asked about the `<...>` headers it includes that the two prologues
-    do not both make (`extra_refusal` under the build's flags); without it they are refused."""
-    includes = _INCLUDE.findall(_COMMENT_OR_STRING.sub(
-        lambda m: m.group(0) if m.group(0).startswith('"') else " ", text))
-    made = set(found.headers) | set(found.made) | {"cuda.h", "cuda_runtime.h"}
+    None if it can. `extra`: asked about the `<...>` headers it includes (`extra_refusal` under
+    the build's flags); without it only those the lean prologue includes itself are let by."""
+    bare = _COMMENT_OR_STRING.sub(lambda m: m.group(0) if m.group(0).startswith('"') else " ",
+                                  text)
+    for kind, rest in _DIRECTIVE.findall(bare):  # a macro-named or `_next` include: unchecked
+        if kind != "include" or not rest.startswith(("<", '"')):
+            return f"it has `#{kind} {rest.strip()[:40]}`, which the lean build does not follow"
+    includes = _INCLUDE.findall(bare)
+    made = set(found.headers) | {"cuda.h", "cuda_runtime.h"}
     others: list[str] = []
     for kind, name in includes:
         if kind == '"' or (name not in made and (extra is None or name.startswith(
                 ("torch/", "ATen/", "c10/", "caffe2/", "pybind11/")))):
             return f"it includes {kind}{name}{'>' if kind == '<' else kind}, which the lean " \
                    "prologue does not"
-        if name not in made and name not in others:
+        if name not in others:
             others.append(name)
     code = _COMMENT_OR_STRING.sub(" ", text)
     for ident in sorted(set(_IDENT.findall(code))):

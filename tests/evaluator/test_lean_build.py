@@ -70,9 +70,6 @@ def test_the_prologue_is_what_torch_includes_from_outside_torch(facts):
     assert not [h for h in facts.headers if h.startswith(("bits/", "torch/", "ATen/", "c10/"))]
     # Torch's header defines macros without a torch prefix; a text naming them never qualifies.
     assert {"CHECK", "CUDA_KERNEL_ASSERT"} <= facts.torch_macros
-    # Headers both include, directly or not: a candidate may include them and still qualify.
-    assert {"cfloat", "math.h", "unordered_map", "cstdint"} <= facts.made
-    assert "mma.h" not in facts.made  # torch's header does not include it
 
 
 @pytest.mark.parametrize("path, name", [
@@ -93,8 +90,11 @@ def test_a_found_header_is_named_as_an_include_would_name_it(path, name):
     ("// torch::Tensor in a comment\n/* c10 */ int x;\n", None),
     ("#include <torch/extension.h>\n" + KERNEL, "includes <torch/extension.h>"),
     ('#include "my.h"\n', 'includes "my.h"'),
-    ("#include <cfloat>\n#include <unordered_map>\n#include <math.h>\n" + KERNEL, None),
+    # Without the preprocessor's word (`extra_refusal`) only the prologue's own headers pass.
+    ("#include <cfloat>\n" + KERNEL, "includes <cfloat>"),
     ("#include <mma.h>\n", "includes <mma.h>"),
+    ("#define H <mma.h>\n#include H\n", "`#include H`"),
+    ("#include_next <cmath>\n", "`#include_next <cmath>`"),
     ("torch::Tensor f(torch::Tensor x);\n", "`torch`"),
     ("int g(at::Tensor t);\n", "`at`"),
     ("#define CHECK(x) x\n", "`CHECK`, a macro"),
@@ -152,8 +152,13 @@ def test_headers_torch_never_opens_qualify_unless_they_name_its_macros_or_it_rea
     its text names a macro only torch's header defines."""
     assert _extra(facts, ["mma.h", "cooperative_groups.h"], tmp_path) is None
     assert _extra(facts, ["cub/cub.cuh"], tmp_path) is None
+    # Read by both prologues already (skipped after either), as are the prologue's own.
+    assert _extra(facts, ["cfloat", "math.h", "unordered_map", "vector", "utility",
+                          "type_traits", "cstdio", "limits"], tmp_path) is None
+    text = "#include <cfloat>\n#include <unordered_map>\n#include <mma.h>\n" + KERNEL
+    assert lean.refusal(text, facts, lambda names: _extra(facts, names, tmp_path)) is None
     why = _extra(facts, ["c10/macros/Macros.h"], tmp_path)
-    assert why is not None and "is read already after torch's header" in why, why
+    assert why is not None and "read already by torch's header only" in why, why
     mine = tmp_path / "inc"
     mine.mkdir()
     (mine / "uses_check.h").write_text("#pragma once\n// CHECK in a comment is fine\n"
@@ -166,10 +171,9 @@ def test_headers_torch_never_opens_qualify_unless_they_name_its_macros_or_it_rea
     # One the lean prologue reads and torch's header would not: the lean build would skip it
     # at the candidate's line where the plain build reads it there.
     cfloat = next(p for p in facts.lean_paths if lean.include_name(p) == "cfloat")
-    lean_only = facts._replace(plain_paths=facts.plain_paths - {cfloat},
-                               made=facts.made - {"cfloat"})
+    lean_only = facts._replace(plain_paths=facts.plain_paths - {cfloat})
     why = _extra(lean_only, ["cfloat"], tmp_path)
-    assert why is not None and "read by the lean prologue and not by torch's" in why, why
+    assert why is not None and "read already by the lean prologue only" in why, why
 
 
 def _build(work: Path, body: str, lean_on: bool) -> tuple[subprocess.CompletedProcess, list[str]]:
