@@ -105,9 +105,7 @@ def _include_flags(extra_include_dirs: Sequence[str]) -> list[str]:
 
     dirs = list(include_paths())
     dirs.append(sysconfig.get_paths()["include"])
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        dirs.append(str(Path(nvcc).resolve().parent.parent / "include"))
+    dirs += _toolkit_include_dirs()
     # pip's nvidia-* wheels (cuBLAS, cuSPARSE…) put their headers under site-packages/nvidia.
     for site in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
         dirs += sorted(str(p) for p in Path(site).glob("nvidia/*/include") if p.is_dir())
@@ -119,6 +117,26 @@ def _include_flags(extra_include_dirs: Sequence[str]) -> list[str]:
     for d in dirs:
         flags += ["-isystem", d]
     return flags
+
+
+@functools.lru_cache(maxsize=1)
+def _toolkit_include_dirs() -> list[str]:
+    """The CUDA toolkit's include dirs as nvcc itself passes them (its `--dryrun`), for g++'s
+    check of main.cpp (`cpp_sources` including `<c10/cuda/CUDAStream.h>` needs
+    `cuda_runtime_api.h`). Resolving the `nvcc` on PATH is not enough: it may be a wrapper
+    script (/usr/local/bin/nvcc here), whose parent holds no toolkit."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return []
+    try:
+        out = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
+                             capture_output=True, text=True, timeout=30).stderr
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    dirs = [os.path.normpath(d) for line in out.splitlines()
+            if (m := re.match(r"#\$ (?:SYSTEM_)?INCLUDES=(.*)$", line))
+            for d in re.findall(r'"?(?:-I|-isystem"? ")([^"\s]+)', m.group(1))]
+    return dirs or [str(Path(nvcc).resolve().parent.parent / "include")]
 
 
 _ARCH_FLAGS = ("-arch", "--gpu-architecture", "-gencode", "--generate-code", "-code", "--gpu-code")

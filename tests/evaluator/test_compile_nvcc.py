@@ -130,3 +130,41 @@ def test_cuda_context_include_is_checked_completely(tmp_path):
     [diag] = broken.compile.diagnostics
     assert (diag.file, diag.line) == ("candidate.py", 23)
     assert '"void *" is incompatible with parameter of type "float *"' in diag.message
+
+
+def test_the_toolkit_headers_are_found_through_a_wrapper_nvcc(tmp_path, monkeypatch):
+    """g++'s check of main.cpp needs the toolkit's headers (`<c10/cuda/CUDAStream.h>` includes
+    `cuda_runtime_api.h`); an `nvcc` on PATH that is a wrapper script has no toolkit beside it,
+    so they come from nvcc's own `--dryrun`."""
+    from evaluator.build import nvcc
+
+    wrapper = tmp_path / "bin" / "nvcc"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("nvcc")} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}:{__import__('os').environ['PATH']}")
+    nvcc._toolkit_include_dirs.cache_clear()
+    try:
+        dirs = nvcc._toolkit_include_dirs()
+    finally:
+        nvcc._toolkit_include_dirs.cache_clear()
+    assert any((Path(d) / "cuda_runtime_api.h").is_file() for d in dirs), dirs
+
+
+@pytest.mark.slow
+def test_the_prompts_cuda_form_passes_the_cpu_check(tmp_path):
+    """The form the CUDA prompt asks for (a torch-free `.cu`; wrappers in `cpp_sources` that
+    include `<c10/cuda/CUDAStream.h>`) is checked completely on a host without a GPU: the
+    prompt's own example, and a candidate written that way."""
+    from eval_helpers import candidate, cpu_config
+
+    from evaluator.pipeline import evaluate
+
+    text = (Path(__file__).parents[2] / "prompts" / "_example_cuda.j2").read_text()
+    s = strings(text.split("```python\n", 1)[1].split("```", 1)[0])
+    log = nvcc_check(s["add_cuda_source"], s["add_cpp_source"], None, tmp_path / "example",
+                     functions=["add"], cache_dir=tmp_path / "check-cache")
+    assert log.ok and log.infra_error is None, log.log_tail
+    r = evaluate("L3/1", candidate("mlp_cuda_relu_lean.py"), cpu_config(tmp_path / "cache"))
+    assert (r.status, r.stage_reached) == ("not_run", "compile"), r.compile
+    assert r.compile is not None and r.compile.ok and r.compile.infra_error is None
