@@ -82,6 +82,16 @@ def include_name(path: str) -> str | None:
     return None
 
 
+def torch_nvcc_flags(arch: str = "90") -> list[str]:
+    """The flags torch's `load_inline` gives nvcc for a `.cu` (include paths, its defines, the
+    target): what `kloop check` and the tests find the facts under (imports torch)."""
+    from torch.utils import cpp_extension as ce
+
+    return [*(f"-I{p}" for p in ce.include_paths()), *getattr(ce, "COMMON_NVCC_FLAGS", []),
+            "-std=c++17", "-O3", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+            "--compiler-options", "-fPIC"]
+
+
 def _preprocess_args(args: list[str], source: str) -> list[str]:
     """The compile's arguments for preprocessing another file: no source, output or
     dependency file (their values go with them)."""

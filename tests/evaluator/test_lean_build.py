@@ -50,11 +50,7 @@ BROKEN = KERNEL + "__global__ void b(float* p) { p[0] = undeclared_thing; }\n"
 
 
 def _flags() -> list[str]:
-    from torch.utils import cpp_extension as ce
-
-    return [*(f"-I{p}" for p in ce.include_paths()), *getattr(ce, "COMMON_NVCC_FLAGS", []),
-            "-std=c++17", "-O3", "-gencode=arch=compute_90,code=sm_90", "--compiler-options",
-            "-fPIC"]
+    return lean.torch_nvcc_flags()
 
 
 @pytest.fixture(scope="module")

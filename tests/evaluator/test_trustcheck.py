@@ -93,3 +93,17 @@ def test_the_probe_reports_from_inside_and_catches_a_sandbox_that_is_not_there(t
         except OSError:
             host_route = False
     assert plain["probe: network"].ok is (not host_route)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_check_says_whether_cuda_builds_can_be_lean_here():
+    """The row a GPU host gets: nvcc's preprocessor lists the headers a lean build uses, as a
+    build finds them (no GPU is needed to find them); off, or without a GPU, it does not apply."""
+    from evaluator.config import EvalConfig
+    from evaluator.trustcheck import _lean_row
+
+    row = _lean_row(EvalConfig(), on_gpu=True)
+    assert row.ok is True and not row.trust, row
+    assert "headers in place of <torch/types.h>" in row.detail
+    assert _lean_row(EvalConfig(lean_cuda="off"), on_gpu=True).ok is None
+    assert _lean_row(EvalConfig(), on_gpu=False).ok is None
