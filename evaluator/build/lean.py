@@ -1,5 +1,5 @@
-"""The lean build of a `load_inline` `.cu` (opt-in, `EvalConfig.lean_cuda`; stdlib only: it runs
-inside `evaluator.build.nvcc_parallel`).
+"""The lean build of a `load_inline` `.cu` (`EvalConfig.lean_cuda`, on by default; stdlib only:
+it runs inside `evaluator.build.nvcc_parallel`).
 
 `load_inline` puts `<torch/types.h>` in front of every `cuda_sources`, and parsing it is most of
 a cold build: nvcc's host and device front ends each read all of ATen (a 6-line kernel: 19.1 s
