@@ -123,11 +123,7 @@ def facts(nvcc: str, args: list[str], source: str, work: Path) -> Facts | None:
     torch_dirs = _torch_dirs(r.stderr)
     stack: list[str] = []
     headers: list[str] = []
-    for line in r.stderr.splitlines():
-        m = re.match(r"(\.+) (\S+)$", line)
-        if not m:
-            continue
-        depth, path = len(m.group(1)), m.group(2)
+    for depth, path in _tree(r.stderr):
         del stack[depth - 1:]
         parent = stack[-1] if stack else None
         stack.append(path)
@@ -147,9 +143,14 @@ def facts(nvcc: str, args: list[str], source: str, work: Path) -> Facts | None:
                  _paths(lean_tree))
 
 
+def _tree(text: str) -> list[tuple[int, str]]:
+    """(depth, path) of each line of a `-H` include tree (`.. /usr/include/stdio.h`)."""
+    return [(len(m.group(1)), m.group(2)) for line in text.splitlines()
+            if (m := re.match(r"(\.+) (\S+)$", line))]
+
+
 def _paths(tree: str) -> frozenset[str]:
-    return frozenset(os.path.realpath(m.group(1)) for line in tree.splitlines()
-                     if (m := re.match(r"\.+ (\S+)$", line)))
+    return frozenset(os.path.realpath(path) for _, path in _tree(tree))
 
 
 def extra_refusal(nvcc: str, args: list[str], source: str, found: Facts, names: list[str],
@@ -168,12 +169,11 @@ def extra_refusal(nvcc: str, args: list[str], source: str, found: Facts, names: 
     if got is None:
         return f"<{names[0]}> does not preprocess after the lean prologue"
     files, inside = [], False
-    for line in got[1].splitlines():
-        if m := re.match(r"(\.+) (\S+)$", line):
-            if len(m.group(1)) == 1:
-                inside = os.path.basename(m.group(2)) == "extra.h"
-            elif inside:
-                files.append(os.path.realpath(m.group(2)))
+    for depth, path in _tree(got[1]):
+        if depth == 1:
+            inside = os.path.basename(path) == "extra.h"
+        elif inside:
+            files.append(os.path.realpath(path))
     for path in dict.fromkeys(files):
         label = f"<{include_name(path) or path}>"
         if (path in found.plain_paths) != (path in found.lean_paths):
@@ -233,8 +233,8 @@ def refusal(text: str, found: Facts,
     made = set(found.headers) | {"cuda.h", "cuda_runtime.h"}
     others: list[str] = []
     for kind, name in includes:
-        if kind == '"' or (name not in made and (extra is None or name.startswith(
-                ("torch/", "ATen/", "c10/", "caffe2/", "pybind11/")))):
+        if kind == '"' or name.startswith(("torch/", "ATen/", "c10/", "caffe2/", "pybind11/")) \
+                or (extra is None and name not in made):
             return f"it includes {kind}{name}{'>' if kind == '<' else kind}, which the lean " \
                    "prologue does not"
         if name not in others:
