@@ -43,6 +43,13 @@ class CallPlan:
     `CUDA_VISIBLE_DEVICES` names it (`evaluator.harness.gpustate`)."""
 
 
+HANDSHAKE_JITTER_MS = 0.5
+"""How far below its real work a call's record may read: the fastest null call bounds what
+serving a call costs only to within the serving path's jitter (µs on an idle host; a loaded
+2-core CI host read a 20 ms call as 19.994 ms). Tests that check the record against known work
+allow this much; a forged clock is off by far more."""
+
+
 def null_call_count(on_cpu: bool, calls: int) -> int:
     """How many null calls open a served session (their fastest is the handshake)."""
     return 3 if on_cpu else max(10, calls // 4)

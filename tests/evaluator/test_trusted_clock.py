@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from evaluator.harness.clock import CallChannel, ChannelBroken
-from evaluator.harness.served import CallPlan, run_plan
+from evaluator.harness.served import HANDSHAKE_JITTER_MS, CallPlan, run_plan
 from evaluator.worker.serve import OK, ServeLayout
 
 N = 64
@@ -233,7 +233,9 @@ def test_a_handshake_measured_under_load_never_takes_a_call_below_its_work(tmp_p
                                                                            monkeypatch):
     """The reference's null calls ran while the host was busy (modelled: its handshake reads
     15 ms): taking that off a candidate's 20 ms calls would record 5 ms of work that took 20.
-    The candidate's own session's null calls bound the handshake, so the record stays >= 20."""
+    The candidate's own session's null calls bound the handshake, so the record stays at 20
+    less the serving path's jitter: the fastest of three null calls is a lower bound of a call's
+    cost only to within that jitter (a CI host read 19.994 ms; unbounded it would read ~5)."""
     from eval_helpers import candidate, cpu_config
 
     from evaluator import stages
@@ -253,4 +255,4 @@ def test_a_handshake_measured_under_load_never_takes_a_call_below_its_work(tmp_p
     assert r.status == "correct", (r.error, r.violations)
     t = r.timing
     assert t is not None and t.handshake_ms is not None and t.handshake_ms < 15.0
-    assert t.min_ms >= 20.0, t
+    assert t.min_ms >= 20.0 - HANDSHAKE_JITTER_MS, t
