@@ -1,7 +1,7 @@
 """Measuring tool for the evaluator (GPU machine): where an evaluation spends its time, what the
 build cache saves, and how repeatable the timings are. No targets; it prints numbers.
 
-    python bench/evaluator.py [--device cuda] [--repeats 5] [--only stages,compile,cv]
+    python bench/evaluator.py [--device cuda] [--repeats 5] [--only stages,compile,cv] [--json F]
 
 1. Per-stage wall time of a fixed set of candidates, with a cold and then a warm cache.
 2. Compile time of kloop's cached `load_inline` against plain `load_inline`, side by side
@@ -9,11 +9,15 @@ build cache saves, and how repeatable the timings are. No targets; it prints num
 3. Spread of repeated timings of one kernel (`--cv-set`; by default a ~1.8 ms Triton MLP): the
    median of each of N evaluations, of the eager baseline served beside it and of the speedup,
    their CVs, the within-run CV, and the SM clock and temperature around each timing.
+
+`--json F` also writes the figures (`FIGURES`) for `bench/acceptance.py`, which reads them
+beside `bench/throughput.py --json`'s against issue 11's targets.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -44,6 +48,16 @@ CUDA_SOURCES = ["mlp_cuda_relu.py", "attention_cuda.py", "resnet_block_bn_relu_c
 # The same three as the CUDA prompt now asks for them: a torch-free `.cu` (kernels, raw-pointer
 # launchers) and the `torch::Tensor` wrappers in `cpp_sources`; built lean under `lean_cuda: on`.
 LEAN_SOURCES = [name.replace(".py", "_lean.py") for name in CUDA_SOURCES]
+FIGURES: dict = {}
+"""What this run measured, by part (`--json`): stages rows, compile p50/p90 per form, cv."""
+JSON_PATH: Path | None = None
+
+
+def _saved() -> None:
+    """Write `FIGURES` as they stand: a step cut off by its time limit keeps what it measured."""
+    if JSON_PATH is not None:
+        JSON_PATH.write_text(json.dumps(FIGURES, indent=1))
+
 STAGES = ["static", "compile", "reference", "load", "correctness", "timing", "profile",
           "candidate"]
 
@@ -85,9 +99,14 @@ def stage_times(device: str, problems: set[str] | None = None) -> None:
                 config = EvalConfig(device=device, cache_dir=Path(cache), problem_overrides=sizes)
                 t0 = time.monotonic()
                 r = evaluate(problem, candidate(name), config)
+                total = time.monotonic() - t0
                 cells = " ".join(f"{r.stage_seconds.get(s, 0.0):8.2f}" for s in STAGES)
                 print(f"{problem + ' ' + name:34} {label:5} {r.status:8} {cells}  "
-                      f"total {time.monotonic() - t0:6.1f}")
+                      f"total {total:6.1f}")
+                FIGURES.setdefault("stages", []).append(
+                    {"problem": problem, "candidate": name, "cache": label, "status": r.status,
+                     "stages": dict(r.stage_seconds), "total_s": total})
+                _saved()
 
 
 def _import_times(jobs: list[tuple[str, Path, Path]]) -> list[float]:
@@ -173,6 +192,11 @@ def compile_times(pairs: bool, sources: list[str] | None = None, at_once: int | 
                 continue
             plain = [cold[2 * i] for i in idx]
             kloop = [cold[2 * i + 1] for i in idx]
+            FIGURES.setdefault("compile", {})[form + kind] = {
+                "plain_p50": statistics.median(plain), "kloop_p50": statistics.median(kloop),
+                "plain_p90": _p90(plain), "kloop_p90": _p90(kloop), "files": len(idx),
+                "lean_cuda": lean_cuda}
+            _saved()
             print(f"{'cold p50, ' + form + kind:34} {statistics.median(plain):10.2f} "
                   f"{statistics.median(kloop):10.2f}   kloop/plain "
                   f"{statistics.median(kloop) / statistics.median(plain):.2f}; p90 plain "
@@ -232,6 +256,11 @@ def timing_spread(device: str, repeats: int, which: str = "mlp-b1024") -> None:
             print(f"{i:3d} {t.median_ms:9.4f} "
                   f"{r.eager.median_ms if r.eager else float('nan'):9.4f} "
                   f"{r.speedup_vs_eager or float('nan'):8.3f} {clocks:>11} {temp:>7}")
+    FIGURES["cv"] = {"set": which, "median_ms": statistics.median(cand),
+                     "candidate": _cv(cand), "within_mean": statistics.fmean(within),
+                     "eager": _cv(eager) if len(eager) == len(cand) else None,
+                     "speedup": _cv(speedup) if len(speedup) == len(cand) else None}
+    _saved()
     print(f"CV across evaluations: candidate {_cv(cand):.2%}"
           + (f", eager {_cv(eager):.2%}" if len(eager) == len(cand) else "")
           + (f", speedup {_cv(speedup):.2%}" if len(speedup) == len(cand) else "")
@@ -257,7 +286,10 @@ def main() -> None:
                         "their CUDA sources, or both")
     parser.add_argument("--plain-cuda", action="store_true",
                         help="compile: kloop's builds with lean_cuda off (the default is on)")
+    parser.add_argument("--json", type=Path, help="also write the figures here (FIGURES)")
     args = parser.parse_args()
+    global JSON_PATH
+    JSON_PATH = args.json
     parts = set(args.only.split(","))
     if "stages" in parts:
         stage_times(args.device, set(args.problems.split(",")) if args.problems else None)

@@ -60,14 +60,18 @@ for s in "$@"; do
     template-bench) step template-bench 150 python3 bench/template.py --device cuda ;;
     pch) step pch 300 python3 bench/pch.py ;;
     lean) step lean 150 python3 bench/lean_prologue.py ;;  # the way to a 15 s CUDA build
-    stages) step stages 300 python3 bench/evaluator.py --only stages \
+    stages) step stages 300 python3 bench/evaluator.py --only stages --json "$OUT/stages.json" \
               ${STAGES_PROBLEMS:+--problems "$STAGES_PROBLEMS"} ;;
     cv) step cv 150 python3 bench/evaluator.py --only cv --repeats "${CV_REPEATS:-6}" \
-        --cv-set "${CV_SET:-mlp-b1024}" ;;
+        --cv-set "${CV_SET:-mlp-b1024}" --json "$OUT/cv.json" ;;
     builds) step builds 300 python3 bench/evaluator.py --only compile \
               ${BUILD_PAIRS:+--compile-pairs} ${BUILD_SOURCES:+--sources "$BUILD_SOURCES"} \
               ${BUILD_AT_ONCE:+--compile-at-once "$BUILD_AT_ONCE"} --headers "${BUILD_HEADERS:-as-is}" \
-              ${BUILD_PLAIN:+--plain-cuda} ;;
+              ${BUILD_PLAIN:+--plain-cuda} --json "$OUT/builds.json" ;;
+    # Issue 11's targets against the figures the throughput, builds and stages steps wrote.
+    acceptance) step acceptance 30 python3 bench/acceptance.py --throughput "$OUT/throughput.json" \
+                  --evaluator "$OUT/builds.json" --evaluator "$OUT/stages.json"
+                cat "$OUT/acceptance.log" ;;
     # Tests that assert on measured times run after the rest, one at a time (`alone`).
     evaluator) step evaluator 540 python3 -m pytest -m "gpu and not alone" -q -rA \
                 -p no:cacheprovider -n 4 tests/evaluator ${EVALUATOR_K:+-k "$EVALUATOR_K"} ;;
