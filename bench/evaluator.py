@@ -58,6 +58,7 @@ def _saved() -> None:
     if JSON_PATH is not None:
         JSON_PATH.write_text(json.dumps(FIGURES, indent=1))
 
+
 STAGES = ["static", "compile", "reference", "load", "correctness", "timing", "profile",
           "candidate"]
 
