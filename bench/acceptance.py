@@ -36,12 +36,11 @@ class Row:
     note: str = ""
 
 
-def _at_least(figure: str, value: float | None, floor: float, fmt: str, note: str = "") -> Row:
-    return Row(figure, f">= {floor:{fmt}}", value, value is not None and value >= floor, note)
-
-
-def _at_most(figure: str, value: float | None, cap: float, fmt: str, note: str = "") -> Row:
-    return Row(figure, f"<= {cap:{fmt}}", value, value is not None and value <= cap, note)
+def _target(figure: str, value: float | None, op: str, bound: float, fmt: str,
+            note: str = "") -> Row:
+    """`op`: ">=" or "<="; a value not measured (None) never meets it."""
+    met = value is not None and (value >= bound if op == ">=" else value <= bound)
+    return Row(figure, f"{op} {bound:{fmt}}", value, met, note)
 
 
 def rows(throughput: dict | None, evaluator: dict) -> list[Row]:
@@ -50,26 +49,24 @@ def rows(throughput: dict | None, evaluator: dict) -> list[Row]:
     # The batch through this checkout (a --kloop-root baseline pass is the comparison, not the
     # figure); with --compare, the last pass is the one under test.
     passes = {k: v for k, v in (throughput or {}).items() if k != "baseline"}
-    run = passes.get("this checkout") or (list(passes.values())[-1] if passes else None)
-    run = run or {}
-    out = [_at_least("candidates per GPU-hour", run.get("per_hour"), PER_HOUR_MIN, ".0f"),
-           _at_least("GPU busy (fraction of 0.5 s samples)", run.get("busy"), BUSY_MIN, ".2f")]
+    run = passes.get("this checkout") or (list(passes.values())[-1] if passes else {})
+    out = [_target("candidates per GPU-hour", run.get("per_hour"), ">=", PER_HOUR_MIN, ".0f"),
+           _target("GPU busy (fraction of 0.5 s samples)", run.get("busy"), ">=", BUSY_MIN,
+                   ".2f")]
     build = evaluator.get("compile", {}).get(LEAN_FORM)
-    plain = build and build["plain_p50"]
-    out.append(_at_most(
-        f"cold CUDA build p50, {LEAN_FORM} (s)", build and build["kloop_p50"], BUILD_P50_MAX_S,
-        ".0f", f"plain load_inline {plain:.1f} s, kloop p90 {build['kloop_p90']:.1f} s, "
-        f"{build['files']} files" if build else ""))
+    out.append(_target(
+        f"cold CUDA build p50, {LEAN_FORM} (s)", build["kloop_p50"] if build else None, "<=",
+        BUILD_P50_MAX_S, ".0f", f"plain load_inline {build['plain_p50']:.1f} s, kloop p90 "
+        f"{build['kloop_p90']:.1f} s, {build['files']} files" if build else ""))
     # A warm row's build is a cache hit; the last one is the steady state (the first warm one
     # may still meet the problem's first baselines).
     warm = [r for r in evaluator.get("stages", [])
             if r["problem"] == CACHED_PROBLEM and r["cache"] == "warm"]
     last = warm[-1] if warm else None
     correct = last is not None and last["status"] == "correct"
-    row = _at_most(f"cached {CACHED_PROBLEM} candidate end to end (s)",
-                   last["total_s"] if correct else None, CACHED_E2E_MAX_S, ".0f",
-                   "" if last is None or correct else f"judged {last['status']}, not correct")
-    out.append(row)
+    out.append(_target(f"cached {CACHED_PROBLEM} candidate end to end (s)",
+                       last["total_s"] if correct else None, "<=", CACHED_E2E_MAX_S, ".0f",
+                       "" if last is None or correct else f"judged {last['status']}, not correct"))
     return out
 
 
@@ -92,12 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--evaluator", type=Path, action="append", default=[],
                     help="bench/evaluator.py --json output (repeatable: one per step)")
     args = ap.parse_args(argv)
-    found = [p for p in [args.throughput, *args.evaluator] if p is not None and p.exists()]
     missing = [str(p) for p in [args.throughput, *args.evaluator]
                if p is not None and not p.exists()]
     throughput = (json.loads(args.throughput.read_text())
-                  if args.throughput is not None and args.throughput in found else None)
-    table = rows(throughput, _merge([p for p in args.evaluator if p in found]))
+                  if args.throughput is not None and args.throughput.exists() else None)
+    table = rows(throughput, _merge([p for p in args.evaluator if p.exists()]))
     print(f"{'figure':48} {'target':>8} {'measured':>9}  met")
     for r in table:
         value = "-" if r.measured is None else f"{r.measured:.2f}"
