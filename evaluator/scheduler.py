@@ -49,6 +49,9 @@ class Scheduler:
         self._in_flight = threading.BoundedSemaphore(device_slots + self.ahead)
         self._front = ThreadPoolExecutor(device_slots + self.ahead, thread_name_prefix="kloop-front")
         self._device = ThreadPoolExecutor(device_slots, thread_name_prefix="kloop-device")
+        # Makes "counted as queued" and "in the device pool's queue" one step: whoever is
+        # counted first is queued first, so the count tells a watcher the order is settled.
+        self._handoff = threading.Lock()
         self._closed = False
         self._cancelled = False
 
@@ -78,8 +81,9 @@ class Scheduler:
         if run.status is not None:  # ended before the device (a compile error, a static rule)
             self._done(run, out)
         else:  # in the order front stages finish; the device pool's queue is first in, first out
-            board.enter("queued")
-            self._device.submit(self._device_half, run, out)
+            with self._handoff:
+                board.enter("queued")
+                self._device.submit(self._device_half, run, out)
 
     def _device_half(self, run: EvalRun, out: Future[EvalResult]) -> None:
         board.leave("queued")

@@ -26,7 +26,7 @@ class Probes:
         self.log: list[tuple[str, str]] = []
         self.front_done: dict[str, threading.Event] = {}
         self.entered_device: dict[str, threading.Event] = {}
-        self.hold_front: dict[str, threading.Event] = {}
+        self.hold_front: dict[str, threading.Event | QueuedForDevice] = {}
         self.hold_device: dict[str, threading.Event] = {}
         self.status: dict[str, str] = {}  # a status the front stage gives (a compile error)
         self.fail: set[str] = set()  # sources whose device stage raises (an evaluator fault)
@@ -93,10 +93,33 @@ def test_a_build_runs_while_the_candidate_ahead_of_it_is_on_the_device():
     assert p.order("device") == ["first", "second"]
 
 
+class QueuedForDevice:
+    """Waits (like an Event) for `after`, then until `n` evaluations wait in the device queue.
+    A probe's own `done` is set inside the front stage, before the scheduler hands the run on,
+    so waiting on it would leave the hand-off order to a race."""
+
+    def __init__(self, n: int, after: threading.Event) -> None:
+        self.n = n
+        self.after = after
+
+    def wait(self, timeout: float) -> bool:
+        from evaluator import board
+
+        deadline = time.monotonic() + timeout
+        if not self.after.wait(timeout):
+            return False
+        while board.snapshot().get("queued", 0) < self.n:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+
 def test_candidates_reach_the_device_in_the_order_their_builds_finish_and_return_in_input_order():
     p = Probes()
     p.hold_device["a"] = p.done("b")  # a holds the only device slot until both b and c are built
-    p.hold_front["b"] = p.done("c")  # b's build is the slow one: c's finishes first
+    # b's build is the slow one: it ends once a is on the device and c waits in the queue
+    p.hold_front["b"] = QueuedForDevice(1, after=p.entered("a"))
     p.hold_front["c"] = p.entered("a")
     futures = _run(p, ["a", "b", "c"], device_slots=1, ahead=2)
     assert p.order("device") == ["a", "c", "b"]
