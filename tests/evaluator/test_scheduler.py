@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from evaluator import board
 from evaluator.config import EvalConfig
 from evaluator.scheduler import Scheduler
 
@@ -94,21 +95,18 @@ def test_a_build_runs_while_the_candidate_ahead_of_it_is_on_the_device():
 
 
 class QueuedForDevice:
-    """Waits (like an Event) for `after`, then until `n` evaluations wait in the device queue.
-    A probe's own `done` is set inside the front stage, before the scheduler hands the run on,
-    so waiting on it would leave the hand-off order to a race."""
+    """Waits (like an Event) for `after`, then until a run waits in the device queue, as the
+    progress board counts it. A probe's own `done` is set inside the front stage, before the
+    scheduler hands the run on, so waiting on that would leave the hand-off order to a race."""
 
-    def __init__(self, n: int, after: threading.Event) -> None:
-        self.n = n
+    def __init__(self, after: threading.Event) -> None:
         self.after = after
 
     def wait(self, timeout: float) -> bool:
-        from evaluator import board
-
         deadline = time.monotonic() + timeout
         if not self.after.wait(timeout):
             return False
-        while board.snapshot().get("queued", 0) < self.n:
+        while not board.snapshot().get("queued"):
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.005)
@@ -119,7 +117,7 @@ def test_candidates_reach_the_device_in_the_order_their_builds_finish_and_return
     p = Probes()
     p.hold_device["a"] = p.done("b")  # a holds the only device slot until both b and c are built
     # b's build is the slow one: it ends once a is on the device and c waits in the queue
-    p.hold_front["b"] = QueuedForDevice(1, after=p.entered("a"))
+    p.hold_front["b"] = QueuedForDevice(after=p.entered("a"))
     p.hold_front["c"] = p.entered("a")
     futures = _run(p, ["a", "b", "c"], device_slots=1, ahead=2)
     assert p.order("device") == ["a", "c", "b"]
@@ -159,18 +157,13 @@ def test_a_closed_scheduler_takes_no_more_candidates():
 
 
 def test_the_progress_line_counts_candidates_built_and_queued_for_the_device():
-    from evaluator import board
-
     p = Probes()
     release = threading.Event()
     p.hold_device["a"] = release
     p.hold_front["b"] = p.entered("a")
     with Scheduler(1, 1, stages=p.stages()) as sched:
         futures = [sched.submit("L3/1", s, CPU) for s in ("a", "b")]
-        assert p.done("b").wait(WAIT_S)
-        deadline = time.monotonic() + WAIT_S  # b is handed to the device queue just after
-        while board.snapshot().get("queued") != 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert QueuedForDevice(after=p.done("b")).wait(WAIT_S)
         assert board.snapshot().get("queued") == 1
         assert "built, queued for the device 1" in board.describe()
         release.set()
