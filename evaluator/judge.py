@@ -12,6 +12,7 @@ fresh secret seed, each output checked against the reference's for that seed.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from evaluator.protocol import (
     ReferenceJob,
     RefTrial,
     RetryMsg,
+    Served64,
     ServeMsg,
     StageMsg,
     TimingMsg,
@@ -94,6 +96,25 @@ def ref_trials(run: EvalRun) -> list[RefTrial]:
 def served_seeds(run: EvalRun) -> list[int]:
     """The timed calls' seeds: secret to every process but the harness and the reference."""
     return [derive_seed(run.salt, "served", i) for i in range(run.timing_spec().trials)]
+
+
+PRECISION_CALLS = 3
+"""Timed calls whose outputs are also checked against float64, chosen in secret per
+evaluation: a kernel that lowers its precision in a share f of the timed calls escapes with
+probability (1 - f)^3, and one that does so in every timed call never does."""
+
+
+def served64(run: EvalRun) -> list[Served64]:
+    """Which timed calls carry the precision check, drawn from the run's secret salt (the same
+    every time this evaluation asks), with where the reference worker writes their float64
+    outputs (harness-private)."""
+    if not precision_checked(run):
+        return []
+    seeds = served_seeds(run)
+    pick = random.Random(derive_seed(run.salt, "precision", 0)).sample(
+        range(len(seeds)), min(PRECISION_CALLS, len(seeds)))
+    return [Served64(index=i, seed=seeds[i], path=str(run.root / "ref" / f"served64_{i}.pt"))
+            for i in sorted(pick)]
 
 
 def candidate_job(run: EvalRun, ref: ReferenceJob, build_dir: Path) -> CandidateJob:

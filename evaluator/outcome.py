@@ -25,12 +25,15 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict
 
 from evaluator.result import (
+    BaselineName,
     CompileLog,
     CorrectnessTrial,
     EnvInfo,
     ErrorInfo,
+    PairedSummary,
     PrecisionCheck,
     ProfileSummary,
+    SpeedupInterval,
     Stage,
     Status,
     TimingStats,
@@ -106,10 +109,17 @@ class Observed(_Finding):
 
 class Precision(_Finding):
     check: PrecisionCheck
+    timed_call: bool = False
+    """From a timed call (counted in `precision_calls`), not the first probe trial."""
+
+
+class Paired(_Finding):
+    summary: PairedSummary
+    intervals: dict[BaselineName, SpeedupInterval]
 
 
 Finding = (Decided | Entered | Reached | Flagged | Violated | Judged | Noted | Failed | Measured
-           | Built | Profiled | Observed | Precision)
+           | Built | Profiled | Observed | Precision | Paired)
 
 
 def violated(*violations: Violation) -> list[Violated]:
@@ -152,6 +162,11 @@ def fold(run: EvalRun, f: Finding) -> None:
     elif isinstance(f, Observed):
         run.env = f.env
     elif isinstance(f, Precision):
-        run.precision = f.check
+        run.precision_calls += f.timed_call
+        # The first check stands unless a later one fails: the result shows a failure.
+        if run.precision is None or (run.precision.ok and not f.check.ok):
+            run.precision = f.check
+    elif isinstance(f, Paired):
+        run.paired, run.speedup_ci = f.summary, dict(f.intervals)
     else:  # pragma: no cover - a new kind of finding without a rule
         raise TypeError(f"no rule folds a {type(f).__name__}")

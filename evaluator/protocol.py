@@ -87,6 +87,21 @@ class RefTrial(_Rec):
     """Also compute this trial's output in float64 (harness-private; the precision check)."""
 
 
+ROLES = {"eager": 0, "compile": 1, "compile_ro": 2}
+"""The reference worker's served roles and the number a request names each by
+(`evaluator.worker.serve.REQUEST`)."""
+
+
+class Served64(_Rec):
+    """A timed call whose output is also computed in float64 (the precision check on timed
+    calls): its index among the timed calls, its secret seed, where the reference worker writes
+    the float64 output and the fp32 reference's own error (harness-private)."""
+
+    index: int
+    seed: int
+    path: str
+
+
 class ReferenceJob(_Rec):
     problem: ProblemSpec
     trials: list[RefTrial]
@@ -96,6 +111,10 @@ class ReferenceJob(_Rec):
     timing: TimingSpec | None
     early_cuda_init: bool = False
     """Create the CUDA context before reporting ready (`EvalConfig.cuda_init`)."""
+    served64: list[Served64] = Field(default_factory=list)
+    paired: bool = False
+    """After its roles, say stage `paired` and serve every role on demand until `stop`: the
+    harness interleaves these calls with the candidate's (`evaluator.harness.paired`)."""
 
     def roles(self) -> list[str]:
         """What the worker serves, in this order, one session each on one call channel: eager

@@ -147,6 +147,13 @@ class ReferenceOutput:
     wall_s: float = 0.0
     stage_seconds: dict[str, float] = field(default_factory=dict)
     """Wall time of the worker's stages (`ref_reference`, `ref_baselines`)."""
+    served64: dict[int, tuple[list[Any], float | None]] = field(default_factory=dict)
+    """Timed call index -> its float64 outputs and the fp32 reference's own relative error
+    (the precision check on timed calls)."""
+    parked: bool = False
+    """The worker is alive and serves every role on demand (`ReferenceJob.paired`)."""
+    paired_roles: list[str] = field(default_factory=list)
+    """The roles it serves there: eager, and each compiled baseline that did not fail."""
 
 
 @dataclass
@@ -176,6 +183,13 @@ def collect_reference(child: Child, job: ReferenceJob, serving: Serving | None) 
     for msg in child.messages():
         if isinstance(msg, StageMsg | DoneMsg) and mark is not None:
             out.stage_seconds[f"ref_{mark[0]}"] = round(time.monotonic() - mark[1], 3)
+        if isinstance(msg, StageMsg) and msg.stage == "paired":
+            if error is None and out.served is not None:
+                out.parked = True  # it stays, serving on demand; its end is the harness's
+                out.paired_roles = [r for r in job.roles()
+                                    if r == "eager" or getattr(out, COMPILED[r]) is not None]
+                done = True
+                break
         if isinstance(msg, StageMsg):
             mark = (msg.stage, time.monotonic())
         elif isinstance(msg, EnvMsg):
@@ -185,7 +199,7 @@ def collect_reference(child: Child, job: ReferenceJob, serving: Serving | None) 
             if serving is None or error is not None:
                 child.send(Control(next="skip"))
             else:
-                _serve(child, msg, serving, out, last=msg.role == last)
+                _serve(child, msg, serving, out, last=msg.role == last and not job.paired)
         elif isinstance(msg, FlagMsg):
             out.flags.append(msg.flag)
             if role in out.served_roles:
@@ -194,10 +208,11 @@ def collect_reference(child: Child, job: ReferenceJob, serving: Serving | None) 
             error = msg.error
         elif isinstance(msg, DoneMsg):
             done = True
-    outcome = child.outcome()
-    out.wall_s = outcome.wall_s
-    if not done or error is not None:
-        raise ReferenceFailure(_failure_text(outcome, error), error, outcome.stderr_tail)
+    if not out.parked:
+        outcome = child.outcome()
+        out.wall_s = outcome.wall_s
+        if not done or error is not None:
+            raise ReferenceFailure(_failure_text(outcome, error), error, outcome.stderr_tail)
     if serving is not None and out.served_roles:
         record, path = _cached(serving, out)
         _store(path, record, out, serving)  # with their flags, which came after their calls
@@ -207,6 +222,11 @@ def collect_reference(child: Child, job: ReferenceJob, serving: Serving | None) 
         if t.fp64_path is not None and os.path.exists(t.fp64_path):
             out.expected64[t.index] = torch.load(t.fp64_path, weights_only=True)
             os.unlink(t.fp64_path)
+    for s in job.served64:
+        if os.path.exists(s.path):
+            got = torch.load(s.path, weights_only=True)
+            out.served64[s.index] = (got["outputs"], got["reference_rel_err"])
+            os.unlink(s.path)
     return out
 
 

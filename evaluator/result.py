@@ -305,6 +305,34 @@ class EnvInfo(_Record):
     hostname: str | None = None
 
 
+class SpeedupInterval(_Record):
+    """A bootstrap interval of one speedup over the paired rounds (`evaluator.harness.paired`)."""
+
+    low: float
+    high: float
+    level: float
+    rounds: int
+    """Rounds both sides completed (the unit the bootstrap resamples)."""
+
+
+class PairedSummary(_Record):
+    """How the candidate and its baselines were timed side by side."""
+
+    rounds: int
+    calls_per_round: int
+    handshake_ms: float | None
+    """The fastest of the reference worker's null calls in these rounds: what every side's calls
+    are net of (never the candidate process's own)."""
+    baselines: list[BaselineName] = Field(default_factory=list)
+    """The baselines timed in the rounds (one that failed there is left out, and flagged)."""
+    unpaired_eager_ms: float | None = None
+    """The eager baseline's median from the reference worker's own session earlier (a start-up
+    aid only, never divided): kept to show how far an unpaired speedup would have moved."""
+    resolution_multiple: float | None = None
+    """The eager baseline's median over the handshake: below `RESOLUTION_MULTIPLE` the clock's
+    overhead is a large share of every call (flag `below_clock_resolution`)."""
+
+
 class EvalResult(_Record):
     schema_version: int = EVAL_SCHEMA_VERSION
     evaluator_version: str
@@ -339,6 +367,13 @@ class EvalResult(_Record):
     speedups (`evaluator.baselines.best_of`)."""
     best_baseline: BaselineName | None = None
     """Which baseline that was; None where there is no speedup at all."""
+    speedup_ci: dict[BaselineName, SpeedupInterval] = Field(default_factory=dict)
+    """Each speedup's 95 % bootstrap interval over the paired rounds; empty where the speedup
+    was not measured in paired rounds."""
+    paired: PairedSummary | None = None
+    precision_calls: int = 0
+    """Timed calls (chosen in secret) whose outputs were also checked against float64; each must
+    pass `precision_below_fp32`'s test, like the first probe trial."""
     speedup_clock: Literal["harness", "events_bounded"] | None = None
     """Which numbers `speedup_vs_eager` divides: the trusted clock's (`TimingStats.median_ms`
     etc.) or the bounded events (`TimingStats.events`), as the policy asks where both sides have

@@ -31,6 +31,7 @@ from evaluator.judge import (
     first_diagnostic,
     on_message,
     ref_trials,
+    served64,
     served_seeds,
 )
 from evaluator.outcome import (
@@ -198,7 +199,7 @@ def reference_stage(run: EvalRun, job: ReferenceJob | None = None,
     env = {"TORCHINDUCTOR_CACHE_DIR": str(private_dir(run.config.cache_dir) / "inductor")}
     with run.timed("reference"), run.on_device("reference", job, run.root / "ref",
                                                ["reference", "baselines"], env,
-                                               serves=True) as child:
+                                               serves=True, keep=job.paired) as child:
         try:
             out = collect_reference(child, job, serving)
         finally:
@@ -206,6 +207,8 @@ def reference_stage(run: EvalRun, job: ReferenceJob | None = None,
             # candidate's turn to run code) is given back.
             (run.root / "ref" / "job_reference.json").unlink(missing_ok=True)
     run.reference = out
+    if out.parked:  # off the lock now, serving nothing until the candidate's timed calls
+        run.ref_child = child
     run.stage_seconds.update(out.stage_seconds)
     kinds = job.baselines
     run.record(Observed(env=out.env),
@@ -222,12 +225,16 @@ def _as_reference(stats: TimingStats | None) -> TimingStats | None:
 
 
 def reference_job(run: EvalRun) -> ReferenceJob:
+    """What the reference worker does. `paired`: it stays after its own stage and serves its
+    baselines again, interleaved with the candidate's timed calls (`harness.paired`), unless
+    the eager baseline comes from the candidate path (`eval.eager_baseline_from`)."""
     return ReferenceJob(
         problem=run.problem_spec(), trials=ref_trials(run), baselines=baseline_kinds(run),
         timing=run.timing_spec(),
         fills_path=str(run.root / "cand" / "fills_main.pt")
         if run.policy.noisy_construction else None,
-        early_cuda_init=run.early_cuda_init,
+        early_cuda_init=run.early_cuda_init, served64=served64(run),
+        paired=run.config.eager_baseline_from != "candidate",
     )
 
 

@@ -40,8 +40,10 @@ from evaluator.result import (
     EnvInfo,
     ErrorInfo,
     EvalResult,
+    PairedSummary,
     PrecisionCheck,
     ProfileSummary,
+    SpeedupInterval,
     Stage,
     Status,
     TimingStats,
@@ -70,6 +72,7 @@ def cuda_arch_list(device: str) -> str | None:
 
 
 SpeedupClock = Literal["harness", "events_bounded"]
+PARKED_LIMIT_S = 6 * 3600.0
 
 
 def speedup_clock(policy: Policy, timing: TimingStats | None,
@@ -154,6 +157,15 @@ class EvalRun:
     """Everything the stages found, in order (`evaluator.outcome`)."""
     claim: devicepool.Claim | None = None
     """`device`, counted in flight until `cleanup` (evaluator.devicepool)."""
+    kept: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    """Children kept across stages (the parked reference worker), ended first at `cleanup`."""
+    ref_child: Child | None = None
+    """The reference worker while it is parked (`ReferenceJob.paired`): the candidate's timed
+    calls are interleaved with its baselines' (`evaluator.harness.paired`)."""
+    paired: PairedSummary | None = None
+    speedup_ci: dict[str, SpeedupInterval] = field(default_factory=dict)
+    precision_calls: int = 0
+    """Timed calls whose output was checked against float64 (`harness.timed`)."""
     _mark: tuple[str, float] | None = None
 
     @classmethod
@@ -258,18 +270,23 @@ class EvalRun:
     @contextlib.contextmanager
     def on_device(self, mode, job, workdir: Path, stages: list[str],
                   extra_env: dict[str, str] | None = None, serves: bool = False,
-                  shared: bool = False) -> Iterator[Child]:
+                  shared: bool = False, keep: bool = False) -> Iterator[Child]:
         """A child that uses the device. Its start and imports run outside the device lock; the
         lock is taken when the child says it is ready (its time limits stand still meanwhile),
         and given back only once the child is gone: the device work of two children never
         overlaps (`shared`: never overlaps an exclusive holder's), and no process start holds
         the device. A candidate child built ahead (`CandidateJob.construct_ahead`) gets its
         device nodes and its CPU priority back once the lock is held (`Child.grant`); one that
-        asked to be judged again, or could not be given them, never gets `go` (`child.retry`)."""
+        asked to be judged again, or could not be given them, never gets `go` (`child.retry`).
+        `keep`: the child outlives the block (in `kept`, ended at `cleanup` or by its caller)
+        and the lock is given back at the block's end: a trusted worker that does no device
+        work until the harness asks it to, under a later hold."""
         lock = self.gpu_lock(shared)
         with contextlib.ExitStack() as held:  # outside the child's block: kept till it is gone
             spawned = time.monotonic()
-            with self.spawn(mode, job, workdir, stages, extra_env, serves=serves) as child:
+            made = self.spawn(mode, job, workdir, stages, extra_env, serves=serves)
+            scope = contextlib.nullcontext(self.kept.enter_context(made)) if keep else made
+            with scope as child:
                 if child.wait_ready() and child.retry is None:
                     t0 = time.monotonic()
                     self._add(f"{mode}_start", t0 - spawned)
@@ -338,6 +355,10 @@ class EvalRun:
         timeouts = {"startup": c.timeouts.startup}
         if mode == "reference":  # it builds models and draws trial inputs before it is ready
             timeouts["startup"] += c.timeouts.reference
+            # Parked (`ReferenceJob.paired`): it waits, off the device, for the candidate's
+            # timed calls, however long the candidate's start and trials take; the harness
+            # ends it (`harness.timed.release_reference`, `cleanup`).
+            timeouts["paired"] = PARKED_LIMIT_S
         # A candidate child built ahead runs candidate code before the lock too.
         ahead = getattr(job, "construct_ahead", False)
         if ahead:
@@ -436,6 +457,8 @@ class EvalRun:
 
     def cleanup(self) -> None:
         try:
+            self.kept.close()  # the parked reference worker, if it is still there
+            self.ref_child = None
             if self.config.keep_workdir:
                 log.info("kept work dir %s", self.root)
             else:
@@ -465,6 +488,8 @@ class EvalRun:
             speedup_vs_compile=vs["compile"], speedup_vs_compile_ro=vs["compile_ro"],
             speedup_vs_best=best.speedup, best_baseline=best.name,
             speedup_clock=self.speedup_clock(),
+            speedup_ci={b: i for b, i in self.speedup_ci.items() if vs.get(b) is not None},
+            paired=self.paired, precision_calls=self.precision_calls,
             profile=self.profile,
             precision=self.precision,
             violations=self.violations, flags=sorted(set(self.flags)), error=self.error,

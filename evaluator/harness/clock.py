@@ -167,11 +167,11 @@ class CallChannel:
 
     # ---- one request --------------------------------------------------------------------
 
-    def _send(self, op: int, seed: int) -> None:
+    def _send(self, op: int, seed: int, role: int = 0) -> None:
         if select.select([self.rep_r], [], [], 0)[0]:
             raise ChannelBroken("protocol", "the worker wrote a reply before it was asked")
         try:
-            os.write(self.req_w, REQUEST.pack(op, seed))
+            os.write(self.req_w, REQUEST.pack(op, role, seed))
         except OSError as e:
             raise ChannelBroken("closed", f"the worker closed its call channel ({e})") from None
 
@@ -206,13 +206,14 @@ class CallChannel:
         self._send(OP_PREP, 0)
         self._wait(deadline)
 
-    def call(self, seed: int, deadline: float, null: bool = False) -> CallResult:
-        """One timed call (after `prep`): the clock runs from the request to the snapshot."""
+    def call(self, seed: int, deadline: float, null: bool = False, role: int = 0) -> CallResult:
+        """One timed call (after `prep`): the clock runs from the request to the snapshot.
+        `role`: which of the worker's models serves it (the reference worker's baselines)."""
         op = OP_NULL if null else OP_CALL
         pick = self._pick()
         assert self._lines is not None
         t0 = _perf_counter()
-        self._send(op, seed)
+        self._send(op, seed, role)
         status, ms = self._wait(deadline)
         if pick is None:
             output = self._output()
@@ -233,7 +234,7 @@ class CallChannel:
         that never got the stop (a thread of the candidate's took it) sees the end of the pipe
         instead. The reference worker serves twice (eager, then compile) on one channel."""
         try:
-            os.write(self.req_w, REQUEST.pack(OP_STOP, 0))
+            os.write(self.req_w, REQUEST.pack(OP_STOP, 0, 0))
         except OSError:
             pass
         if not last:

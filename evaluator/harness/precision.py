@@ -64,3 +64,28 @@ def precision_check(run: EvalRun, got: list[Any], expected: list[Any],
         run.record(*violated(violate(
             run, "precision_below_fp32", f"relative RMS error against float64 {cand:.2e}, the "
             f"fp32 reference's {ref:.2e} (more than {factor:g}x)")))
+
+
+def precision_on_call(run: EvalRun, index: int, got: list[Any], outs64: list[Any],
+                      reference_rel_err: float | None) -> None:
+    """The same test on a timed call chosen in secret (`judge.served64`): the reference worker
+    computed that call's float64 output and its own fp32 error for the call's seed. Timed
+    calls look alike from inside the candidate's process, so a kernel that computes in fp32
+    only where it can tell a probe trial from a timed call is caught here."""
+    factor = run.policy.precision_factor
+    if factor is None:
+        return
+    cand = _worst(got, outs64)
+    if cand is None or reference_rel_err is None:
+        run.record(Flagged(flag="precision_check_unavailable"))
+        return
+    ok = cand <= factor * max(reference_rel_err, FLOOR)
+    run.record(Precision(check=PrecisionCheck(candidate_rel_err=cand,
+                                              reference_rel_err=reference_rel_err,
+                                              factor=factor, floor=FLOOR, ok=ok),
+                         timed_call=True))
+    if not ok:
+        run.record(*violated(violate(
+            run, "precision_below_fp32", f"timed call {index}: relative RMS error against "
+            f"float64 {cand:.2e}, the fp32 reference's {reference_rel_err:.2e} (more than "
+            f"{factor:g}x)")))

@@ -5,12 +5,33 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import threading
+
 from evaluator.checks import violate
 from evaluator.harness.clock import CallResult, ChannelBroken
-from evaluator.harness.served import CallPlan, null_call_count, run_plan, timing_stats
-from evaluator.outcome import Decided, Entered, Failed, Judged, Measured, Noted, violated
-from evaluator.protocol import Control
-from evaluator.result import CorrectnessTrial, ErrorInfo, OutputDiff
+from evaluator.harness.paired import PairedServed, Side, per_call, run_paired, speedup_interval
+from evaluator.harness.precision import precision_on_call
+from evaluator.harness.served import CallPlan, run_plan, timing_stats
+from evaluator.outcome import (
+    Decided,
+    Entered,
+    Failed,
+    Flagged,
+    Judged,
+    Measured,
+    Noted,
+    Paired,
+    violated,
+)
+from evaluator.protocol import ROLES, Control, FlagMsg
+from evaluator.result import (
+    CorrectnessTrial,
+    ErrorInfo,
+    OutputDiff,
+    PairedSummary,
+    SpeedupInterval,
+    TimingStats,
+)
 from evaluator.worker.serve import BAD_OUTPUT, OK
 
 if TYPE_CHECKING:
@@ -18,6 +39,12 @@ if TYPE_CHECKING:
 
 TIMED_TRIAL_BASE = 1000
 _UNSERVED = "the output could not be served"
+RESOLUTION_MULTIPLE = 5.0
+"""A model whose median is below this many handshakes (the serving overhead of one call) is
+flagged `below_clock_resolution`: the overhead is then a fifth of the call or more, and its
+jitter a large share of any speedup."""
+_FIELDS = {"eager": "eager", "compile": "compiled", "compile_ro": "compiled_ro"}
+_RELEASE_S = 60.0
 
 
 def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
@@ -58,19 +85,29 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
         if r.output is None:
             return fail(i, "the shared output memory was cut short")
         got = r.output
-        if store.passes(i, got, tol):
-            return True
-        # The full comparison decides (the quick test only ever answers "passes" early).
-        diffs = store.compare(i, got, tol)
-        bad = next((d for d in diffs if not d.ok), None)
-        return True if bad is None else fail(i, f"timed call {i}: {bad.message}", diffs)
+        if not store.passes(i, got, tol):
+            # The full comparison decides (the quick test only ever answers "passes" early).
+            diffs = store.compare(i, got, tol)
+            bad = next((d for d in diffs if not d.ok), None)
+            if bad is not None:
+                return fail(i, f"timed call {i}: {bad.message}", diffs)
+        if i in ref.served64:
+            precision_on_call(run, i, got.tensors(), *ref.served64[i])
+        return True
 
     t = run.timing_spec()
-    plan = CallPlan(seeds=seeds, warmup_calls=t.warmup_calls, warmup_ms=t.warmup_ms,
-                    null_calls=null_call_count(run.on_cpu, len(seeds)),
-                    prep=t.l2_flush, flusher=t.l2_flusher, gpu=t.gpu)
+    parked = run.ref_child if ref.parked else None
     try:
-        served = run_plan(child.calls, plan, run.config.timeouts.timing, on_output)
+        if parked is not None:
+            paired = run_paired(
+                _sides(run, child, parked), seeds, warmup_calls=t.warmup_calls,
+                warmup_ms=t.warmup_ms, prep=t.l2_flush, flush_device=t.l2_flusher, gpu=t.gpu,
+                budget_s=run.config.timeouts.timing + run.config.timeouts.baselines,
+                on_output=on_output)
+        else:
+            plan = CallPlan(seeds=seeds, warmup_calls=t.warmup_calls, warmup_ms=t.warmup_ms,
+                            prep=t.l2_flush, flusher=t.l2_flusher, gpu=t.gpu)
+            served = run_plan(child.calls, plan, run.config.timeouts.timing, on_output)
     except ChannelBroken as e:
         child.kill(e.kind)
         if e.kind == "timeout":
@@ -85,30 +122,115 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
         return
     finally:
         child.calls.stop()
+        if parked is not None:
+            release_reference(run)
     if failed:
         # Decided: what the process would do next (profile, hang) changes nothing.
         child.kill("decided")
+        return
+    if parked is not None:
+        _record_paired(run, paired, len(seeds))
         return
     if len(served.wall_ms) < len(seeds):
         return
     # The worker's own events are never believed alone: they ride along bounded by the
     # reference worker's serving overhead (`served.bounded_events`), which only the
-    # `kernelbench` policy divides (`Policy.timing_of_record`).
+    # `kernelbench` policy divides (`Policy.timing_of_record`). Taken off: the reference
+    # worker's fastest null call only; nothing the candidate's process measures.
     run.record(Measured(what="timing", stats=timing_stats(
-        served, handshake(ref.handshake_ms, served.handshake_ms()), on_cuda=not run.on_cpu,
-        null_call_ms=ref.null_call_ms, calibrated_overhead_ms=ref.calibrated_overhead_ms,
-        event_bound=ref.event_bound_ms)))
+        served, ref.handshake_ms, on_cuda=not run.on_cpu, null_call_ms=ref.null_call_ms,
+        calibrated_overhead_ms=ref.calibrated_overhead_ms, event_bound=ref.event_bound_ms)))
 
 
-def handshake(reference_ms: float | None, session_ms: float | None) -> float | None:
-    """What is taken off each of the candidate's calls: the fastest null call of the reference
-    worker's session or of the candidate's own, whichever is faster. The reference's was
-    measured earlier, under whatever load the host had then, and a handshake inflated by load
-    takes a call below its work (on the H200, with 8 evaluations and builds at once, a 20 ms
-    call read 19.46 ms); the session's own bounds it now. A candidate's process can only make
-    its own null calls faster, and so its own numbers larger, never a speedup."""
-    known = [h for h in (reference_ms, session_ms) if h is not None]
-    return min(known) if known else None
+def _sides(run: EvalRun, child: Any, parked: Any) -> list[Side]:
+    """The candidate, each baseline the reference worker served without failing (or has from
+    the cache), and the reference worker's null calls."""
+    ref = run.reference
+    assert ref is not None
+    sides = [Side("candidate", child.calls)]
+    for name in ref.paired_roles:
+        sides.append(Side(name, parked.calls, role=ROLES[name]))
+    sides.append(Side("null", parked.calls, null=True))
+    return sides
+
+
+def _record_paired(run: EvalRun, paired: PairedServed, n_seeds: int) -> None:
+    """The numbers of record from the rounds: every side net of the reference worker's fastest
+    null call of these rounds, each speedup with its interval over the rounds."""
+    from evaluator.state import speedup_clock  # the clock rule lives with the speedups
+
+    ref = run.reference
+    assert ref is not None
+    cand = paired.sides.get("candidate")
+    nulls = paired.sides.get("null")
+    if cand is None or len(cand.wall_ms) < n_seeds:
+        return
+    hs = nulls.handshake_ms() if nulls is not None else ref.handshake_ms
+    null_ms = nulls.null_median_ms() if nulls is not None else ref.null_call_ms
+    on_cuda = not run.on_cpu
+
+    def stats(name: str) -> TimingStats | None:
+        served = paired.sides.get(name)
+        if served is None or not served.wall_ms:
+            return None
+        return timing_stats(served, hs, on_cuda=on_cuda, null_call_ms=null_ms,
+                            calibrated_overhead_ms=ref.calibrated_overhead_ms,
+                            event_bound=ref.event_bound_ms)
+
+    timing = stats("candidate")
+    run.record(Measured(what="timing", stats=timing))
+    measured: dict[str, TimingStats] = {}
+    for name in ref.paired_roles:
+        st = stats(name)
+        if st is None:
+            why = paired.dropped.get(name, "not timed")
+            run.record(Flagged(flag=f"paired_baseline_dropped: {name}: {why}"))
+            continue
+        measured[name] = st.model_copy(update={"measured_as": "reference"})
+        run.record(Measured(what=_FIELDS[name], stats=measured[name]))  # type: ignore[arg-type]
+    clock = speedup_clock(run.policy, timing, measured.get("eager")) or "harness"
+    stat = run.policy.speedup_stat
+    c = per_call(cand, hs, clock, ref.event_bound_ms)
+    intervals = {}
+    for name in measured:
+        b = paired.sides[name]
+        ci = speedup_interval(c, paired.rounds["candidate"], per_call(b, hs, clock,
+                              ref.event_bound_ms), paired.rounds[name], stat)
+        if ci is not None:
+            rounds = len(set(paired.rounds["candidate"]) & set(paired.rounds[name]))
+            intervals[name] = SpeedupInterval(low=ci[0], high=ci[1], level=0.95, rounds=rounds)
+    eager = measured.get("eager")
+    multiple = eager.median_ms / hs if eager is not None and hs else None
+    run.record(Paired(summary=PairedSummary(
+        rounds=paired.n_rounds, calls_per_round=paired.calls_per_round, handshake_ms=hs,
+        baselines=list(measured), resolution_multiple=multiple,
+        unpaired_eager_ms=ref.eager.median_ms if ref.eager is not None else None),
+        intervals=intervals))
+    if hs and timing is not None and on_cuda and (
+            timing.median_ms < RESOLUTION_MULTIPLE * hs or
+            (eager is not None and eager.median_ms < RESOLUTION_MULTIPLE * hs)):
+        run.record(Flagged(flag=f"below_clock_resolution: a median under {RESOLUTION_MULTIPLE:g}x "
+                                f"the serving overhead of {hs:.3f} ms"))
+
+
+def release_reference(run: EvalRun) -> None:
+    """Stop the parked reference worker and collect what it said while serving the rounds (a
+    baseline that failed there); killed if it does not end in time."""
+    child = run.ref_child
+    if child is None:
+        return
+    run.ref_child = None
+    assert child.calls is not None
+    child.calls.stop()
+    timer = threading.Timer(_RELEASE_S, child.kill, args=("timeout",))
+    timer.start()
+    try:
+        for msg in child.messages():
+            if isinstance(msg, FlagMsg):
+                run.record(Flagged(flag=msg.flag))
+        child.outcome()
+    finally:
+        timer.cancel()
 
 
 def note_call_problem(run: EvalRun, message: str) -> None:

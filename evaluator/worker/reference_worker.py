@@ -22,7 +22,16 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from evaluator.protocol import DoneMsg, EnvMsg, ErrorMsg, FlagMsg, ReferenceJob, ServeMsg
+from evaluator.protocol import (
+    ROLES,
+    DoneMsg,
+    EnvMsg,
+    ErrorMsg,
+    FlagMsg,
+    ReferenceJob,
+    Served64,
+    ServeMsg,
+)
 from evaluator.result import ErrorInfo
 from evaluator.worker.child import Channel, call_server, read_control, wait_for_device
 from evaluator.worker.construct import (
@@ -105,9 +114,49 @@ def run_reference(job: ReferenceJob, ch: Channel,
         return
     if job.timing is not None:
         ch.stage("baselines")
-        if not _serve_roles(job.roles(), model, problem, spec, specs, call_fds, ch):
+        served = _serve_roles(job.roles(), model, problem, spec, specs, call_fds, ch)
+        if served is None:
             return
+        for s in job.served64:
+            _served64(problem, model, spec, s, ch)
+        if job.paired and served.server is not None:
+            # Parked: the harness gives the device lock back and takes it again for the
+            # candidate, whose timed calls it interleaves with these (same seeds, same hold).
+            ch.stage("paired")
+            _serve_paired(served, job, model, problem, spec, ch)
     ch.send(DoneMsg())
+
+
+def _served64(problem, model, spec, s: Served64, ch: Channel) -> None:
+    """Timed call `s.index`'s output in float64 and the fp32 reference's own relative error
+    against it, computed from the inputs the call draws for its seed (drawn twice, so both
+    forwards start from the random state the served call had)."""
+    try:
+        with torch.no_grad():
+            out32 = as_output_list(model(*draw_served_inputs(problem, s.seed, spec)))
+            m64 = float64_copy(model)
+            x64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                   for x in draw_served_inputs(problem, s.seed, spec)]
+            with _Float64Draws():
+                out64 = as_output_list(m64(*x64))
+            sync(spec.device)
+        del m64
+        torch.save({"outputs": [_to_cpu_one(o) for o in out64],
+                    "reference_rel_err": _worst_rel_err(out32, out64)}, s.path)
+    except Exception as e:
+        ch.send(FlagMsg(flag=f"precision_check_unavailable: {type(e).__name__}: {str(e)[:160]}"))
+
+
+def _worst_rel_err(outs: list[Any], outs64: list[Any]) -> float | None:
+    errs = []
+    for x, r in zip(outs, outs64, strict=False):
+        if isinstance(x, torch.Tensor) and isinstance(r, torch.Tensor) and \
+                x.is_floating_point() and r.is_floating_point() and x.shape == r.shape:
+            d = x.double() - r.double()
+            norm = float(r.double().norm())
+            if norm > 0 and bool(torch.isfinite(d).all()):
+                errs.append(float(d.norm()) / norm)
+    return max(errs) if errs else None
 
 
 def _prepare(job: ReferenceJob) -> _Prepared:
@@ -231,12 +280,25 @@ COMPILED_ROLES = {"compile": "default", "compile_ro": "reduce-overhead"}
 """The compiled baselines' roles and their torch.compile modes."""
 
 
-def _serve_roles(roles: list[str], model, problem, spec, specs, call_fds, ch: Channel) -> bool:
+@dataclass
+class _Served:
+    """What the roles' sessions left: the call server, and each role's callable that served
+    without failing (a compiled baseline skipped for the cache is compiled when first asked)."""
+
+    server: Any = None
+    fns: dict[str, Any] = field(default_factory=dict)
+    failed: set[str] = field(default_factory=set)
+
+
+def _serve_roles(roles: list[str], model, problem, spec, specs, call_fds,
+                 ch: Channel) -> _Served | None:
     """Serve the harness's calls, first on the eager model (their outputs are what every timed
     call of the candidate is checked against), then on torch.compile of it in each mode asked
-    for. False when the eager model failed (the reference failed); a compiled baseline that
+    for. None when the eager model failed (the reference failed); a compiled baseline that
     fails is flagged and the next role is served all the same."""
     server = None
+    done = _Served(fns={"eager": model})
+    reset = False
     for role in roles:
         ch.send(ServeMsg(role=role, outputs=specs))
         control = read_control()
@@ -265,17 +327,21 @@ def _serve_roles(roles: list[str], model, problem, spec, specs, call_fds, ch: Ch
             on_problem(message, exc)
 
         try:
-            server = server or call_server(call_fds, control.data, spec.device)
+            server = done.server = server or call_server(call_fds, control.data, spec.device)
             fn = model
             if role in COMPILED_ROLES:
-                torch._dynamo.reset()
-                fn = torch.compile(model, mode=COMPILED_ROLES[role])
+                if not reset:  # once: both compiled forms stay cached side by side after it
+                    torch._dynamo.reset()
+                    reset = True
+                fn = done.fns[role] = torch.compile(model, mode=COMPILED_ROLES[role])
             skips = _cudagraph_skips() if role == "compile_ro" else 0  # eager: no dynamo import
             server.serve(fn, lambda seed: draw_served_inputs(problem, seed, spec), on_call_problem)
         except BaseException as e:
             on_problem(str(e), e)
+        if failed:
+            done.failed.add(role)
         if failed and role == "eager":
-            return False
+            return None
         if raised and server is not None:
             # The model's raise ended serving, but the harness's plan goes on to its stop (a
             # failed warm-up call is tried again as a timed one): answered here, so that the
@@ -284,7 +350,52 @@ def _serve_roles(roles: list[str], model, problem, spec, specs, call_fds, ch: Ch
         elif role == "compile_ro" and not failed and (n := _cudagraph_skips() - skips):
             ch.send(FlagMsg(flag=f"baseline_compile_ro_no_cudagraphs: {n} graph(s) ran "
                                  f"without CUDA graphs (inductor skipped them)"))
-    return True
+    return done
+
+
+def _serve_paired(served: _Served, job: ReferenceJob, model, problem, spec, ch: Channel) -> None:
+    """Every role on demand, by the number a request names it (`protocol.ROLES`), until the
+    harness says stop. A compiled role that failed in its own session is not offered; one whose
+    timings came from the cache is compiled at its first call (the harness's warm-up calls)."""
+    fns = {}
+    for role in job.roles():
+        if role in served.failed:
+            continue
+        fn = served.fns.get(role)
+        if fn is None and role in COMPILED_ROLES:
+            fn = torch.compile(model, mode=COMPILED_ROLES[role])
+        if fn is not None:
+            fns[ROLES[role]] = fn
+
+    def on_problem(message: str, exc: BaseException | None) -> None:
+        detail = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}" if exc \
+            else message
+        ch.send(FlagMsg(flag=f"paired_baseline_failed: {detail}"))
+
+    raised: list[int] = []
+
+    def guarded(role: int, fn):
+        def call(*args):
+            try:
+                return fn(*args)
+            except BaseException:
+                raised.append(role)
+                raise
+        return call
+
+    # A role that raises ends `serve`; the harness stops asking for it and the rest go on.
+    while fns:
+        raised.clear()
+        try:
+            served.server.serve({r: guarded(r, f) for r, f in fns.items()},
+                                lambda seed: draw_served_inputs(problem, seed, spec), on_problem)
+        except BaseException as e:
+            on_problem(str(e), e)
+            return
+        if not raised:
+            return
+        fns.pop(raised[0], None)
+    served.server.drain()
 
 
 def _cudagraph_skips() -> int:

@@ -13,7 +13,10 @@ Requests (harness -> worker) and replies (worker -> harness) are fixed 16-byte r
 pipes; outputs go to a sealed memfd the harness created (its size cannot change). `prep` (flush
 the L2, synchronise) is sent before each timed call, off the clock; `null` is the same call
 with the model replaced by copying zeros of the output's shape (the handshake's own cost,
-measured only in the trusted reference worker).
+measured only in the trusted reference worker). A request names a `role`: the reference worker
+serves its eager model and its compiled baselines on one channel, chosen call by call, so that
+the harness can interleave them with the candidate's calls under the same conditions
+(`evaluator.harness.paired`); a candidate serves role 0 only.
 
 On a GPU the handshake is kept small and steady, so that what is left after taking it off is
 the forward: the shared memory is page-locked (the output copies are DMA at full bandwidth, not
@@ -39,8 +42,8 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 OP_PREP, OP_CALL, OP_NULL, OP_STOP = 1, 2, 3, 4
-REQUEST = struct.Struct("<B7xQ")
-"""op, seed."""
+REQUEST = struct.Struct("<BB6xQ")
+"""op, role, seed."""
 REPLY = struct.Struct("<B7xd")
 """status, the worker's own CUDA-event time of the forward in ms (NaN when none)."""
 OK, BAD_OUTPUT, RAISED = 0, 1, 2
@@ -151,24 +154,27 @@ class Server:
     def reply(self, status: int, event_ms: float = math.nan) -> None:
         os.write(self.rep_fd, REPLY.pack(status, event_ms))
 
-    def serve(self, model: Callable[..., Any], draw: Callable[[int], list[Any]],
+    def serve(self, model: Callable[..., Any] | dict[int, Callable[..., Any]],
+              draw: Callable[[int], list[Any]],
               on_problem: Callable[[str, BaseException | None], None]) -> None:
-        """Answer requests until `stop`. `draw(seed)` makes a call's inputs; `on_problem` is
+        """Answer requests until `stop`. `model`: the one served (role 0), or role -> model
+        (the reference worker's baselines); `draw(seed)` makes a call's inputs; `on_problem` is
         told (before the reply) why a call's output could not be served or what it raised; a
         raise ends serving."""
+        models = model if isinstance(model, dict) else {0: model}
         # The automatic collector stays off while serving (a pause inside a call is on the
         # harness's clock); `prep`, off the clock, collects the young generations instead.
         gc.collect()
         gc.disable()
         try:
             with torch.no_grad():
-                self._loop(model, draw, on_problem)
+                self._loop(models, draw, on_problem)
         finally:
             gc.enable()
 
-    def _loop(self, model, draw, on_problem) -> None:
+    def _loop(self, models, draw, on_problem) -> None:
         while True:
-            op, seed = REQUEST.unpack(read_exact(self.req_fd, REQUEST.size, self.spin_s))
+            op, role, seed = REQUEST.unpack(read_exact(self.req_fd, REQUEST.size, self.spin_s))
             if op == OP_STOP:
                 return
             if op == OP_PREP:
@@ -180,7 +186,9 @@ class Server:
                 self.reply(OK)
                 continue
             try:
-                status, ms = self._call(op, seed, model, draw, on_problem)
+                if role not in models:
+                    raise RuntimeError(f"a call for role {role}, which this worker does not serve")
+                status, ms = self._call(op, seed, models[role], draw, on_problem)
             except BaseException as e:  # the model's fault: reported, serving ends
                 on_problem("raised", e)
                 self.reply(RAISED)
@@ -192,7 +200,7 @@ class Server:
         reference worker serves several roles on one channel, and the harness's plan for the
         failed one runs on to its stop."""
         while True:
-            op, _ = REQUEST.unpack(read_exact(self.req_fd, REQUEST.size, self.spin_s))
+            op, _, _ = REQUEST.unpack(read_exact(self.req_fd, REQUEST.size, self.spin_s))
             if op == OP_STOP:
                 return
             self.reply(RAISED)

@@ -1,0 +1,220 @@
+"""Paired timing: the candidate and its baselines timed in one hold of the device, round by round.
+
+A speedup divides two numbers; measured at different moments, they move independently (the same
+problem's eager time moved up to 6x between evaluations on the H200, GPU_VALIDATION.md
+2026-12-04). So the reference worker stays alive after its own stage (parked, off the device
+lock) and, once the harness holds the lock for the candidate, the two processes take turns:
+
+    round r: the timed calls' seeds S_r, in a secret random order of sides:
+             candidate on S_r, eager on S_r, compiled on S_r, compiled_ro on S_r, null calls
+
+Every side of a round runs the same seeds (the same inputs, the same work) under the same host
+and GPU conditions; the next round draws the order again, so no side is always first after the
+other process ran. The handshake subtracted from every call is the fastest of the *reference
+worker's* null calls of these rounds: nothing the candidate's process does moves it.
+
+Each speedup's interval is a bootstrap over rounds (resampling whole rounds keeps each round's
+pairing): `speedup_interval`.
+"""
+
+from __future__ import annotations
+
+import gc
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from evaluator.harness import gpustate
+from evaluator.harness.clock import CallChannel, CallResult, ChannelBroken
+from evaluator.harness.cputhreads import one_cpu_thread
+from evaluator.harness.flusher import flusher
+from evaluator.harness.served import Served
+from evaluator.worker.serve import OK
+
+ROUNDS = 10
+"""Rounds per evaluation (fewer when there are fewer timed calls): enough rounds for a
+bootstrap interval, enough calls per round for a stable median within it."""
+BOOTSTRAP = 2000
+LEVEL = 0.95
+BASELINE_WARMUP_CALLS = 2
+"""Calls each baseline serves before the rounds: it served its own session earlier, in the
+reference stage, so this only brings its caches back after the candidate's process ran (a
+compiled baseline that came from the cache compiles here)."""
+
+
+@dataclass(frozen=True)
+class Side:
+    name: str
+    """`candidate`, a baseline's name (`eager`, `compile`, `compile_ro`), or `null`."""
+    channel: CallChannel
+    role: int = 0
+    null: bool = False
+
+
+@dataclass
+class PairedServed:
+    """What the rounds measured, side by side."""
+
+    sides: dict[str, Served] = field(default_factory=dict)
+    rounds: dict[str, list[int]] = field(default_factory=dict)
+    """Side -> the round of each of its calls (in `sides[name].wall_ms` order)."""
+    dropped: dict[str, str] = field(default_factory=dict)
+    """Baselines that failed during the rounds -> why (their rounds are left out)."""
+    n_rounds: int = 0
+    calls_per_round: int = 0
+
+
+OnOutput = Callable[[int, CallResult], bool]
+
+
+def split_rounds(n_calls: int, rounds: int = ROUNDS) -> list[list[int]]:
+    """The timed calls' indices, in `min(rounds, n_calls)` rounds of (nearly) equal size."""
+    r = max(1, min(rounds, n_calls))
+    return [list(chunk) for chunk in np.array_split(np.arange(n_calls), r) if len(chunk)]
+
+
+def run_paired(sides: list[Side], seeds: list[int], *, warmup_calls: int, warmup_ms: float,
+               prep: bool, flush_device: str | None, gpu: str | None, budget_s: float,
+               on_output: OnOutput, rounds: int = ROUNDS) -> PairedServed:
+    """Time every side on every round's seeds; `on_output(i, r)` judges the candidate's call on
+    `seeds[i]` (False stops everything). A baseline whose call fails is dropped, the rest go
+    on; a broken candidate channel raises `ChannelBroken`, a broken reference channel drops
+    every baseline."""
+    with one_cpu_thread():
+        return _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_s,
+                    on_output, rounds)
+
+
+def _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_s, on_output,
+         rounds) -> PairedServed:
+    deadline = time.monotonic() + budget_s
+    out = PairedServed()
+    flush = flusher(flush_device).flush if flush_device is not None else None
+    live = list(sides)
+    rng = np.random.default_rng(secrets.randbits(128))
+
+    def one(side: Side, seed: int) -> CallResult:
+        if prep:
+            side.channel.prep(deadline)
+        if flush is not None:
+            flush()
+        return side.channel.call(seed, deadline, null=side.null, role=side.role)
+
+    def drop(side: Side, why: str) -> None:
+        out.dropped[side.name] = why
+        live.remove(side)
+
+    def guarded(side: Side, seed: int) -> CallResult | None:
+        """A baseline's call; None when it failed (the side is dropped)."""
+        try:
+            r = one(side, seed)
+        except ChannelBroken as e:
+            if side.name == "candidate":
+                raise
+            for s in [s for s in live if s.channel is side.channel]:
+                drop(s, f"the reference worker's channel broke: {e}")
+            return None
+        if r.status != OK and side.name != "candidate":
+            drop(side, "a call failed")
+            return None
+        return r
+
+    _warm(live, warmup_calls, warmup_ms, guarded)
+    gc.collect()
+    was_on = gc.isenabled()
+    gc.disable()
+    chunks = split_rounds(len(seeds), rounds)
+    out.n_rounds, out.calls_per_round = len(chunks), max(len(c) for c in chunks)
+    try:
+        if gpu is not None:
+            before = gpustate.sample(gpu)
+        for r, chunk in enumerate(chunks):
+            for side in [live[int(k)] for k in rng.permutation(len(live))]:
+                if side not in live:
+                    continue  # dropped earlier in this round
+                for i in chunk:
+                    res = guarded(side, seeds[i])
+                    if res is None:
+                        break
+                    served = out.sides.setdefault(side.name, Served())
+                    served.wall_ms.append(res.wall_ms)
+                    served.event_ms.append(res.event_ms)
+                    if side.null:
+                        served.null_ms.append(res.wall_ms)
+                    out.rounds.setdefault(side.name, []).append(r)
+                    if side.name == "candidate" and (not on_output(i, res) or res.status != OK):
+                        return out
+    finally:
+        if was_on:
+            gc.enable()
+    if gpu is not None and "candidate" in out.sides:
+        after = gpustate.sample(gpu)
+        for s in out.sides.values():
+            s.gpu_before, s.gpu_after = before, after
+    for name in out.dropped:  # a side's partial rounds would pair unevenly
+        out.sides.pop(name, None)
+        out.rounds.pop(name, None)
+    return out
+
+
+def _warm(live: list[Side], calls: int, warmup_ms: float,
+          guarded: Callable[[Side, int], CallResult | None]) -> None:
+    """Warm-up calls on fresh seeds nobody checks: the candidate's as the timing settings say,
+    each baseline's `BASELINE_WARMUP_CALLS`."""
+    for side in list(live):
+        if side.null:
+            continue
+        n, ms = (calls, warmup_ms) if side.name == "candidate" else (BASELINE_WARMUP_CALLS, 0.0)
+        done, end = 0, None
+        while side in live and done < 1000:
+            if done >= n:
+                end = end if end is not None else time.monotonic() + ms / 1000.0
+                if time.monotonic() >= end:
+                    break
+            r = guarded(side, secrets.randbits(62))
+            done += 1
+            if r is not None and r.status != OK:  # the candidate's: it fails again when timed
+                break
+
+
+def per_call(served: Served, handshake_ms: float | None, clock: str,
+             bound_ms: float | None) -> np.ndarray:
+    """Each call's time on `clock`: the trusted clock's wall time net of the handshake, or the
+    worker's events kept within [wall - bound, wall - handshake] (`served.bounded_events`)."""
+    wall = np.asarray(served.wall_ms, dtype=np.float64)
+    hs = handshake_ms or 0.0
+    if clock != "events_bounded" or bound_ms is None or \
+            any(e is None for e in served.event_ms):
+        return np.maximum(wall - hs, 0.0)
+    ev = np.asarray(served.event_ms, dtype=np.float64)
+    lo = np.maximum(wall - bound_ms, 0.0)
+    return np.clip(ev, lo, np.maximum(wall - hs, lo))
+
+
+def speedup_interval(candidate: np.ndarray, cand_rounds: list[int], baseline: np.ndarray,
+                     base_rounds: list[int], stat: str = "median", level: float = LEVEL,
+                     resamples: int = BOOTSTRAP) -> tuple[float, float] | None:
+    """A bootstrap interval of stat(baseline) / stat(candidate), resampling whole rounds (each
+    resample takes both sides' calls of the same rounds). None with fewer than two rounds that
+    both sides completed, or a candidate time of zero. The generator's seed is fixed: the same
+    measurements give the same interval."""
+    f = np.median if stat == "median" else np.mean
+    c_r, b_r = np.asarray(cand_rounds), np.asarray(base_rounds)
+    common = sorted(set(c_r.tolist()) & set(b_r.tolist()))
+    if len(common) < 2:
+        return None
+    cs = [candidate[c_r == r] for r in common]
+    bs = [baseline[b_r == r] for r in common]
+    rng = np.random.default_rng(0)
+    ratios = []
+    for _ in range(resamples):
+        pick = rng.integers(0, len(common), len(common))
+        c = f(np.concatenate([cs[k] for k in pick]))
+        if c <= 0:
+            return None
+        ratios.append(f(np.concatenate([bs[k] for k in pick])) / c)
+    lo, hi = np.percentile(ratios, [50 * (1 - level), 50 * (1 + level)])
+    return float(lo), float(hi)

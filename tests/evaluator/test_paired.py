@@ -1,0 +1,193 @@
+"""Paired timing (`evaluator.harness.paired`) against real worker processes on CPU.
+
+Two workers serve through `evaluator.worker.serve.Server` as the reference worker and the
+candidate do: a "reference" with roles that sleep 20 ms (eager) and 5 ms (compile), and a
+"candidate" that sleeps 10 ms. The harness interleaves them round by round."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from evaluator.harness.clock import CallChannel
+from evaluator.harness.paired import Side, per_call, run_paired, speedup_interval, split_rounds
+from evaluator.worker.serve import OK, ServeLayout
+
+LAYOUT = ServeLayout.of([([16], "torch.float32")])
+
+WORKER = textwrap.dedent('''
+    import sys, time
+    import torch
+    from evaluator.worker.serve import ServeLayout, Server
+
+    req, rep, mem = (int(x) for x in sys.argv[1].split(","))
+    server = Server(req, rep, mem, ServeLayout.model_validate_json(sys.argv[2]), "cpu")
+    sleeps = [float(x) for x in sys.argv[3].split(",")]
+    fail_after = int(sys.argv[4])
+    calls = [0]
+
+    def draw(seed):
+        torch.manual_seed(seed)
+        return [torch.randn(16)]
+
+    raised = []
+
+    def role(i, s):
+        def model(x):
+            calls[0] += 1
+            if fail_after and calls[0] > fail_after and i == len(sleeps) - 1:
+                raised.append(i)
+                raise RuntimeError("this role fails now")
+            time.sleep(s)
+            return x * 2
+        return model
+
+    print("ready", flush=True)
+    # As the reference worker's paired serving does: a role that raised is served no more.
+    models = {i: role(i, s) for i, s in enumerate(sleeps)}
+    while True:
+        raised.clear()
+        server.serve(models, draw, lambda m, e: None)
+        if not raised:
+            break
+        models.pop(raised[0])
+''')
+
+
+class Logged(CallChannel):
+    """The harness's channel, logging each call it sends: (name, seed, null)."""
+
+    log: list[tuple[str, int, bool]]
+    name: str = ""
+
+    def call(self, seed, deadline, null=False, role=0):
+        self.log.append((f"{self.name}:{role}", seed, null))
+        return super().call(seed, deadline, null=null, role=role)
+
+
+def _worker(name: str, sleeps: list[float], log: list, fail_after: int = 0):
+    ch = Logged.open()
+    ch.log, ch.name = log, name
+    ch.set_layout(LAYOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WORKER, ",".join(map(str, ch.child_fds())),
+         LAYOUT.model_dump_json(), ",".join(map(str, sleeps)), str(fail_after)],
+        pass_fds=ch.child_fds(), stdout=subprocess.PIPE, text=True)
+    ch.spawned()
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return ch, proc
+
+
+def _run(fail_after: int = 0, rounds: int = 6, n: int = 12):
+    log: list = []
+    ref, p1 = _worker("ref", [0.020, 0.005], log, fail_after)
+    cand, p2 = _worker("cand", [0.010], log)
+    seeds = list(range(1000, 1000 + n))
+    judged: list[int] = []
+
+    def on_output(i, r):
+        judged.append(i)
+        return r.status == OK and torch.allclose(r.output.whole(0), _expected(seeds[i]))
+
+    sides = [Side("candidate", cand), Side("eager", ref, role=0), Side("compile", ref, role=1),
+             Side("null", ref, null=True)]
+    try:
+        out = run_paired(sides, seeds, warmup_calls=1, warmup_ms=0.0, prep=True,
+                         flush_device=None, gpu=None, budget_s=120.0, on_output=on_output,
+                         rounds=rounds)
+    finally:
+        for ch, p in ((ref, p1), (cand, p2)):
+            ch.stop()
+            p.wait(timeout=30)
+            ch.close()
+    return out, log, judged, seeds
+
+
+def _expected(seed: int) -> torch.Tensor:
+    torch.manual_seed(seed)
+    return torch.randn(16) * 2
+
+
+@pytest.fixture(scope="module")
+def paired_run():
+    return _run()
+
+
+def test_every_side_runs_every_rounds_seeds_and_the_candidate_is_judged_on_each(paired_run):
+    out, log, judged, seeds = paired_run
+    assert judged == list(range(len(seeds)))
+    timed = [(who, seed) for who, seed, null in log if seed in seeds and not null]
+    per_side = {}
+    for who, seed in timed:
+        per_side.setdefault(who, []).append(seed)
+    # Candidate, eager and compile each ran every timed seed once, grouped by round.
+    assert set(per_side) == {"cand:0", "ref:0", "ref:1"}
+    for got in per_side.values():
+        assert sorted(got) == seeds
+    for name in ("candidate", "eager", "compile"):
+        assert out.rounds[name] == sorted(out.rounds[name]) and len(out.rounds[name]) == 12
+
+
+def test_the_order_of_sides_is_drawn_again_each_round(paired_run):
+    out, log, _, seeds = paired_run
+    firsts = []
+    for chunk in split_rounds(len(seeds), out.n_rounds):
+        first = next(who for who, seed, null in log if not null and seed == seeds[chunk[0]])
+        firsts.append(first)
+    assert len(set(firsts)) > 1, firsts
+
+
+def test_no_null_call_goes_to_the_candidate_and_the_handshake_is_the_references(paired_run):
+    out, log, _, _ = paired_run
+    assert not [e for e in log if e[0].startswith("cand") and e[2]]
+    nulls = out.sides["null"]
+    assert len(nulls.null_ms) == 12 and out.sides["null"].handshake_ms() == min(nulls.null_ms)
+
+
+def test_speedups_come_out_near_the_work_ratio_with_intervals_that_hold_them(paired_run):
+    out, _, _, _ = paired_run
+    hs = out.sides["null"].handshake_ms()
+    c = per_call(out.sides["candidate"], hs, "harness", None)
+    for name, ratio in (("eager", 2.0), ("compile", 0.5)):
+        b = per_call(out.sides[name], hs, "harness", None)
+        point = float(np.median(b) / np.median(c))
+        lo, hi = speedup_interval(c, out.rounds["candidate"], b, out.rounds[name])
+        assert lo <= point <= hi
+        # Sleeps overshoot by scheduler slack on a loaded host: within 25 % of the work ratio.
+        assert ratio * 0.75 < point < ratio * 1.25, (name, point)
+
+
+def test_a_baseline_that_fails_mid_rounds_is_dropped_and_the_rest_go_on():
+    out, _, judged, seeds = _run(fail_after=10, rounds=4, n=8)
+    assert "compile" in out.dropped and "compile" not in out.sides
+    assert judged == list(range(len(seeds)))
+    assert len(out.sides["eager"].wall_ms) == len(seeds)
+
+
+def test_interval_resamples_whole_rounds_and_needs_two():
+    rng = np.random.default_rng(1)
+    rounds = [r for r in range(8) for _ in range(5)]
+    c = 1.0 + 0.01 * rng.standard_normal(40)
+    b = 3.0 + 0.03 * rng.standard_normal(40)
+    lo, hi = speedup_interval(c, rounds, b, rounds)
+    assert lo < 3.0 < hi and hi - lo < 0.1
+    assert speedup_interval(c, rounds, b, rounds) == (lo, hi)  # the same data, the same interval
+    one = [0] * 40
+    assert speedup_interval(c, one, b, one) is None
+    # A round in which one side is much slower moves the interval only as much as that round
+    # weighs among the rounds.
+    b2 = b.copy()
+    b2[:5] *= 10
+    lo2, hi2 = speedup_interval(c, rounds, b2, rounds)
+    assert hi2 > hi
+
+
+def test_rounds_split_the_calls_evenly():
+    assert split_rounds(100) == [list(range(i, i + 10)) for i in range(0, 100, 10)]
+    assert split_rounds(5) == [[0], [1], [2], [3], [4]]
+    assert [len(c) for c in split_rounds(12, 5)] == [3, 3, 2, 2, 2]
