@@ -3,9 +3,8 @@ every one timed by the harness's clock (`evaluator.harness.clock`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 import threading
+from typing import TYPE_CHECKING, Any
 
 from evaluator.checks import violate
 from evaluator.harness.clock import CallResult, ChannelBroken
