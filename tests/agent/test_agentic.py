@@ -1,0 +1,135 @@
+"""The tool-using agent (`strategy.kind: agent`) end to end: the real Runner, store, prompts and
+agent loop, scripted replies that call tools, and the FakeEvaluator."""
+
+from __future__ import annotations
+
+import json
+
+from agent_fakes import FakeEvaluator, kernel, make_config, make_runner, reply
+
+from agent.agentic import NOT_RUN, TOOLS
+from agent.store import RunStore
+from agent.strategies import Runner
+from problems.registry import Problem
+
+
+def call(name: str, code: str | None = None, *, id: str | None = None, text: str = "") -> dict:
+    """A scripted reply that calls one tool."""
+    args = {} if code is None else {"code": code}
+    return {"text": text, "finish_reason": "tool_calls",
+            "usage": {"input_tokens": 100, "output_tokens": 10}, "cost_usd": 0.01,
+            "tool_calls": [{"id": id or f"call_{name}", "name": name, "arguments": json.dumps(args)}]}
+
+
+SLOW, FAST, WRONG = kernel(runtime_ms=1.5), kernel(runtime_ms=0.5), kernel("BUG")
+
+
+def test_steps_are_recorded_charged_and_the_best_evaluated_kernel_wins(tmp_path):
+    replies = [call("problem"), call("evaluate", WRONG), call("evaluate", FAST),
+               call("profile", FAST), call("evaluate", SLOW), call("submit", SLOW)]
+    evaluator = FakeEvaluator()
+    runner, model = make_runner(tmp_path, replies, evaluator, strategy={"kind": "agent", "turns": 8})
+    summary = runner.run([_problem(runner)])
+    store = RunStore.open(tmp_path / "run")
+    turns = store.turns()
+    assert [t.tool.name for t in turns] == ["problem", "evaluate", "evaluate", "profile",
+                                            "evaluate", "submit"]
+    # profile and submit reuse the verdicts of steps 3 and 5: three judgements, no more.
+    assert evaluator.calls == [WRONG, FAST, SLOW]
+    assert [t.status for t in turns] == ["info", "incorrect", "correct", "info", "correct", "info"]
+    assert "L3/1" in turns[0].feedback and "Sizes: as in the reference file" in turns[0].feedback
+    assert turns[2].feedback.startswith("Step 3 of 8: correct.")
+    assert "Reply with the complete" not in turns[2].feedback
+    assert "fused_kernel" in turns[3].feedback and "judged at step 3" in turns[3].feedback
+    [ep] = store.episodes()
+    assert ep.stop_reason == "submitted" and ep.turns == 6
+    # The submitted kernel is the slower one; the result is the fastest one evaluated.
+    assert ep.best.turn == 3 and summary.problems[0].best.runtime_ms == 0.5
+    assert (store.root / "best" / "1_MLP.py").read_text() == FAST
+    # Every step is a charged call; every tool result is sent back under its call's id.
+    assert summary.spend.calls == 6 and round(summary.spend.cost_usd, 6) == 0.06
+    assert summary.spend.input_tokens == 600
+    last = model.seen[-1]
+    assert [m.role for m in last[:2]] == ["system", "user"] and "`evaluate(code)`" in last[0].content
+    assert [(m.role, m.tool_call_id) for m in last[-2:]] == [("assistant", None),
+                                                               ("tool", "call_evaluate")]
+    assert len(store.calls()) == 6
+
+
+def _problem(runner: Runner) -> Problem:
+    from agent.components import load_problems
+
+    return load_problems(runner.cfg)[0]
+
+
+def test_a_reply_without_a_call_submits_its_code_block_or_is_a_model_fault(tmp_path):
+    replies = ["I will think first.", {"text": "", "tool_calls": [
+        {"id": "a", "name": "evaluate", "arguments": "{not json"}]},
+        {"text": "", "tool_calls": [{"id": "b", "name": "rm", "arguments": "{}"}]},
+        reply(FAST, "Final answer.")]
+    runner, _ = make_runner(tmp_path, replies, strategy={"kind": "agent", "turns": 8},
+                            agent={"max_consecutive_format_errors": 4})
+    runner.run([_problem(runner)])
+    turns = RunStore.open(tmp_path / "run").turns()
+    assert [t.status for t in turns] == ["format_error", "format_error", "format_error", "correct"]
+    assert "called no tool" in turns[0].feedback
+    assert "not a JSON object" in turns[1].feedback and "no tool 'rm'" in turns[2].feedback
+    assert turns[3].tool.name == "submit" and turns[3].tool.id == ""
+    [ep] = RunStore.open(tmp_path / "run").episodes()
+    assert ep.stop_reason == "submitted" and ep.best.turn == 4
+
+
+def test_format_errors_and_max_turns_stop_an_agent_as_they_stop_a_turn_loop(tmp_path):
+    runner, _ = make_runner(tmp_path, ["no tools"] * 3, strategy={"kind": "agent", "turns": 8})
+    runner.run([_problem(runner)])
+    assert RunStore.open(tmp_path / "run").episodes()[0].stop_reason == "format_errors"
+    runner, _ = make_runner(tmp_path, [call("evaluate", FAST)] * 2, run_id="two",
+                            strategy={"kind": "agent", "turns": 2})
+    runner.run([_problem(runner)])
+    [ep] = RunStore.open(tmp_path / "two").episodes()
+    assert ep.stop_reason == "max_turns" and ep.turns == 2
+
+
+def test_only_the_first_of_several_calls_runs_and_every_call_gets_a_result(tmp_path):
+    two = {"text": "", "tool_calls": [
+        {"id": "x1", "name": "evaluate", "arguments": json.dumps({"code": FAST})},
+        {"id": "x2", "name": "evaluate", "arguments": json.dumps({"code": SLOW})}]}
+    evaluator = FakeEvaluator()
+    runner, model = make_runner(tmp_path, [two, call("submit", FAST)], evaluator,
+                                strategy={"kind": "agent", "turns": 4})
+    runner.run([_problem(runner)])
+    assert evaluator.calls == [FAST]
+    sent = model.seen[-1][-2:]
+    assert [(m.tool_call_id, m.content == NOT_RUN) for m in sent] == [("x1", False), ("x2", True)]
+
+
+def test_a_run_budget_stops_the_agent_before_its_next_call(tmp_path):
+    runner, model = make_runner(tmp_path, [call("evaluate", FAST)] * 5,
+                                strategy={"kind": "agent", "turns": 8},
+                                budget={"run": {"calls": 3}})
+    summary = runner.run([_problem(runner)])
+    assert summary.status == "budget" and summary.spend.calls == 3 and model.remaining == 2
+
+
+def test_the_tools_offered_are_the_four_documented():
+    assert [t.name for t in TOOLS] == ["evaluate", "profile", "problem", "submit"]
+    assert all(t.parameters["type"] == "object" for t in TOOLS)
+
+
+def test_the_agent_strategy_needs_the_full_context():
+    import pytest
+
+    from agent.config import ConfigError
+
+    with pytest.raises(ConfigError, match="agent.context must be full"):
+        make_config(strategy={"kind": "agent"}, agent={"context": "last"})
+    assert make_config(strategy={"kind": "agent"}).strategy.turns == 8
+
+
+def test_problem_reports_the_sizes_judged(tmp_path):
+    runner, _ = make_runner(tmp_path, [call("problem"), call("submit", FAST)],
+                            strategy={"kind": "agent", "turns": 3},
+                            problem_overrides={"L3/1": {"batch_size": 2}})
+    runner.run([_problem(runner)])
+    text = RunStore.open(tmp_path / "run").turns()[0].feedback
+    assert "`batch_size = 2`" in text
