@@ -8,6 +8,7 @@ import json
 from agent_fakes import FakeEvaluator, kernel, make_config, make_runner, reply
 
 from agent.agentic import NOT_RUN, TOOLS
+from agent.models.scripted import ScriptedModel
 from agent.store import RunStore
 from agent.strategies import Runner
 from problems.registry import Problem
@@ -133,3 +134,66 @@ def test_problem_reports_the_sizes_judged(tmp_path):
     runner.run([_problem(runner)])
     text = RunStore.open(tmp_path / "run").turns()[0].feedback
     assert "`batch_size = 2`" in text
+
+
+class FailsOnce(FakeEvaluator):
+    """The evaluator's infrastructure fails on its second evaluation, once."""
+
+    def evaluate(self, problem, source):
+        if len(self.calls) == 1 and not getattr(self, "failed", False):
+            self.failed = True
+            from agent.errors import EvalInfraError
+
+            raise EvalInfraError("GPU worker lost (fake)")
+        return super().evaluate(problem, source)
+
+
+def test_a_step_cut_off_by_an_infra_fault_resumes_with_its_recorded_call(tmp_path):
+    replies = [call("evaluate", WRONG), call("evaluate", FAST), call("submit", FAST)]
+    evaluator = FailsOnce()
+    runner, model = make_runner(tmp_path, replies, evaluator, strategy={"kind": "agent", "turns": 8})
+    runner.run([_problem(runner)])
+    store = RunStore.open(tmp_path / "run")
+    assert [e.stop_reason for e in store.episodes()] == ["infra_error"]
+    assert len(store.turns()) == 1 and len(store.calls()) == 2
+    # A new process: a fresh scripted model, restored past the replies on disk, calls included.
+    again = ScriptedModel(replies)
+    Runner(runner.cfg, store, again, evaluator).run([_problem(runner)])
+    turns = store.turns()
+    assert [(t.turn, t.tool.name, t.status) for t in turns] == [
+        (1, "evaluate", "incorrect"), (2, "evaluate", "correct"), (3, "submit", "info")]
+    assert again.remaining == 0 and len(again.seen) == 1  # only step 3 was asked
+    assert store.summary().spend.calls == 3 and store.episodes()[-1].stop_reason == "submitted"
+
+
+def test_a_sweep_compares_the_agent_with_the_turn_loop_at_a_matched_budget(tmp_path):
+    from agent.report.build import build_report
+    from agent.sweep import run_sweep
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"""sweep:
+  name: agent-vs-loop
+  out: {tmp_path / 'exp'}
+  base: {{problems: [L3/1], model: "scripted:unused", concurrency: 1,
+          budget: {{run: {{calls: 3}}}}}}
+  strategies: [{{turns: 8}}, {{kind: agent, turns: 8}}]
+""")
+    turn_replies = [reply(WRONG), reply(SLOW), reply(FAST), reply(FAST)]
+    agent_replies = [call("problem"), call("evaluate", FAST), call("profile", FAST),
+                     call("submit", FAST)]
+
+    def components(cfg, problems):
+        replies = agent_replies if cfg.strategy.kind == "agent" else turn_replies
+        return ScriptedModel(replies), FakeEvaluator()
+
+    outcomes = run_sweep(sweep, components=components)
+    assert [(o.cell_id, o.status) for o in outcomes] == [
+        ("base__1x8__base__base__seed0", "budget"), ("base__agent-1x8__base__base__seed0", "budget")]
+    cells = tmp_path / "exp" / "cells"
+    loop, agent = (RunStore.open(cells / o.cell_id).summary() for o in outcomes)
+    assert loop.spend.calls == agent.spend.calls == 3
+    assert loop.problems[0].best.runtime_ms == agent.problems[0].best.runtime_ms == 0.5
+    report = build_report([tmp_path / "exp"], n_boot=0)
+    rows = {r.label: r for r in report.runs}
+    assert set(rows) == {o.cell_id for o in outcomes}
+    assert all(r.metrics.fast_p[0].vs_eager.value == 1.0 for r in rows.values())
