@@ -7,47 +7,25 @@ model fault (feedback, and a step). Each step is a TurnRecord (the call in `tool
 its verdict, the tool's result as `feedback`), recorded, charged and shown as a turn of the turn
 loop is. The reply is written to calls.jsonl before its tool runs, so a run killed meanwhile
 resumes with that reply instead of asking again. The episode's kernel is the best one it
-evaluated (agent.tally), submitted or not.
+evaluated (agent.tally), submitted or not. The tools themselves are in agent/tools.py.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from typing import Any, NamedTuple, Protocol
+from typing import Protocol
 
 from agent.budget import Meter, Spend
-from agent.components import problem_configs
-from agent.episode import (
-    EpisodeEnv,
-    EpisodeSpec,
-    EpisodeState,
-    feedback_template,
-    feedback_vars,
-    sha256_text,
-)
+from agent.episode import EpisodeEnv, EpisodeSpec, EpisodeState, sha256_text
 from agent.episode import opening as turn_opening
 from agent.errors import InfraFault
-from agent.loop import check_stop, evaluate_timed, extract
-from agent.models.base import Address, Message, ModelReply, ToolCall, ToolSpec
-from agent.records import CallRecord, EpisodeRecord, ModelFaultInfo, TurnRecord, utcnow
-from evaluator.config import EvalConfig
-from evaluator.result import ErrorInfo, EvalResult
+from agent.loop import check_stop
+from agent.models.base import Address, Message, ModelReply
+from agent.records import CallRecord, EpisodeRecord, StopReason, TurnRecord, utcnow
+from agent.tools import NOT_RUN, TOOLS, Facts, run_tool
+from evaluator.result import ErrorInfo
 
-_CODE = {"type": "object", "required": ["code"], "additionalProperties": False,
-         "properties": {"code": {"type": "string", "description": "The complete Python module: "
-                                 "imports, kernels and `class ModelNew`."}}}
-TOOLS = [
-    ToolSpec(name="evaluate", parameters=_CODE, description="Judge a module: compile it, check "
-             "it against the reference on fresh random inputs, time it. Returns the verdict."),
-    ToolSpec(name="profile", parameters=_CODE, description="The profiler's table of where a "
-             "correct module's time goes (the module is judged first if it was not yet)."),
-    ToolSpec(name="problem", parameters={"type": "object", "properties": {}},
-             description="The task: the reference model, the sizes it is judged at, the hardware."),
-    ToolSpec(name="submit", parameters=_CODE, description="Give the final answer and end the "
-             "session. The fastest correct module evaluated is the result either way."),
-]
-NOT_RUN = "Not run: one tool call per reply; only the first was run."
+__all__ = ["NOT_RUN", "TOOLS", "Facts", "run_agent_episode"]
 
 
 class CallSink(Protocol):
@@ -56,25 +34,6 @@ class CallSink(Protocol):
     def append_call(self, record: CallRecord) -> None: ...
 
     def calls(self) -> list[CallRecord]: ...
-
-
-class Facts(NamedTuple):
-    """What `problem()` tells beyond the task: the run's evaluator config and size overrides."""
-
-    eval: EvalConfig
-    overrides: dict[str, dict[str, Any]]
-
-
-class Outcome(NamedTuple):
-    """What one tool call did: the kernel it judged (if any), its verdict, the text the model gets."""
-
-    text: str
-    call: ToolCall | None = None
-    """The call that ran (a reply's code block submitted without a call: one with id "")."""
-    code: str | None = None
-    result: EvalResult | None = None
-    eval_s: float = 0.0
-    fault: ModelFaultInfo | None = None
 
 
 def opening(spec: EpisodeSpec, env: EpisodeEnv) -> list[Message]:
@@ -105,73 +64,12 @@ def ask(env: EpisodeEnv, messages: list[Message], at: Address) -> ModelReply:
     return env.model.query(messages, tools=TOOLS)
 
 
-def _fault(env: EpisodeEnv, message: str, kind: str = "ToolCallError") -> Outcome:
-    fault = ModelFaultInfo(type=kind, message=message)
-    return Outcome(text=env.prompts.render("tool_error", fault=fault), fault=fault)
-
-
-def _judged(state: EpisodeState, code: str) -> tuple[int, EvalResult] | None:
-    """The step of this episode that last judged `code`, and its verdict."""
-    sha = sha256_text(code)
-    return next(((t.turn, t.eval) for t in reversed(state.own)
-                 if t.code_sha256 == sha and t.eval is not None), None)
-
-
-def run_tool(reply: ModelReply, spec: EpisodeSpec, env: EpisodeEnv, state: EpisodeState,
-             facts: Facts) -> Outcome:
-    """Run the reply's first tool call (or submit its code block); InfraFault passes through."""
-    call = reply.tool_calls[0] if reply.tool_calls else None
-    if call is None:
-        code, fault = extract(reply)
-        if code is None:
-            assert fault is not None
-            return _fault(env, f"Your reply called no tool ({fault.message})", fault.type)
-        call = ToolCall(id="", name="submit", arguments=json.dumps({"code": code}))
-    try:
-        args = json.loads(call.arguments or "{}")
-    except ValueError:
-        args = None
-    if not isinstance(args, dict):
-        return _fault(env, f"The arguments of {call.name} are not a JSON object")
-    if call.name == "problem":
-        return Outcome(text=problem_text(spec, env, state, facts), call=call)
-    if call.name not in ("evaluate", "profile", "submit"):
-        return _fault(env, f"There is no tool {call.name!r}")
-    code = args.get("code")
-    if not isinstance(code, str) or not code.strip():
-        return _fault(env, f"{call.name} needs `code`: the complete module as a string")
-    # profile and submit reuse a verdict this episode has (evaluate always judges anew): the
-    # step then records no kernel, so each judgement is counted once.
-    earlier = None if call.name == "evaluate" else _judged(state, code)
-    if earlier is not None:
-        return Outcome(text=_result_text(call, env, state, earlier[1], earlier[0]), call=call)
-    result, seconds = evaluate_timed(env, spec, code)
-    return Outcome(text=_result_text(call, env, state, result, None), call=call, code=code,
-                   result=result, eval_s=seconds)
-
-
-def _result_text(call: ToolCall, env: EpisodeEnv, state: EpisodeState, result: EvalResult,
-                 judged_at: int | None) -> str:
-    if call.name == "evaluate":  # what a turn of the turn loop would be told
-        return env.prompts.render(feedback_template(result), **feedback_vars(
-            state, result, None, env.agent, tool_mode=True))
-    name = "tool_profile" if call.name == "profile" else "tool_submitted"
-    return env.prompts.render(name, result=result, judged_at=judged_at, profile_feedback=True,
-                              max_chars=env.agent.feedback_max_chars)
-
-
-def problem_text(spec: EpisodeSpec, env: EpisodeEnv, state: EpisodeState, facts: Facts) -> str:
-    config = problem_configs(facts.eval, facts.overrides, [spec.problem])[spec.problem.id]
-    judged = [t.eval for t in state.own if t.eval is not None]
-    device = judged[-1].device if judged else config.device
-    hardware = (f"{device}; on a CPU, kernels run in the Triton interpreter and times come from "
-                "a host clock (not comparable with GPU times)" if device == "cpu" else device)
-    return env.prompts.render("tool_problem", task=turn_opening(spec, env)[1].content,
-                              sizes=config.problem_overrides, hardware=hardware)
-
-
 def _submitted(rec: TurnRecord) -> bool:
     return rec.fault is None and rec.tool is not None and rec.tool.name == "submit"
+
+
+def _infra(what: str, e: InfraFault) -> tuple[tuple[StopReason, str], ErrorInfo]:
+    return ("infra_error", f"{what} failed: {e}"), ErrorInfo(type=type(e).__name__, message=str(e))
 
 
 def run_agent_episode(spec: EpisodeSpec, env: EpisodeEnv, done: list[TurnRecord] | None = None,
@@ -199,28 +97,33 @@ def run_agent_episode(spec: EpisodeSpec, env: EpisodeEnv, done: list[TurnRecord]
             reply = pending[turn].reply
         else:
             try:
-                reply = ask(env, messages, Address(problem=spec.problem.id, episode=spec.episode, turn=turn))
+                reply = ask(env, messages, Address(problem=spec.problem.id, episode=spec.episode,
+                                                   turn=turn))
             except InfraFault as e:
-                stop, error = ("infra_error", f"model call failed: {e}"), ErrorInfo(type=type(e).__name__, message=str(e))
+                stop, error = _infra("model call", e)
                 break
-            sink.append_call(CallRecord(run_id=env.run_id, episode_key=spec.key, problem_id=spec.problem.id,
-                                        episode=spec.episode, turn=turn, reply=reply, started_at=turn_start))
+            sink.append_call(CallRecord(
+                run_id=env.run_id, episode_key=spec.key, problem_id=spec.problem.id,
+                episode=spec.episode, turn=turn, reply=reply, started_at=turn_start))
         meter.charge(Spend.of_reply(reply))
         try:
             out = run_tool(reply, spec, env, state, facts)
         except InfraFault as e:
+            # Paid, and in calls.jsonl: a resumed run uses the reply and records the step then.
             unrecorded = Spend.of_reply(reply)
-            stop, error = ("infra_error", f"evaluation failed: {e}"), ErrorInfo(type=type(e).__name__, message=str(e))
+            stop, error = _infra("evaluation", e)
             break
         meter.charge(Spend(eval_s=out.eval_s))
+        code = out.code
         rec = TurnRecord(
             run_id=env.run_id, episode_key=spec.key, episode=spec.episode,
             problem_id=spec.problem.id, problem_stem=spec.problem.stem, turn=turn,
-            parent=state.parent, messages=messages, reply=reply, fault=out.fault, code=out.code,
-            code_sha256=sha256_text(out.code) if out.code is not None else None,
-            kernel_path=env.sink.kernel_relpath(spec.problem.stem, spec.episode, turn) if out.code else None,
+            parent=state.parent, messages=messages, reply=reply, fault=out.fault, code=code,
+            code_sha256=sha256_text(code) if code is not None else None,
+            kernel_path=env.sink.kernel_relpath(spec.problem.stem, spec.episode, turn) if code else None,
             eval=out.result, feedback=out.text, tool=out.call,
-            spend=Spend.of_reply(reply).model_copy(update={"eval_s": out.eval_s, "wall_s": time.monotonic() - clock}),
+            spend=Spend.of_reply(reply).model_copy(
+                update={"eval_s": out.eval_s, "wall_s": time.monotonic() - clock}),
             started_at=turn_start, finished_at=utcnow())
         env.sink.append_turn(rec)
         state.add(rec)
