@@ -243,6 +243,11 @@ class RunConfig(_Config):
         if self.strategy.kind == "agent" and self.agent.context != "full":
             raise ValueError("strategy agent keeps its whole tool conversation: agent.context "
                              "must be full")
+        if self.strategy.kind == "agent" and self.model.thinking_budget_tokens is not None:
+            # Anthropic wants each turn's thinking blocks back with its tool results; the
+            # recorded conversation does not carry them.
+            raise ValueError("strategy agent does not take extended thinking: unset "
+                             "model.thinking_budget_tokens")
         return self
 
     def digest(self) -> str:

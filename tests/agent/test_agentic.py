@@ -124,6 +124,9 @@ def test_the_agent_strategy_needs_the_full_context():
 
     with pytest.raises(ConfigError, match="agent.context must be full"):
         make_config(strategy={"kind": "agent"}, agent={"context": "last"})
+    with pytest.raises(ConfigError, match="does not take extended thinking"):
+        make_config(strategy={"kind": "agent"},
+                    model={"spec": "scripted:x", "thinking_budget_tokens": 2048})
     assert make_config(strategy={"kind": "agent"}).strategy.turns == 8
 
 
