@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from agent_fakes import FakeEvaluator, kernel, make_config, make_runner, reply
 
 from agent.agentic import NOT_RUN, TOOLS
+from agent.components import load_problems
+from agent.extract import extract_code
 from agent.models.scripted import ScriptedModel
 from agent.store import RunStore
 from agent.strategies import Runner
@@ -58,8 +61,6 @@ def test_steps_are_recorded_charged_and_the_best_evaluated_kernel_wins(tmp_path)
 
 
 def _problem(runner: Runner) -> Problem:
-    from agent.components import load_problems
-
     return load_problems(runner.cfg)[0]
 
 
@@ -118,8 +119,6 @@ def test_the_tools_offered_are_the_four_documented():
 
 
 def test_the_agent_strategy_needs_the_full_context():
-    import pytest
-
     from agent.config import ConfigError
 
     with pytest.raises(ConfigError, match="agent.context must be full"):
@@ -200,3 +199,30 @@ def test_a_sweep_compares_the_agent_with_the_turn_loop_at_a_matched_budget(tmp_p
     rows = {r.label: r for r in report.runs}
     assert set(rows) == {o.cell_id for o in outcomes}
     assert all(r.metrics.fast_p[0].vs_eager.value == 1.0 for r in rows.values())
+
+
+@pytest.mark.slow
+def test_an_agent_run_through_the_real_evaluator_on_cpu(tmp_path):
+    from agent.components import build_evaluator
+    from agent.config import parse_layer, resolve
+    from agent.run import DEMO_DIR
+
+    demo = ScriptedModel.from_file(DEMO_DIR / "replies.yaml")
+    correct, faster = [extract_code(demo.query([]).text, "stop") for _ in range(4)][2:]
+    cfg = resolve([parse_layer(str(DEMO_DIR / "demo.yaml")),
+                   {"model": {"spec": "scripted:x"}, "eval": {"device": "cpu"},
+                    "strategy": {"kind": "agent", "turns": 6}}])
+    problems = load_problems(cfg)
+    store = RunStore.create(tmp_path / "run", cfg)
+    model = ScriptedModel([call("problem"), call("evaluate", correct), call("profile", correct),
+                           call("submit", faster)])
+    Runner(cfg, store, model, build_evaluator(cfg, problems)).run(problems)
+    turns = store.turns()
+    assert [t.status for t in turns] == ["info", "correct", "info", "correct"], [
+        (t.status, t.feedback[:300]) for t in turns]
+    assert "`batch_size = 4`" in turns[0].feedback and "Hardware: cpu" in turns[0].feedback
+    assert "not comparable with GPU timings" in turns[1].feedback
+    assert "judged at step 2" in turns[2].feedback and "Profile of one forward pass" in turns[2].feedback
+    [ep] = store.episodes()
+    assert ep.stop_reason == "submitted"
+    assert ep.best.turn == 4 and turns[3].eval.runtime_ms < turns[1].eval.runtime_ms
