@@ -22,7 +22,7 @@ from evaluator.config import EvalConfig
 from kloop.errors import KloopError
 
 ContextPolicy = Literal["full", "last_k", "last", "digest", "summary"]
-StrategyKind = Literal["sequential", "best_of_n", "grid", "beam", "tree"]
+StrategyKind = Literal["sequential", "best_of_n", "grid", "beam", "tree", "agent"]
 
 
 class ConfigError(KloopError, ValueError):
@@ -83,14 +83,17 @@ class StrategyConfig(_Config):
     starts `roots` episodes from scratch, then `expansions` more, each continuing the node with
     the highest score, value + exploration * sqrt(ln n(parent) / n(node)) (n: the nodes in a
     subtree, itself included; value: see `agent.tree.node_value`), among nodes with a kernel
-    and fewer than `max_children` children. Left unset, the kind follows from `samples` and
-    `turns`.
+    and fewer than `max_children` children. `agent` runs `samples` episodes of a tool-using
+    agent (agent/agentic.py): each of its `turns` steps is one model call and the one tool call
+    it makes (evaluate, profile, problem, submit). Left unset, the kind follows from `samples`
+    and `turns`.
     """
 
     kind: StrategyKind | None = None
-    """sequential, best_of_n, grid, beam or tree (None: inferred from samples and turns)."""
+    """sequential, best_of_n, grid, beam, tree or agent (None: inferred from samples and turns)."""
     turns: int | None = Field(None, ge=1)
-    """Turns per episode (T); for beam, turns per round; for tree, turns per expansion."""
+    """Turns per episode (T); for beam, turns per round; for tree, turns per expansion; for
+    agent, steps (model calls) per episode."""
     samples: int | None = Field(None, ge=1)
     """Independent episodes per problem (N)."""
     beam_width: int = Field(2, ge=1)
@@ -128,7 +131,7 @@ class StrategyConfig(_Config):
         if kind == "tree" and (n or 1) != 1:
             raise ValueError("strategy tree starts roots + expansions episodes; samples must be 1")
         defaults = {"sequential": (4, 1), "best_of_n": (1, 4), "grid": (4, 4), "beam": (1, 1),
-                    "tree": (1, 1)}
+                    "tree": (1, 1), "agent": (8, 1)}
         dt, dn = defaults[kind]
         self.kind, self.turns, self.samples = kind, t or dt, n or dn
         return self
@@ -234,6 +237,18 @@ class RunConfig(_Config):
     """Where run directories are created."""
     run_id: str | None = None
     """Name of the run directory (default: UTC time and config digest)."""
+
+    @model_validator(mode="after")
+    def _agent_context(self) -> RunConfig:
+        if self.strategy.kind == "agent" and self.agent.context != "full":
+            raise ValueError("strategy agent keeps its whole tool conversation: agent.context "
+                             "must be full")
+        if self.strategy.kind == "agent" and self.model.thinking_budget_tokens is not None:
+            # Anthropic wants each turn's thinking blocks back with its tool results; the
+            # recorded conversation does not carry them.
+            raise ValueError("strategy agent does not take extended thinking: unset "
+                             "model.thinking_budget_tokens")
+        return self
 
     def digest(self) -> str:
         """sha256 of the fields that decide what an episode does (not where it is stored).

@@ -164,8 +164,9 @@ def ask(model: Model, messages: list[Message], at: Address) -> ModelReply:
 
 
 def feedback_vars(state: EpisodeState, result: EvalResult | None, fault: ModelFaultInfo | None,
-                  agent: AgentConfig) -> dict[str, Any]:
-    """The one dict every feedback template renders from."""
+                  agent: AgentConfig, tool_mode: bool = False) -> dict[str, Any]:
+    """The one dict every feedback template renders from (`tool_mode`: the result of a tool-using
+    agent's `evaluate` call, which speaks of steps and asks for no code block)."""
     total = len(state.spec.prefix) + state.spec.max_turns
     position = state.position
     history = [*state.history(), history_row(position, result)]
@@ -179,6 +180,7 @@ def feedback_vars(state: EpisodeState, result: EvalResult | None, fault: ModelFa
         "history": history,
         "max_chars": agent.feedback_max_chars,
         "profile_feedback": agent.profile_feedback,
+        "tool_mode": tool_mode,
     }
 
 

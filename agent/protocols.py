@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from agent.models.base import Address, Message, Model, ModelReply
+from agent.models.base import Address, Message, Model, ModelReply, ToolSpec
 from evaluator.result import EvalResult
 from problems.registry import Problem
 
@@ -42,4 +42,5 @@ class Addressed(Protocol):
 
     ordered: bool
 
-    def query_at(self, messages: list[Message], at: Address) -> ModelReply: ...
+    def query_at(self, messages: list[Message], at: Address,
+                 tools: list[ToolSpec] | None = None) -> ModelReply: ...

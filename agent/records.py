@@ -12,12 +12,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.budget import Spend
-from agent.models.base import Message, ModelReply
+from agent.models.base import Message, ModelReply, ToolCall
 from evaluator.result import BaselineName, ErrorInfo, EvalResult
 
 TRAJECTORY_SCHEMA_VERSION = 1
 
-StopReason = Literal["max_turns", "solved", "budget", "format_errors", "infra_error"]
+StopReason = Literal["max_turns", "solved", "budget", "format_errors", "infra_error", "submitted"]
+"""`submitted`: a tool-using agent gave its final answer (`strategy.kind: agent`)."""
 
 
 def utcnow() -> str:
@@ -105,6 +106,10 @@ class TurnRecord(_Record):
     """The kernel file, relative to the run directory."""
     eval: EvalResult | None = None
     feedback: str
+    """What the model is shown next: the verdict; for a tool step, the tool's result."""
+    tool: ToolCall | None = None
+    """The tool call this step ran (`strategy.kind: agent`): one per step, the first of the
+    reply's; None for a turn of the turn loop, and for a step whose reply called no tool."""
     spend: Spend
     """What this turn cost: its calls (the summary call included), their tokens and dollars,
     evaluation and wall seconds."""
@@ -113,7 +118,25 @@ class TurnRecord(_Record):
 
     @property
     def status(self) -> str:
-        return self.eval.status if self.eval is not None else "format_error"
+        if self.eval is not None:
+            return self.eval.status
+        return "info" if self.tool is not None and self.fault is None else "format_error"
+
+
+class CallRecord(_Record):
+    """A model call of a tool-using agent, appended to `calls.jsonl` as soon as its reply is in,
+    before the tool it asks for runs: a run killed while the tool runs resumes with this reply
+    instead of asking the model again (the step's TurnRecord, written after the tool, repeats it)."""
+
+    schema_version: int = TRAJECTORY_SCHEMA_VERSION
+    kind: Literal["call"] = "call"
+    run_id: str
+    episode_key: str
+    problem_id: str
+    episode: int
+    turn: int
+    reply: ModelReply
+    started_at: str
 
 
 class BestKernel(_Record):

@@ -229,7 +229,7 @@ def run_command(
     base_url: Annotated[str | None, Opt(help="OpenAI-compatible server URL.")] = None,
     turns: Annotated[int | None, Opt(help="Turns per episode (T).")] = None,
     samples: Annotated[int | None, Opt(help="Episodes per problem (N).")] = None,
-    strategy: Annotated[str | None, Opt(help="sequential, best_of_n, grid, beam or tree.")] = None,
+    strategy: Annotated[str | None, Opt(help="sequential, best_of_n, grid, beam, tree or agent (a tool-using agent).")] = None,
     context: Annotated[str | None, Opt(help="full, last_k, last, digest or summary.")] = None,
     backend: Annotated[str | None, Opt(help="cuda or triton.")] = None,
     device: Annotated[str | None, Opt(help="Evaluator device: auto, cpu, cuda, cuda:N.")] = None,

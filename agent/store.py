@@ -3,6 +3,7 @@
     runs/<run-id>/
       config.json       the resolved config, its digest, the kloop version and git commit
       turns.jsonl       one TurnRecord per line, appended, flushed and fsynced after each turn
+      calls.jsonl       a tool-using agent's model calls, each before its tool runs (CallRecord)
       episodes.jsonl    one EpisodeRecord per finished episode (the last record of a key wins)
       kernels/<problem-stem>/<episode>-<turn>.py   every extracted kernel
       best/<problem-stem>.py                      the best kernel so far (derived)
@@ -30,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from agent.config import RunConfig
 from agent.records import (
     TRAJECTORY_SCHEMA_VERSION,
+    CallRecord,
     EpisodeRecord,
     NodeAddress,
     RunSummary,
@@ -197,6 +199,7 @@ class RunStore:
             if not self._repaired:
                 _repair_tail(self.root / "turns.jsonl")
                 _repair_tail(self.root / "episodes.jsonl")
+                _repair_tail(self.root / "calls.jsonl")
                 self._repaired = True
             with path.open("a", encoding="utf-8") as f:
                 f.write(line)
@@ -213,6 +216,12 @@ class RunStore:
 
     def append_episode(self, record: EpisodeRecord) -> None:
         self._append("episodes.jsonl", record)
+
+    def append_call(self, record: CallRecord) -> None:
+        self._append("calls.jsonl", record)
+
+    def calls(self) -> list[CallRecord]:
+        return list(read_jsonl(self.root / "calls.jsonl", CallRecord))
 
     def turns(self) -> list[TurnRecord]:
         return list(read_jsonl(self.root / "turns.jsonl", TurnRecord))

@@ -3,6 +3,7 @@
 - sequential (1×T), best_of_n (N×1) and grid (N×T): N independent episodes of T turns;
 - beam: round 0 runs k×m episodes from scratch; each later round keeps the k best kernels seen
   so far and starts m children from each, with the parent's trajectory as their context.
+- agent: `samples` episodes of a tool-using agent (agent/agentic.py) of `turns` steps each.
 - tree: `roots` episodes from scratch, then `expansions` more, one step at a time, each from
   the node of the problem's search tree (agent/tree.py) with the highest UCT score. Every pick
   is a function of the turns on disk, so a resumed run makes the same picks and finds their
@@ -14,12 +15,14 @@ resumed run skips finished episodes and continues cut-off ones from their last t
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
+from agent.agentic import Facts, run_agent_episode
 from agent.budget import Meter, Spend
 from agent.config import RunConfig
 from agent.episode import EpisodeEnv, EpisodeSpec, best_of, episode_key
@@ -27,6 +30,7 @@ from agent.loop import run_episode
 from agent.prompts import PromptSet
 from agent.protocols import Evaluator, Model
 from agent.records import (
+    CallRecord,
     EpisodeRecord,
     ExecutorReport,
     NodeAddress,
@@ -72,7 +76,11 @@ class Runner:
             self.concurrency = 1
         self._slots = threading.BoundedSemaphore(self.concurrency)
         self._load_existing()
-        restore_position(model, self.store.turns())
+        restore_position(model, self.store.turns(), self.store.calls())
+        self._episode = run_episode
+        if cfg.strategy.kind == "agent":
+            self._episode = functools.partial(
+                run_agent_episode, facts=Facts(eval=cfg.eval, overrides=cfg.problem_overrides))
         self.run_meter = Meter(cfg.budget.run, "run", spent=self._spent_so_far())
         self.env = EpisodeEnv(
             run_id=store.run_id, model=model, evaluator=evaluator, agent=cfg.agent,
@@ -143,7 +151,7 @@ class Runner:
             if not done and self.run_meter.exceeded() is not None:
                 self.skipped += 1
                 return None
-            record = run_episode(spec, self.env, done)
+            record = self._episode(spec, self.env, done)
         self.store.append_episode(record)
         with self._lock:
             self.records.append(record)
@@ -278,15 +286,19 @@ class Runner:
         return summary
 
 
-def restore_position(model: Model, turns: list[TurnRecord]) -> None:
-    """Give a model that keeps a position (scripted, replay) the replies already on disk.
+def restore_position(model: Model, turns: list[TurnRecord], calls: Iterable[CallRecord] = ()) -> None:
+    """Give a model that keeps a position (scripted, replay) the replies already on disk: the
+    turns', and an agent's calls whose step was cut off before its turn was written.
 
     Providers without one (the HTTP APIs) need nothing: every query carries its whole context.
     """
     restore = getattr(model, "restore", None)
-    if restore is not None and turns:
+    steps = {(t.episode_key, t.turn) for t in turns}
+    cut_off = [c.reply for c in calls if (c.episode_key, c.turn) not in steps]
+    if restore is not None and (turns or cut_off):
         # A turn's summary call came before its query.
-        restore([r for t in turns for r in ([t.summary.reply] if t.summary else []) + [t.reply]])
+        restore([r for t in turns for r in ([t.summary.reply] if t.summary else []) + [t.reply]]
+                + cut_off)
 
 
 def executor_report(evaluator: Evaluator) -> ExecutorReport | None:

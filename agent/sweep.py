@@ -233,6 +233,8 @@ def _strategy_label(s: StrategyItem) -> str:
         return f"beam-w{s.beam_width}-e{s.expand}-r{s.rounds}-t{s.turns}"
     if s.kind == "tree":
         return f"tree-r{s.roots}-x{s.expansions}-t{s.turns}"
+    if s.kind == "agent":
+        return f"agent-{s.samples}x{s.turns}"
     return f"{s.samples}x{s.turns}"
 
 

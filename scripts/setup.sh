@@ -63,7 +63,8 @@ fi
 if ! "$VENV/bin/python" -c "import triton" 2>/dev/null; then
   "${PIP[@]}" install "triton==3.7.1"
 fi
-# The ray extra too: CI runs the multi-node executor tests on a local Ray cluster.
-"${PIP[@]}" install -e ".[dev,ray]"
+# The ray and rl extras too: CI runs the multi-node executor tests on a local Ray cluster, and
+# the RL environment's tests (gymnasium).
+"${PIP[@]}" install -e ".[dev,ray,rl]"
 VENV="$VENV" bash scripts/cuda_headers.sh
 echo "kloop installed in $VENV ($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

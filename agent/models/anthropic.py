@@ -6,12 +6,21 @@ the JSON body the server sent, which is what the log keeps.
 
 from __future__ import annotations
 
+import json
 import os
 
 import anthropic
 
 from agent.errors import ProviderAbort
-from agent.models.base import Message, ModelConfig, ModelReply, Usage, provider_slots
+from agent.models.base import (
+    Message,
+    ModelConfig,
+    ModelReply,
+    ToolCall,
+    ToolSpec,
+    Usage,
+    provider_slots,
+)
 from agent.models.http import exchange
 from agent.pricing import load_prices
 from agent.retry import call_with_retries
@@ -52,19 +61,19 @@ class AnthropicModel:
         self._slots = provider_slots("anthropic", cfg.base_url, cfg.concurrency)
         self._prices = load_prices(cfg.prices)
 
-    def query(self, messages: list[Message]) -> ModelReply:
-        return call_with_retries(lambda: self._once(messages), self.cfg)
+    def query(self, messages: list[Message], tools: list[ToolSpec] | None = None) -> ModelReply:
+        return call_with_retries(lambda: self._once(messages, tools), self.cfg)
 
-    def _once(self, messages: list[Message]) -> ModelReply:
-        return exchange("anthropic", lambda: self._send(messages), _parse,
+    def _once(self, messages: list[Message], tools: list[ToolSpec] | None) -> ModelReply:
+        return exchange("anthropic", lambda: self._send(messages, tools), _parse,
                         (anthropic.APIStatusError, anthropic.APIConnectionError),
                         self._slots, self._prices, self.model)
 
-    def _send(self, messages: list[Message]):
+    def _send(self, messages: list[Message], tools: list[ToolSpec] | None):
         kwargs: dict = {
             "model": self.model,
             "max_tokens": self.cfg.max_output_tokens,
-            "messages": [m.model_dump() for m in messages if m.role != "system"],
+            "messages": _messages(messages),
             # an explicit timeout also stops the SDK refusing long non-streaming requests
             "timeout": self.cfg.timeout_s,
         }
@@ -77,7 +86,44 @@ class AnthropicModel:
                 "type": "enabled",
                 "budget_tokens": self.cfg.thinking_budget_tokens,
             }
+        if tools:
+            kwargs["tools"] = [{"name": t.name, "description": t.description,
+                                "input_schema": t.parameters} for t in tools]
+            # One call per step: each call is recorded, charged and resumed on its own.
+            kwargs["tool_choice"] = {"type": "auto", "disable_parallel_tool_use": True}
         return self._client.messages.with_raw_response.create(**kwargs)
+
+
+def _messages(messages: list[Message]) -> list[dict]:
+    """Messages API turns. Tool calls are `tool_use` blocks of the assistant's turn; their results
+    are `tool_result` blocks of the user turn after it (consecutive results share one turn)."""
+    out: list[dict] = []
+    for m in messages:
+        if m.role == "system":
+            continue
+        if m.role == "tool":
+            block = {"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content}
+            if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], list):
+                out[-1]["content"].append(block)
+            else:
+                out.append({"role": "user", "content": [block]})
+        elif m.tool_calls:
+            text = [{"type": "text", "text": m.content}] if m.content else []
+            out.append({"role": "assistant", "content": text + [
+                {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
+                for c in m.tool_calls]})
+        else:
+            out.append({"role": m.role, "content": m.content})
+    return out
+
+
+def _input(arguments: str) -> dict:
+    """A call's arguments as the object the API takes back (what it sent was an object)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _parse(raw: dict) -> ModelReply:
@@ -94,8 +140,11 @@ def _parse(raw: dict) -> ModelReply:
         cached_tokens=cache_read,
     )
     stop = raw.get("stop_reason")
+    calls = [ToolCall(id=b["id"], name=b["name"], arguments=json.dumps(b.get("input") or {}))
+             for b in blocks if b["type"] == "tool_use"]
     return ModelReply(
         text="".join(b.get("text") or "" for b in blocks if b["type"] == "text"),
+        tool_calls=calls,
         reasoning="\n\n".join(thoughts) or None,
         usage=usage,
         cost_usd=None,

@@ -7,17 +7,62 @@ import threading
 from pathlib import Path
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 from agent.errors import ProviderRetryable
 from agent.pricing import ModelPrice
 
 
-class Message(BaseModel):
-    """One chat message. Several system messages are joined, in order, by the providers."""
+class ToolCall(BaseModel):
+    """One tool call a model asked for (OpenAI function calling, Anthropic tool use)."""
 
-    role: Literal["system", "user", "assistant"]
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    """The provider's id for the call; its result is sent back under the same id."""
+    name: str
+    arguments: str
+    """The arguments as JSON text, exactly as the model wrote them (they may not parse)."""
+
+
+class ToolSpec(BaseModel):
+    """A tool offered to the model: its name, what it does, and its arguments' JSON schema."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str
+    parameters: dict
+    """JSON schema of the arguments object."""
+
+
+class Message(BaseModel):
+    """One chat message. Several system messages are joined, in order, by the providers.
+
+    A tool conversation adds two kinds: an assistant message with `tool_calls`, and a `tool`
+    message holding one call's result under `tool_call_id`.
+    """
+
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _lean(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # A plain message is stored as {role, content}, as before tool calls existed: records
+        # stay as small, and old and new ones read alike.
+        data = handler(self)
+        for key in ("tool_calls", "tool_call_id"):
+            if not data.get(key):
+                data.pop(key, None)
+        return data
 
 
 class Usage(BaseModel):
@@ -66,6 +111,8 @@ class ModelReply(BaseModel):
     raw: dict
     """The JSON body exactly as the server sent it (never request headers or the API key)."""
     retries: int = 0
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    """The tools the model asked to call, in its order (empty when it only wrote text)."""
 
 
 class Address(BaseModel):
@@ -128,11 +175,15 @@ class ModelConfig(BaseModel):
 
 
 class Model(Protocol):
-    """A chat model. Implementations raise `ProviderAbort` or `ProviderRetryable`, never SDK errors."""
+    """A chat model. Implementations raise `ProviderAbort` or `ProviderRetryable`, never SDK errors.
+
+    `tools`, when given, are offered through the API's native tool calling; the calls the model
+    makes come back in `ModelReply.tool_calls`.
+    """
 
     name: str
 
-    def query(self, messages: list[Message]) -> ModelReply: ...
+    def query(self, messages: list[Message], tools: list[ToolSpec] | None = None) -> ModelReply: ...
 
 
 _slots: dict[tuple[str, str, int], threading.BoundedSemaphore] = {}

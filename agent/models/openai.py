@@ -13,7 +13,15 @@ import re
 import openai
 
 from agent.errors import ProviderAbort, ProviderRetryable
-from agent.models.base import Message, ModelConfig, ModelReply, Usage, provider_slots
+from agent.models.base import (
+    Message,
+    ModelConfig,
+    ModelReply,
+    ToolCall,
+    ToolSpec,
+    Usage,
+    provider_slots,
+)
 from agent.models.http import exchange
 from agent.pricing import load_prices
 from agent.retry import call_with_retries
@@ -51,21 +59,21 @@ class OpenAIModel:
         else:
             self.api = cfg.api
 
-    def query(self, messages: list[Message]) -> ModelReply:
-        return call_with_retries(lambda: self._once(messages), self.cfg)
+    def query(self, messages: list[Message], tools: list[ToolSpec] | None = None) -> ModelReply:
+        return call_with_retries(lambda: self._once(messages, tools), self.cfg)
 
-    def _once(self, messages: list[Message]) -> ModelReply:
+    def _once(self, messages: list[Message], tools: list[ToolSpec] | None) -> ModelReply:
         send, parse = (
             (self._chat, _parse_chat) if self.api == "chat" else (self._responses, _parse_responses)
         )
-        return exchange("openai", lambda: send(messages), parse,
+        return exchange("openai", lambda: send(messages, tools), parse,
                         (openai.APIStatusError, openai.APIConnectionError),
                         self._slots, self._prices, self.model)
 
-    def _chat(self, messages: list[Message]):
+    def _chat(self, messages: list[Message], tools: list[ToolSpec] | None):
         kwargs: dict = {
             "model": self.model,
-            "messages": [m.model_dump() for m in messages],
+            "messages": [_chat_message(m) for m in messages],
             self._max_tokens_field: self.cfg.max_output_tokens,
             "timeout": self.cfg.timeout_s,
         }
@@ -73,12 +81,16 @@ class OpenAIModel:
             kwargs["temperature"] = self.cfg.temperature
         if self.cfg.reasoning_effort:
             kwargs["reasoning_effort"] = self.cfg.reasoning_effort
+        if tools:
+            kwargs["tools"] = [{"type": "function", "function": t.model_dump()} for t in tools]
+            # One call per step: each call is recorded, charged and resumed on its own.
+            kwargs["parallel_tool_calls"] = False
         return self._client.chat.completions.with_raw_response.create(**kwargs)
 
-    def _responses(self, messages: list[Message]):
+    def _responses(self, messages: list[Message], tools: list[ToolSpec] | None):
         kwargs: dict = {
             "model": self.model,
-            "input": [m.model_dump() for m in messages if m.role != "system"],
+            "input": [item for m in messages if m.role != "system" for item in _input_items(m)],
             "max_output_tokens": self.cfg.max_output_tokens,
             "store": False,  # the full history is sent every turn; nothing needs keeping server-side
             "timeout": self.cfg.timeout_s,
@@ -92,7 +104,32 @@ class OpenAIModel:
             reasoning["summary"] = self.cfg.reasoning_summary
         if reasoning:
             kwargs["reasoning"] = reasoning
+        if tools:
+            kwargs["tools"] = [{"type": "function", **t.model_dump()} for t in tools]
+            kwargs["parallel_tool_calls"] = False
         return self._client.responses.with_raw_response.create(**kwargs)
+
+
+def _chat_message(m: Message) -> dict:
+    """A Chat Completions message: plain ones as before, tool calls and results in its shape."""
+    if m.role == "tool":
+        return {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content}
+    out: dict = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["content"] = m.content or None
+        out["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.name, "arguments": c.arguments}}
+                             for c in m.tool_calls]
+    return out
+
+
+def _input_items(m: Message) -> list[dict]:
+    """Responses API input items: a message, or a call's output, or the calls themselves."""
+    if m.role == "tool":
+        return [{"type": "function_call_output", "call_id": m.tool_call_id, "output": m.content}]
+    items = [{"role": m.role, "content": m.content}] if m.content or not m.tool_calls else []
+    return items + [{"type": "function_call", "call_id": c.id, "name": c.name,
+                     "arguments": c.arguments} for c in m.tool_calls]
 
 
 def _text(value: object) -> str | None:
@@ -114,8 +151,12 @@ def _parse_chat(raw: dict) -> ModelReply:
         reasoning_tokens=(u.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0,
         cached_tokens=prompt_details.get("cached_tokens") or u.get("prompt_cache_hit_tokens") or 0,
     )
+    calls = [ToolCall(id=c["id"], name=c["function"]["name"],
+                      arguments=c["function"].get("arguments") or "{}")
+             for c in message.get("tool_calls") or []]
     return ModelReply(
         text=text,
+        tool_calls=calls,
         # vLLM/DeepSeek name it reasoning_content; newer vLLM and OpenRouter call it reasoning.
         reasoning=_text(message.get("reasoning_content")) or _text(message.get("reasoning")),
         usage=usage,
@@ -130,8 +171,11 @@ def _parse_chat(raw: dict) -> ModelReply:
 def _parse_responses(raw: dict) -> ModelReply:
     if raw.get("status") == "failed":
         raise ProviderRetryable(f"openai: the response failed: {raw.get('error')}", raw=raw)
-    texts, thoughts, refusal = [], [], None
+    texts, thoughts, refusal, calls = [], [], None, []
     for item in raw["output"]:
+        if item["type"] == "function_call":
+            calls.append(ToolCall(id=item["call_id"], name=item["name"],
+                                  arguments=item.get("arguments") or "{}"))
         if item["type"] == "message":
             for part in item.get("content") or []:
                 if part["type"] == "output_text":
@@ -148,6 +192,8 @@ def _parse_responses(raw: dict) -> ModelReply:
         finish = {"max_output_tokens": "length"}.get(reason, reason)
     if refusal:
         finish = "refusal"
+    elif calls and finish == "stop":
+        finish = "tool_calls"  # the Responses API says `completed` whether or not it called tools
     u = raw.get("usage") or {}
     usage = Usage(
         input_tokens=u.get("input_tokens") or 0,
@@ -157,6 +203,7 @@ def _parse_responses(raw: dict) -> ModelReply:
     )
     return ModelReply(
         text="".join(texts) or refusal or "",
+        tool_calls=calls,
         reasoning="\n\n".join(thoughts) or None,
         usage=usage,
         cost_usd=None,

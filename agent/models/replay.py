@@ -23,29 +23,36 @@ import threading
 from pathlib import Path
 
 from agent.errors import ScriptExhausted
-from agent.models.base import Address, Message, ModelConfig, ModelReply
+from agent.models.base import Address, Message, ModelConfig, ModelReply, ToolSpec
 
 
-def _digest(parts: list[tuple[str, str]]) -> str:
+def _digest(parts: list[tuple]) -> str:
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
+def _part(m: Message) -> tuple:
+    """A message as hashed: role and text, and the tool calls or call id where it has them."""
+    if not m.tool_calls and m.tool_call_id is None:
+        return (m.role, m.content)
+    return (m.role, m.content, [c.model_dump() for c in m.tool_calls], m.tool_call_id)
+
+
 def exact_key(messages: list[Message]) -> str:
-    return _digest([(m.role, m.content) for m in messages])
+    return _digest([_part(m) for m in messages])
 
 
 def replies_key(at: Address, messages: list[Message]) -> str:
     """Where a query is asked and what the model said before it: none of kloop's own text."""
     return _digest([("at", at.model_dump_json())] +
-                   [(m.role, m.content) for m in messages if m.role == "assistant"])
+                   [_part(m) for m in messages if m.role == "assistant"])
 
 
 def loose_key(messages: list[Message]) -> str:
-    """The prompt without the feedback: opening messages and the model's own replies."""
+    """The prompt without the feedback (user turns after the task, tool results): opening
+    messages and the model's own replies."""
     first_user = next((i for i, m in enumerate(messages) if m.role == "user"), len(messages))
-    kept = [
-        (m.role, m.content) for i, m in enumerate(messages) if i <= first_user or m.role != "user"
-    ]
+    kept = [_part(m) for i, m in enumerate(messages)
+            if i <= first_user or m.role not in ("user", "tool")]
     return _digest(kept)
 
 
@@ -113,7 +120,8 @@ class ReplayModel:
                 return i
         return None
 
-    def query_at(self, messages: list[Message], at: Address) -> ModelReply:
+    def query_at(self, messages: list[Message], at: Address,
+                 tools: list[ToolSpec] | None = None) -> ModelReply:
         """A turn's query as `query`; a summary call falls back to the reply recorded at `at`."""
         if at.call == "summary":
             with self._lock:
@@ -134,7 +142,7 @@ class ReplayModel:
                 return self._replies[i]
         return self.query(messages)  # says why nothing matched
 
-    def query(self, messages: list[Message]) -> ModelReply:
+    def query(self, messages: list[Message], tools: list[ToolSpec] | None = None) -> ModelReply:
         with self._lock:
             i = self._take(self._exact, exact_key(messages))
             if i is None:

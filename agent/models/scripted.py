@@ -2,7 +2,7 @@
 
 A file is a YAML or JSON list (or a mapping with a `replies` list). Each entry is a string (the
 reply text) or a mapping with `text` and optionally `reasoning`, `usage`, `finish_reason`,
-`cost_usd`, `model`, `latency_s`, `raw`, `at`. A scripted reply costs 0 unless its entry says
+`cost_usd`, `model`, `latency_s`, `raw`, `tool_calls` (each `{id, name, arguments}`), `at`. A scripted reply costs 0 unless its entry says
 otherwise, so recorded replies can carry their recorded cost into a budget.
 
 Replies are either ordered (returned one per query, in order) or addressed: every entry has
@@ -25,7 +25,7 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError
 
 from agent.errors import ScriptExhausted
-from agent.models.base import Address, Message, ModelConfig, ModelReply, Usage
+from agent.models.base import Address, Message, ModelConfig, ModelReply, ToolSpec, Usage
 from agent.tokens import COUNTER, count_tokens
 
 
@@ -104,8 +104,10 @@ class ScriptedModel:
         with self._lock:
             self._next = max(self._next, min(position, len(self._replies)))
 
-    def query_at(self, messages: list[Message], at: Address) -> ModelReply:
-        """The reply addressed to `at` (an ordered script: the next one)."""
+    def query_at(self, messages: list[Message], at: Address,
+                 tools: list[ToolSpec] | None = None) -> ModelReply:
+        """The reply addressed to `at` (an ordered script: the next one). `tools` change
+        nothing: a scripted reply says which tools it calls (`tool_calls`)."""
         if self._at is None:
             return self.query(messages)
         index = self._at.get(at)
@@ -116,7 +118,7 @@ class ScriptedModel:
             self.seen.append(list(messages))
         return self._reply(index, messages)
 
-    def query(self, messages: list[Message]) -> ModelReply:
+    def query(self, messages: list[Message], tools: list[ToolSpec] | None = None) -> ModelReply:
         if self._at is not None:
             raise ScriptExhausted(f"{self.name}: its replies are addressed, and this query has "
                                   "no address")

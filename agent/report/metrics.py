@@ -37,7 +37,7 @@ from evaluator.result import BaselineName, EvalResult
 
 P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 _STATUS_ORDER = ("correct", "incorrect", "not_run", "rejected", "timeout", "runtime_error",
-                 "compile_error", "unevaluated", "format_error", "missing")
+                 "compile_error", "unevaluated", "info", "format_error", "missing")
 """How far a problem's furthest kernel got, best first (its status in the per-problem table)."""
 
 
@@ -46,10 +46,11 @@ class _Record(BaseModel):
 
 
 def turn_status(t: TurnRecord) -> str:
-    """The verdict of a turn; `unevaluated` for a kernel no evaluator has judged (an import)."""
+    """The verdict of a turn; `unevaluated` for a kernel no evaluator has judged (an import);
+    `info` for an agent's step that judged no kernel (it read the problem or a profile)."""
     if t.eval is not None:
         return t.eval.status
-    return "unevaluated" if t.code is not None else "format_error"
+    return "unevaluated" if t.code is not None else t.status
 
 
 class ProblemRow(_Record):

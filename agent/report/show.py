@@ -103,6 +103,8 @@ def render_turn(t: TurnRecord, full: bool = False, prompt: bool = True) -> list[
     if t.code is not None and "```" in reply_text:
         reply_text = reply_text.split("```")[0].rstrip() + "\n[kernel below]"
     out.append(Panel(Text(_clip(reply_text, full) or "(no reply text recorded)"), title=title, title_align="left"))
+    if t.tool is not None:
+        out.append(Text(tool_line(t), style="bold"))
     if t.fault is not None:
         out.append(Text(f"model fault: {t.fault.type}: {t.fault.message}", style="yellow"))
     if t.code is not None:
@@ -113,11 +115,24 @@ def render_turn(t: TurnRecord, full: bool = False, prompt: bool = True) -> list[
     else:
         out.append(Text(f"verdict: {turn_status(t)}", style="bold"))
     if t.feedback:
-        out.append(Panel(Text(_clip(t.feedback, full)), title="feedback (the next turn's prompt)", title_align="left"))
+        what = "tool result (the next step's input)" if t.reply.tool_calls else "feedback (the next turn's prompt)"
+        out.append(Panel(Text(_clip(t.feedback, full)), title=what, title_align="left"))
     s = t.spend
     out.append(Text(f"spend: {s.calls} call(s), {s.total_tokens} tokens, ${s.cost_usd:.4f}, "
                     f"eval {s.eval_s:.1f} s, turn {s.wall_s:.1f} s", style="dim"))
     return out
+
+
+def tool_line(t: TurnRecord) -> str:
+    """The tool call a step ran, its code argument shown as the kernel panel (or its size)."""
+    assert t.tool is not None
+    called = f"tool call: {t.tool.name}(" + ("code" if t.tool.name != "problem" else "") + ")"
+    others = len(t.reply.tool_calls) - 1
+    if t.tool.id == "":
+        called += " (no call: the reply's code block, submitted)"
+    elif t.code is None and t.tool.name != "problem" and t.fault is None:
+        called += " (a module judged at an earlier step: its verdict is reused)"
+    return called + (f"; {others} more call(s) not run" if others > 0 else "")
 
 
 def _matches(t: TurnRecord, problem: str) -> bool:

@@ -152,11 +152,17 @@ def chat_completion(
     reasoning_tokens: int = 0,
     cached_tokens: int = 0,
     model: str = "fake-model",
+    tool_calls: list[tuple[str, str, dict]] | None = None,
 ) -> dict:
-    """An OpenAI chat.completion body."""
+    """An OpenAI chat.completion body; `tool_calls` as (id, name, arguments) make it call tools."""
     message: dict = {"role": "assistant", "content": text, "refusal": refusal}
     if reasoning_content is not None:
         message["reasoning_content"] = reasoning_content
+    if tool_calls:
+        message["tool_calls"] = [
+            {"id": i, "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+            for i, n, a in tool_calls]
+        finish_reason = "tool_calls"
     return {
         "id": "chatcmpl-1",
         "object": "chat.completion",
@@ -184,8 +190,10 @@ def responses_body(
     reasoning_tokens: int = 0,
     cached_tokens: int = 0,
     model: str = "fake-model",
+    tool_calls: list[tuple[str, str, dict]] | None = None,
 ) -> dict:
-    """An OpenAI Responses API body: an optional reasoning item, then the message."""
+    """An OpenAI Responses API body: an optional reasoning item, then the message, then a
+    `function_call` item for each of `tool_calls` (id, name, arguments)."""
     output: list[dict] = []
     if summary is not None:
         output.append(
@@ -204,6 +212,8 @@ def responses_body(
             "content": [{"type": "output_text", "text": text, "annotations": []}],
         }
     )
+    output += [{"id": f"fc_{i}", "type": "function_call", "call_id": i, "name": n,
+                "arguments": json.dumps(a), "status": "completed"} for i, n, a in tool_calls or []]
     return {
         "id": "resp_1",
         "object": "response",
@@ -235,12 +245,17 @@ def anthropic_message(
     cache_read_tokens: int = 0,
     thinking_tokens: int | None = None,
     model: str = "fake-claude",
+    tool_calls: list[tuple[str, str, dict]] | None = None,
 ) -> dict:
-    """An Anthropic message body: an optional thinking block, then the text block."""
+    """An Anthropic message body: an optional thinking block, then the text block, then a
+    `tool_use` block for each of `tool_calls` (id, name, input)."""
     content: list[dict] = []
     if thinking is not None:
         content.append({"type": "thinking", "thinking": thinking, "signature": "sig"})
     content.append({"type": "text", "text": text})
+    content += [{"type": "tool_use", "id": i, "name": n, "input": a} for i, n, a in tool_calls or []]
+    if tool_calls:
+        stop_reason = "tool_use"
     usage: dict = {
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,

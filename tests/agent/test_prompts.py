@@ -156,6 +156,9 @@ def test_every_packaged_template_is_covered():
     covered = {"system.j2", "task.j2", "feedback_format_error.j2"} | {f"feedback_{s}.j2" for s in MARKERS}
     # The condensing context policies' templates render in tests/agent/test_context.py.
     covered |= {"context_digest.j2", "context_summary.j2", "summarize.j2"}
+    # The tool-using agent's, in tests/agent/test_agentic.py.
+    covered |= {"agent_system.j2", "tool_problem.j2", "tool_profile.j2", "tool_submitted.j2",
+                "tool_error.j2"}
     assert names == covered
 
 

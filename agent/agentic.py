@@ -1,0 +1,141 @@
+"""A tool-using agent (`strategy.kind: agent`): the model calls tools until it submits.
+
+A step is one model call, offered `TOOLS` through the API's native tool calling, and the one
+tool call it makes (the first, if it makes several): evaluate(code), profile(code), problem(),
+submit(code). A reply without a tool call submits the module in its ```python block, or is a
+model fault (feedback, and a step). Each step is a TurnRecord (the call in `tool`, the kernel and
+its verdict, the tool's result as `feedback`), recorded, charged and shown as a turn of the turn
+loop is. The reply is written to calls.jsonl before its tool runs, so a run killed meanwhile
+resumes with that reply instead of asking again. The episode's kernel is the best one it
+evaluated (agent.tally), submitted or not. The tools themselves are in agent/tools.py.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+from agent.budget import Meter, Spend
+from agent.episode import EpisodeEnv, EpisodeSpec, EpisodeState, sha256_text
+from agent.episode import opening as turn_opening
+from agent.errors import InfraFault
+from agent.loop import check_stop
+from agent.models.base import Address, Message, ModelReply
+from agent.records import CallRecord, EpisodeRecord, StopReason, TurnRecord, utcnow
+from agent.tools import NOT_RUN, TOOLS, Facts, run_tool
+from evaluator.result import ErrorInfo
+
+__all__ = ["NOT_RUN", "TOOLS", "Facts", "run_agent_episode"]
+
+
+class CallSink(Protocol):
+    """Where the agent's model calls go before their tool runs (the run store)."""
+
+    def append_call(self, record: CallRecord) -> None: ...
+
+    def calls(self) -> list[CallRecord]: ...
+
+
+def opening(spec: EpisodeSpec, env: EpisodeEnv) -> list[Message]:
+    """The turn loop's task message, after a system prompt that explains the tools."""
+    variables = {"problem": spec.problem, "backend": env.agent.backend, "gpu": env.agent.gpu,
+                 "max_turns": spec.max_turns, "comparison": env.comparison}
+    return [Message(role="system", content=env.prompts.render("agent_system", **variables)),
+            turn_opening(spec, env)[1]]
+
+
+def conversation(first: list[Message], steps: list[TurnRecord]) -> list[Message]:
+    """What the model is sent: the opening, then each step's reply and the results of its calls."""
+    out = list(first)
+    for t in steps:
+        out.append(Message(role="assistant", content=t.reply.text, tool_calls=t.reply.tool_calls))
+        for c in t.reply.tool_calls:
+            ran = t.tool is not None and c.id == t.tool.id
+            out.append(Message(role="tool", tool_call_id=c.id, content=t.feedback if ran else NOT_RUN))
+        if not t.reply.tool_calls:
+            out.append(Message(role="user", content=t.feedback))
+    return out
+
+
+def ask(env: EpisodeEnv, messages: list[Message], at: Address) -> ModelReply:
+    query_at = getattr(env.model, "query_at", None)
+    if query_at is not None:
+        return query_at(messages, at, tools=TOOLS)
+    return env.model.query(messages, tools=TOOLS)
+
+
+def _submitted(rec: TurnRecord) -> bool:
+    return rec.fault is None and rec.tool is not None and rec.tool.name == "submit"
+
+
+def _infra(what: str, e: InfraFault) -> tuple[tuple[StopReason, str], ErrorInfo]:
+    return ("infra_error", f"{what} failed: {e}"), ErrorInfo(type=type(e).__name__, message=str(e))
+
+
+def run_agent_episode(spec: EpisodeSpec, env: EpisodeEnv, done: list[TurnRecord] | None = None,
+                      *, facts: Facts) -> EpisodeRecord:
+    """Run (or, given the steps already `done`, continue) one agent episode to its stop reason."""
+    state = EpisodeState(spec, done)
+    meter = Meter(env.limits, "episode", parent=env.run_meter, spent=state.spend)
+    sink: CallSink = env.sink  # type: ignore[assignment]
+    pending = {c.turn: c for c in sink.calls() if c.episode_key == spec.key}
+    first = opening(spec, env)
+    started_at = done[0].started_at if done else utcnow()
+    error: ErrorInfo | None = None
+    unrecorded = Spend()
+    while True:
+        turn = len(state.own) + 1
+        if state.own and _submitted(state.own[-1]):
+            stop = ("submitted", f"submitted at step {state.own[-1].turn}")
+            break
+        # A call recorded before a kill was made and paid: it is used whatever the limits say now.
+        if turn not in pending and (stop := check_stop(spec, env, state, meter)) is not None:
+            break
+        turn_start, clock = utcnow(), time.monotonic()
+        messages = conversation(first, state.own)
+        if turn in pending:
+            reply = pending[turn].reply
+        else:
+            try:
+                reply = ask(env, messages, Address(problem=spec.problem.id, episode=spec.episode,
+                                                   turn=turn))
+            except InfraFault as e:
+                stop, error = _infra("model call", e)
+                break
+            sink.append_call(CallRecord(
+                run_id=env.run_id, episode_key=spec.key, problem_id=spec.problem.id,
+                episode=spec.episode, turn=turn, reply=reply, started_at=turn_start))
+        meter.charge(Spend.of_reply(reply))
+        try:
+            out = run_tool(reply, spec, env, state, facts)
+        except InfraFault as e:
+            # Paid, and in calls.jsonl: a resumed run uses the reply and records the step then.
+            unrecorded = Spend.of_reply(reply)
+            stop, error = _infra("evaluation", e)
+            break
+        meter.charge(Spend(eval_s=out.eval_s))
+        code = out.code
+        rec = TurnRecord(
+            run_id=env.run_id, episode_key=spec.key, episode=spec.episode,
+            problem_id=spec.problem.id, problem_stem=spec.problem.stem, turn=turn,
+            parent=state.parent, messages=messages, reply=reply, fault=out.fault, code=code,
+            code_sha256=sha256_text(code) if code is not None else None,
+            kernel_path=env.sink.kernel_relpath(spec.problem.stem, spec.episode, turn) if code else None,
+            eval=out.result, feedback=out.text, tool=out.call,
+            spend=Spend.of_reply(reply).model_copy(
+                update={"eval_s": out.eval_s, "wall_s": time.monotonic() - clock}),
+            started_at=turn_start, finished_at=utcnow())
+        env.sink.append_turn(rec)
+        state.add(rec)
+        if env.on_turn is not None:
+            env.on_turn(rec)
+    reason, detail = stop
+    return EpisodeRecord(
+        run_id=env.run_id, episode_key=spec.key, episode=spec.episode,
+        problem_id=spec.problem.id, problem_stem=spec.problem.stem,
+        problem_sha256=spec.problem.sha256, sample=spec.sample, round=spec.round,
+        parent=spec.parent, turns=len(state.own), statuses=[r.status for r in state.own],
+        stop_reason=reason, stop_detail=detail, best=state.best,
+        spend=state.spend + unrecorded, unrecorded_spend=unrecorded, error=error,
+        started_at=started_at, finished_at=utcnow(),
+    )
