@@ -26,6 +26,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from evaluator import isolation
+from evaluator.harness import cores
 from evaluator.forkserver import Confinement
 from evaluator.harness.clock import CallChannel
 from evaluator.isolation import SandboxPlan
@@ -169,6 +170,9 @@ class Child:
         self._pending: list[ChildMessage | None] = []
         self.ready_at: float | None = None
         """When the child said it was ready (time.monotonic), if it did."""
+        self.cores: frozenset[int] | None = None
+        """Where it runs from its start (`harness.cores`: the rest, for children outside the
+        device lock); None: where the harness runs."""
 
     def __enter__(self) -> Child:
         read_fd, write_fd = os.pipe()
@@ -196,6 +200,7 @@ class Child:
                     start_new_session=True, **identity,
                 )
                 isolation.register(self.proc.pid)
+                cores.place(self.proc.pid, self.cores)
         finally:
             os.close(write_fd)
             if self.calls is not None:

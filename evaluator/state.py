@@ -29,6 +29,7 @@ from evaluator.build import triton_runtime
 from evaluator.config import EvalConfig, Policy
 from evaluator.devicelock import device_lock
 from evaluator.forkserver import Confinement, gpu_nodes
+from evaluator.harness import cores
 from evaluator.isolation import SandboxPlan
 from evaluator.outcome import Decided, Finding, Flagged, fold
 from evaluator.protocol import Control, ProblemSpec, TimingSpec
@@ -298,6 +299,8 @@ class EvalRun:
                     # Unwound first (the child is gone, the lock still held): the time this
                     # child kept the device, start-up and exit included, beside its stages.
                     held.callback(lambda: self._add(f"{mode}_held", time.monotonic() - got))
+                    quiet = cores.plan()  # the lock holder's processes on the serving cores
+                    cores.place(child.proc.pid, quiet.serving if quiet else None)
                     if child.ahead and (why := child.grant()) is not None:
                         child.retry = f"the device could not be given to it: {why}"
                         child.kill("retry")
@@ -411,6 +414,9 @@ class EvalRun:
                       serves=serves, template=c.template_process, confine=confine, disk=disk,
                       on_uncontained=lambda: self.record(Flagged(flag="isolation_uncontained")),
                       ahead=ahead)
+        quiet = cores.plan()
+        if quiet is not None and (outside or ahead):  # off the timed cores until the lock
+            child.cores = quiet.rest
         if plan is not None:
             isolation.give_to(plan, workdir)
             if plan.same_uid:

@@ -100,6 +100,7 @@ def rows(config: EvalConfig, problem_path: Path) -> list[CheckRow]:
                         detail=str(config.build_slots or default_slots())))
     out.append(CheckRow(name="device lock", ok=config.device_lock == "host", trust=False,
                         detail=config.device_lock))
+    out.append(_quiet_row())
     out.append(_ahead_row(config))
     out.append(_lean_row(config, on_gpu))
     return out
@@ -154,6 +155,20 @@ def _ahead_row(config: EvalConfig) -> CheckRow:
             "not root" if not isolation.can_change_uid() else
             f"the harness lacks {', '.join(missing)}" if missing else
             "no template process" if not config.template_process else "a user namespace"))
+
+
+def _quiet_row() -> CheckRow:
+    """Where timed work runs (`evaluator.harness.cores`): cores of its own, or anywhere."""
+    from evaluator.harness import cores
+
+    q = cores.plan()
+    if q is None:
+        return CheckRow(name="quiet cores", ok=None, trust=False,
+                        detail=f"none: fewer than {cores.MIN_CORES} cores, timed work shares them")
+    return CheckRow(name="quiet cores", ok=True, trust=False,
+                    detail=f"timing thread on {q.timer}, served processes on "
+                    f"{sorted(q.serving)}, builds and children before the lock on the "
+                    f"other {len(q.rest)}")
 
 
 def _page_lock_row() -> CheckRow:

@@ -43,6 +43,7 @@ from evaluator.worker.serve import (
     OP_CALL,
     OP_NULL,
     OP_PREP,
+    OP_REST,
     OP_STOP,
     REPLY,
     REQUEST,
@@ -204,6 +205,11 @@ class CallChannel:
 
     def prep(self, deadline: float) -> None:
         self._send(OP_PREP, 0)
+        self._wait(deadline)
+
+    def rest(self, deadline: float) -> None:
+        """Off the clock: the worker waits for its next request asleep (`serve.OP_REST`)."""
+        self._send(OP_REST, 0)
         self._wait(deadline)
 
     def call(self, seed: int, deadline: float, null: bool = False, role: int = 0) -> CallResult:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from evaluator.harness import gpustate
+from evaluator.harness import cores, gpustate
 from evaluator.harness.clock import CallChannel, CallResult, ChannelBroken
 from evaluator.harness.cputhreads import one_cpu_thread
 from evaluator.harness.flusher import flusher
@@ -83,7 +83,7 @@ def run_paired(sides: list[Side], seeds: list[int], *, warmup_calls: int, warmup
     `seeds[i]` (False stops everything). A baseline whose call fails is dropped, the rest go
     on; a broken candidate channel raises `ChannelBroken`, a broken reference channel drops
     every baseline."""
-    with one_cpu_thread():
+    with one_cpu_thread(), cores.timing_thread():
         return _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_s,
                     on_output, rounds)
 
@@ -147,6 +147,8 @@ def _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_
                     out.rounds.setdefault(side.name, []).append(r)
                     if side.name == "candidate" and (not on_output(i, res) or res.status != OK):
                         return out
+                if side in live and side.channel.layout is not None:
+                    side.channel.rest(deadline)  # the next side may be the other process
     finally:
         if was_on:
             gc.enable()

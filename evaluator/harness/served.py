@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from evaluator.harness import gpustate
+from evaluator.harness import cores, gpustate
 from evaluator.harness.clock import CallChannel, CallResult, ChannelBroken
 from evaluator.harness.cputhreads import one_cpu_thread
 from evaluator.harness.flusher import flusher
@@ -79,7 +79,7 @@ OnOutput = Callable[[int, CallResult], bool]
 def run_plan(ch: CallChannel, plan: CallPlan, budget_s: float, on_output: OnOutput) -> Served:
     """Run the plan; raises `ChannelBroken` (timeout, protocol, closed). `on_output` runs on one
     CPU thread, whoever calls (`evaluator.harness.cputhreads`)."""
-    with one_cpu_thread():
+    with one_cpu_thread(), cores.timing_thread():
         return _run_plan(ch, plan, budget_s, on_output)
 
 

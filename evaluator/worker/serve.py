@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
-OP_PREP, OP_CALL, OP_NULL, OP_STOP = 1, 2, 3, 4
+OP_PREP, OP_CALL, OP_NULL, OP_STOP, OP_REST = 1, 2, 3, 4, 5
 REQUEST = struct.Struct("<BB6xQ")
 """op, role, seed."""
 REPLY = struct.Struct("<B7xd")
@@ -173,10 +173,19 @@ class Server:
             gc.enable()
 
     def _loop(self, models, draw, on_problem) -> None:
+        spin = self.spin_s
         while True:
-            op, role, seed = REQUEST.unpack(read_exact(self.req_fd, REQUEST.size, self.spin_s))
+            op, role, seed = REQUEST.unpack(read_exact(self.req_fd, REQUEST.size, spin))
+            spin = self.spin_s
             if op == OP_STOP:
                 return
+            if op == OP_REST:
+                # The harness turns to the other process of a paired round: wait for the next
+                # request asleep, not spinning on a core the other process may want (the
+                # `prep` that wakes it is off the clock).
+                spin = 0.0
+                self.reply(OK)
+                continue
             if op == OP_PREP:
                 gc.collect(1)  # off the clock: the young cycles of the last call
                 if self.flush is not None:
