@@ -48,6 +48,7 @@ from evaluator.result import (
     Violation,
 )
 from evaluator.sandbox import Child, ChildOutcome, DiskLimit, child_env, visible_device
+from evaluator.worker.hostview import private_roots
 from problems.registry import Problem
 
 log = logging.getLogger(__name__)
@@ -385,7 +386,9 @@ class EvalRun:
             hide=hide, keep=str(self.root) if contain else None, own_pids=contain,
             mask=[str(p) for p in mask], userns=userns,
             readonly=contain and (userns or (plan is not None and plan.same_uid)),
-            writable=[str(p) for p in writable])
+            writable=[str(p) for p in writable],
+            private=private_roots(str(Path.home())) if contain else [],
+            needed=[str(self.problem.path)] if contain else [])
         child = Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes, plan,
                       serves=serves, template=c.template_process, confine=confine, disk=disk,
                       on_uncontained=lambda: self.record(Flagged(flag="isolation_uncontained")),
