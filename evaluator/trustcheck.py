@@ -57,7 +57,7 @@ def rows(config: EvalConfig, problem_path: Path) -> list[CheckRow]:
     else:
         out.append(CheckRow(name="devices", ok=True, trust=False, detail=", ".join(devices)))
     on_gpu = any(d != "cpu" for d in devices)
-    plan = isolation.plan_sandbox(config.sandbox_uid, on_gpu, problem_path, config.cache_dir)
+    plan = isolation.plan_sandbox(config.sandbox_uid, on_gpu, problem_path)
     out.append(CheckRow(
         name="sandbox uid", ok=not plan.same_uid, trust=True,
         detail=(f"uids {config.sandbox_uid}.. (one per evaluation in flight)" if not plan.same_uid

@@ -122,7 +122,7 @@ def _mode_available(mode: str) -> str | None:
     from evaluator import isolation
 
     if mode == "pool":
-        plan = isolation.plan_sandbox(2_000_000_000, False, REPO / "problems", REPO)
+        plan = isolation.plan_sandbox(2_000_000_000, False, REPO / "problems")
         return None if not plan.same_uid else f"no pool uid here ({plan.reason})"
     if mode == "non_root":
         probe = subprocess.run(

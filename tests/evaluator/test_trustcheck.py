@@ -25,8 +25,7 @@ def test_check_reports_what_the_evaluator_would_apply_here(tmp_path, monkeypatch
     root = isolation.can_change_uid()
     assert found["harness identity"]["ok"] is root
     assert found["containment"]["ok"] is isolation.work_parent(None)[1]
-    plan = isolation.plan_sandbox(2_000_000_000, False, get_problem("L3/1").path,
-                                  tmp_path / ".cache" / "kloop")
+    plan = isolation.plan_sandbox(2_000_000_000, False, get_problem("L3/1").path)
     assert found["sandbox uid"]["ok"] is (not plan.same_uid)
     assert found["devices"]["detail"] == "cpu" and found["NVML"]["ok"] is None
     assert found["build ahead"]["ok"] is isolation.can_grant()
