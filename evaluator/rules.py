@@ -49,7 +49,12 @@ _TABLE = (
     _static("frame_introspection",
             "Reading frames, globals or the object graph lets a candidate find the harness's "
             "reference outputs or verdict channel (catalog C10, C11); nothing at run time shows "
-            "that a read happened, so it stays a rejection."),
+            "that a read happened, so it stays a rejection. `gc.collect()` (and the other gc "
+            "names that read no object) and the candidate's own namespace used as a registry "
+            "(`globals()[name]`, `name in globals()`, its dict methods; no literal dunder key) "
+            "pass. Evidence only: names reached by computed strings (getattr, a computed key to "
+            "`__builtins__` and its eval, C10c) escape it; what decides is isolation, the "
+            "expected output never existing in the candidate's process."),
     _static("timing_or_comparison_tampering",
             "Reassigning or wrapping torch/time/triton functions (Event, synchronize, "
             "perf_counter, allclose, testing…) can fake timings or comparisons (catalog T3). "
@@ -91,8 +96,11 @@ _TABLE = (
             "TF32, cudnn.benchmark or matmul-precision changes give the candidate's library "
             "calls settings the baselines did not get (catalog B6, C8). The runtime probe "
             "compares flags before and after a call, so a change scoped to the call is visible "
-            "only here: rejected, except `torch.backends.cudnn.flags(...)` with literal "
-            "arguments equal to strict's own settings (allow_tf32=False, no benchmark). Open: a "
+            "only here: rejected, except strict's own settings given as literals: "
+            "`torch.backends.cudnn.flags(...)` with allow_tf32=False and no benchmark, "
+            "`allow_tf32 = False` (matmul, cuDNN) and `set_float32_matmul_precision(\"highest\")`"
+            "; a setter kept under a local name escapes this rule and is left to "
+            "`backend_flags_changed` when the change persists (B6d). Open: a "
             "flag flipped and restored inside the call through a name the AST cannot resolve "
             "escapes both this rule and the probe, scope or not."),
     _static("torch_compile_or_cuda_graph",

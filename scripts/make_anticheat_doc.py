@@ -70,7 +70,9 @@ def render() -> str:
     for policy in POLICY_NAMES:
         rejecting = [n for n, r in RULES.items() if r.severity(policy) == "reject"]
         out += ["", f"`{policy}` rejects: " + ", ".join(f"`{n}`" for n in rejecting) + "."]
-    out += ["", f"## Honest candidates ({len(HONEST)}; all must be `correct` under strict)", ""]
+    both = [c.id for c in HONEST if c.kernelbench is not None]
+    out += ["", f"## Honest candidates ({len(HONEST)}; all must be `correct` under strict, "
+            f"{', '.join(both)} under kernelbench too)", ""]
     out += [f"- {c.id}: {_cell(c.why)}" for c in HONEST]
     return "\n".join(out) + "\n"
 
