@@ -19,6 +19,10 @@ from typing import Literal
 
 Severity = Literal["reject", "flag"]
 RuleKind = Literal["static", "runtime"]
+DecidedIn = Literal["source", "candidate", "harness"]
+"""Where a rule's evidence comes from: the candidate's source (names reached by computed strings
+escape it), the candidate's own process (probes a native-code candidate can blind), or the
+harness (its own comparisons and clock, which nothing in the candidate's process moves)."""
 POLICY_NAMES = ("strict", "kernelbench")
 
 
@@ -29,6 +33,12 @@ class Rule:
     rationale: str
     strict: Severity = "reject"
     kernelbench: Severity = "flag"
+    decided_in: DecidedIn = "candidate"
+
+    @property
+    def evidence_only(self) -> bool:
+        """Decided from what the candidate wrote or reported, not by the harness itself."""
+        return self.decided_in != "harness"
 
     def severity(self, policy: str) -> Severity:
         """Severity under `policy`; a policy not in the table is judged like `strict`."""
@@ -36,12 +46,12 @@ class Rule:
 
 
 def _static(name: str, rationale: str, strict: Severity = "reject") -> Rule:
-    return Rule(name, "static", rationale, strict)
+    return Rule(name, "static", rationale, strict, decided_in="source")
 
 
 def _runtime(name: str, rationale: str, strict: Severity = "reject",
-             kernelbench: Severity = "flag") -> Rule:
-    return Rule(name, "runtime", rationale, strict, kernelbench)
+             kernelbench: Severity = "flag", decided_in: DecidedIn = "candidate") -> Rule:
+    return Rule(name, "runtime", rationale, strict, kernelbench, decided_in)
 
 
 _TABLE = (
@@ -131,21 +141,21 @@ _TABLE = (
              "the baselines did not get (catalog B6, C8)."),
     _runtime("nondeterministic",
              "Two calls on the same inputs must agree: reads of uninitialised or stale memory "
-             "pass once and fail later (catalog C9); bitwise differences only are flagged."),
+             "pass once and fail later (catalog C9); bitwise differences only are flagged.", decided_in="harness"),
     _runtime("precision_below_fp32",
              "An fp32 problem computed in lower precision (fp16, bf16, TF32) can pass a 1e-4 "
              "tolerance on well-scaled outputs while its error against a float64 run is far "
-             "above the fp32 reference's own (catalog C8; factor in Policy.precision_factor)."),
+             "above the fp32 reference's own (catalog C8; factor in Policy.precision_factor).", decided_in="harness"),
     _runtime("l2_persistence",
              "A persisting-L2 carve-out keeps the candidate's data in the L2 across the flush "
              "between timed calls (catalog T5); kloop resets it before timing."),
     _runtime("protocol_violation",
              "The candidate process wrote messages of its own onto the harness's result "
              "channel (a forged timing, a trial twice): nothing it reports can be trusted "
-             "(catalog C11).", kernelbench="reject"),
+             "(catalog C11).", kernelbench="reject", decided_in="harness"),
     _runtime("implausible_speedup",
              "Speedups above the policy's bound over eager are usually measurement or "
-             "correctness holes; flagged for review.", strict="flag"),
+             "correctness holes; flagged for review.", strict="flag", decided_in="harness"),
 )
 
 RULES: dict[str, Rule] = {r.name: r for r in _TABLE}
