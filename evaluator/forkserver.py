@@ -43,6 +43,8 @@ class Confinement:
     userns: bool = False
     readonly: bool = False
     writable: list[str] = field(default_factory=list)
+    private: list[str] = field(default_factory=list)
+    needed: list[str] = field(default_factory=list)
 
 _START_TIMEOUT_S = 120.0
 _REPLY_TIMEOUT_S = 30.0

@@ -21,7 +21,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import hashlib
 import logging
 import os
 import resource
@@ -124,10 +123,6 @@ class SandboxPlan:
     uid: int | None
     gid: int | None
     drop_caps: bool
-    cache_dir: Path | None
-    """Writable cache root for the sandbox uid (`KLOOP_CACHE_DIR` of candidate children; never
-    read by the harness or by another evaluation's children as trusted); None: the configured
-    cache dir."""
     reason: str
 
     @property
@@ -196,32 +191,12 @@ def _first_blocked(paths: Iterable[tuple[Path, int]], uid: int, gid: int) -> str
     return None
 
 
-def sandbox_cache_dir(cache_dir: Path, uid: int, gid: int) -> Path | None:
-    """A writable cache root owned by `uid` under the system temp dir (the configured cache dir
-    usually sits in root's home, which `uid` cannot traverse); one per configured cache dir."""
-    tag = hashlib.sha256(str(cache_dir.resolve()).encode()).hexdigest()[:12]
-    top = Path(tempfile.gettempdir()) / f"kloop-sandbox-{uid}"
-    path = top / tag
-    for d in (top, path):
-        try:
-            d.mkdir(mode=0o700, exist_ok=True)
-            st = os.lstat(d)
-            if not stat.S_ISDIR(st.st_mode):
-                return None
-            os.chown(d, uid, gid, follow_symlinks=False)
-        except OSError as e:
-            log.info("sandbox cache dir %s unusable: %s", d, e)
-            return None
-    return path
-
-
-def plan_sandbox(sandbox_uid: int | None, on_gpu: bool, problem_path: Path,
-                 cache_dir: Path) -> SandboxPlan:
+def plan_sandbox(sandbox_uid: int | None, on_gpu: bool, problem_path: Path) -> SandboxPlan:
     """Decide how candidate children run (see module doc): a few stat calls per evaluation."""
     if _libc() is None:
-        return SandboxPlan(None, None, False, None, "not Linux")
+        return SandboxPlan(None, None, False, "not Linux")
     if os.geteuid() != 0:
-        return SandboxPlan(None, None, False, None, "harness is not root")
+        return SandboxPlan(None, None, False, "harness is not root")
     needed = _needed_paths(problem_path)
     reason = "sandbox uid disabled in the config"
     if sandbox_uid is not None:
@@ -229,16 +204,14 @@ def plan_sandbox(sandbox_uid: int | None, on_gpu: bool, problem_path: Path,
         blocked = _first_blocked(needed, sandbox_uid, gid)
         if blocked is None and on_gpu:
             blocked = _device_nodes_usable(sandbox_uid, gid)
-        cache = sandbox_cache_dir(cache_dir, sandbox_uid, gid) if blocked is None else None
-        if blocked is None and cache is not None:
-            return SandboxPlan(sandbox_uid, gid, False, cache, f"uid {sandbox_uid}")
-        reason = f"uid {sandbox_uid} cannot reach {blocked or 'a writable cache dir'}"
+        if blocked is None:
+            return SandboxPlan(sandbox_uid, gid, False, f"uid {sandbox_uid}")
+        reason = f"uid {sandbox_uid} cannot reach {blocked}"
     # Root without capabilities still owns root's files, but cannot read non-dumpable processes.
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    blocked_root = _first_blocked([*needed, (cache_dir, _R | _W | _X)], 0, 0)
+    blocked_root = _first_blocked(needed, 0, 0)
     log.info("candidate children run as root (%s)%s", reason,
              "" if blocked_root is None else f"; keeping capabilities: {blocked_root} needs them")
-    return SandboxPlan(None, None, blocked_root is None, None, reason)
+    return SandboxPlan(None, None, blocked_root is None, reason)
 
 
 def private_dir(cache_dir: Path) -> Path:

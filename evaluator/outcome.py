@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from evaluator.errortext import for_model
 from evaluator.result import (
     BaselineName,
     CompileLog,
@@ -132,7 +133,7 @@ def fold(run: EvalRun, f: Finding) -> None:
         if run.status is None:
             run.status, run.stage = f.status, f.stage
             if f.error is not None:
-                run.error = f.error
+                run.error = for_model(f.error, run.root)
     elif isinstance(f, Entered):
         if run.status is None:  # a decided verdict keeps the stage it was decided in
             run.stage = f.stage
@@ -152,7 +153,7 @@ def fold(run: EvalRun, f: Finding) -> None:
             if t.trial == f.trial:
                 run.trials[i] = t.model_copy(update={"message": f.message})
     elif isinstance(f, Failed):
-        run.error = f.error
+        run.error = for_model(f.error, run.root)
     elif isinstance(f, Measured):
         setattr(run, f.what, f.stats)
     elif isinstance(f, Built):

@@ -19,6 +19,10 @@ from typing import Literal
 
 Severity = Literal["reject", "flag"]
 RuleKind = Literal["static", "runtime"]
+DecidedIn = Literal["source", "candidate", "harness"]
+"""Where a rule's evidence comes from: the candidate's source (names reached by computed strings
+escape it), the candidate's own process (probes a native-code candidate can blind), or the
+harness (its own comparisons and clock, which nothing in the candidate's process moves)."""
 POLICY_NAMES = ("strict", "kernelbench")
 
 
@@ -29,6 +33,12 @@ class Rule:
     rationale: str
     strict: Severity = "reject"
     kernelbench: Severity = "flag"
+    decided_in: DecidedIn = "candidate"
+
+    @property
+    def evidence_only(self) -> bool:
+        """Decided from what the candidate wrote or reported, not by the harness itself."""
+        return self.decided_in != "harness"
 
     def severity(self, policy: str) -> Severity:
         """Severity under `policy`; a policy not in the table is judged like `strict`."""
@@ -36,12 +46,12 @@ class Rule:
 
 
 def _static(name: str, rationale: str, strict: Severity = "reject") -> Rule:
-    return Rule(name, "static", rationale, strict)
+    return Rule(name, "static", rationale, strict, decided_in="source")
 
 
 def _runtime(name: str, rationale: str, strict: Severity = "reject",
-             kernelbench: Severity = "flag") -> Rule:
-    return Rule(name, "runtime", rationale, strict, kernelbench)
+             kernelbench: Severity = "flag", decided_in: DecidedIn = "candidate") -> Rule:
+    return Rule(name, "runtime", rationale, strict, kernelbench, decided_in)
 
 
 _TABLE = (
@@ -49,7 +59,12 @@ _TABLE = (
     _static("frame_introspection",
             "Reading frames, globals or the object graph lets a candidate find the harness's "
             "reference outputs or verdict channel (catalog C10, C11); nothing at run time shows "
-            "that a read happened, so it stays a rejection."),
+            "that a read happened, so it stays a rejection. `gc.collect()` (and the other gc "
+            "names that read no object) and the candidate's own namespace used as a registry "
+            "(`globals()[name]`, `name in globals()`, its dict methods; no literal dunder key) "
+            "pass. Evidence only: names reached by computed strings (getattr, a computed key to "
+            "`__builtins__` and its eval, C10c) escape it; what decides is isolation, the "
+            "expected output never existing in the candidate's process."),
     _static("timing_or_comparison_tampering",
             "Reassigning or wrapping torch/time/triton functions (Event, synchronize, "
             "perf_counter, allclose, testing…) can fake timings or comparisons (catalog T3). "
@@ -91,8 +106,11 @@ _TABLE = (
             "TF32, cudnn.benchmark or matmul-precision changes give the candidate's library "
             "calls settings the baselines did not get (catalog B6, C8). The runtime probe "
             "compares flags before and after a call, so a change scoped to the call is visible "
-            "only here: rejected, except `torch.backends.cudnn.flags(...)` with literal "
-            "arguments equal to strict's own settings (allow_tf32=False, no benchmark). Open: a "
+            "only here: rejected, except strict's own settings given as literals: "
+            "`torch.backends.cudnn.flags(...)` with allow_tf32=False and no benchmark, "
+            "`allow_tf32 = False` (matmul, cuDNN) and `set_float32_matmul_precision(\"highest\")`"
+            "; a setter kept under a local name escapes this rule and is left to "
+            "`backend_flags_changed` when the change persists (B6d). Open: a "
             "flag flipped and restored inside the call through a name the AST cannot resolve "
             "escapes both this rule and the probe, scope or not."),
     _static("torch_compile_or_cuda_graph",
@@ -123,21 +141,21 @@ _TABLE = (
              "the baselines did not get (catalog B6, C8)."),
     _runtime("nondeterministic",
              "Two calls on the same inputs must agree: reads of uninitialised or stale memory "
-             "pass once and fail later (catalog C9); bitwise differences only are flagged."),
+             "pass once and fail later (catalog C9); bitwise differences only are flagged.", decided_in="harness"),
     _runtime("precision_below_fp32",
              "An fp32 problem computed in lower precision (fp16, bf16, TF32) can pass a 1e-4 "
              "tolerance on well-scaled outputs while its error against a float64 run is far "
-             "above the fp32 reference's own (catalog C8; factor in Policy.precision_factor)."),
+             "above the fp32 reference's own (catalog C8; factor in Policy.precision_factor).", decided_in="harness"),
     _runtime("l2_persistence",
              "A persisting-L2 carve-out keeps the candidate's data in the L2 across the flush "
              "between timed calls (catalog T5); kloop resets it before timing."),
     _runtime("protocol_violation",
              "The candidate process wrote messages of its own onto the harness's result "
              "channel (a forged timing, a trial twice): nothing it reports can be trusted "
-             "(catalog C11).", kernelbench="reject"),
+             "(catalog C11).", kernelbench="reject", decided_in="harness"),
     _runtime("implausible_speedup",
              "Speedups above the policy's bound over eager are usually measurement or "
-             "correctness holes; flagged for review.", strict="flag"),
+             "correctness holes; flagged for review.", strict="flag", decided_in="harness"),
 )
 
 RULES: dict[str, Rule] = {r.name: r for r in _TABLE}

@@ -51,6 +51,7 @@ from evaluator.result import (
     Violation,
 )
 from evaluator.sandbox import Child, ChildOutcome, DiskLimit, child_env, visible_device
+from evaluator.worker.hostview import private_roots
 from problems.registry import Problem
 
 log = logging.getLogger(__name__)
@@ -185,7 +186,7 @@ class EvalRun:
         isolation.allow_page_locked_outputs()  # before any child (or the template) starts
         parent, contained = isolation.work_parent(config.work_root)
         root = Path(tempfile.mkdtemp(prefix="kloop-eval-", dir=parent))
-        for sub in ("cand", "warm", "prime", "ref", "compile", "triton", "inductor"):
+        for sub in ("cand", "warm", "prime", "ref", "compile", "triton", "inductor", "cache"):
             (root / sub).mkdir()
         if device != "cpu":  # Triton's runtime module, prebuilt: no gcc under the device lock
             triton_runtime.seed(config.cache_dir, root / "triton")
@@ -193,7 +194,7 @@ class EvalRun:
         if config.sandbox_uid is not None and isolation.can_change_uid():
             lease = uidpool.lease(config.sandbox_uid, config.sandbox_uids)
         plan = isolation.plan_sandbox(lease.uid if lease else None, device != "cpu",
-                                      problem.path, config.cache_dir)
+                                      problem.path)
         if lease is not None and plan.uid is None:
             lease.release()
             lease = None
@@ -201,7 +202,7 @@ class EvalRun:
             # The sandbox uid may pass through the root to its own dirs, never into ref/.
             root.chmod(0o711)
             (root / "ref").chmod(0o700)
-            isolation.give_to(plan, root / "triton", root / "inductor")
+            isolation.give_to(plan, root / "triton", root / "inductor", root / "cache")
         return cls(
             problem=problem, source=source, config=config, policy=config.resolved_policy(),
             device=device, root=root, salt=config.salt or secrets.token_hex(16),
@@ -394,9 +395,10 @@ class EvalRun:
         # run before it (compile, warm-up: they must not rewrite the source the static rules
         # judged, or the trials' inputs). Modes keep a pool uid out of them, but not root
         # without capabilities or a non-root harness's own uid.
-        # A harness that is not root contains through a user namespace. Where the child acts
-        # as an identity that owns files elsewhere (the harness's uid there, or root without
-        # capabilities), everything but its evaluation's dir and its cache is read-only.
+        # A harness that is not root contains through a user namespace. Everything but its
+        # evaluation's dir (and the tests' drop boxes) is read-only to a contained child,
+        # whatever its identity: a pool uid could otherwise write wherever modes let any uid
+        # (a world-writable dir), and leave a note there for a later evaluation.
         userns = bool(contain or hide) and isolation.userns_works() and \
             (isolation.force_userns() or not isolation.can_change_uid())
         mask, writable = [], []
@@ -404,12 +406,14 @@ class EvalRun:
             mask = [self.root / "ref", isolation.private_dir(c.cache_dir)]
             if mode != "candidate":
                 mask.append(self.root / "cand")
-            writable = [self.writable_cache, *c.child_writable]
+            writable = list(c.child_writable)
         confine = Confinement(
             hide=hide, keep=str(self.root) if contain else None, own_pids=contain,
             mask=[str(p) for p in mask], userns=userns,
-            readonly=contain and (userns or (plan is not None and plan.same_uid)),
-            writable=[str(p) for p in writable])
+            readonly=contain,
+            writable=[str(p) for p in writable],
+            private=private_roots(str(Path.home())) if contain else [],
+            needed=[str(self.problem.path)] if contain else [])
         child = Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes, plan,
                       serves=serves, template=c.template_process, confine=confine, disk=disk,
                       on_uncontained=lambda: self.record(Flagged(flag="isolation_uncontained")),
@@ -429,11 +433,11 @@ class EvalRun:
 
     @property
     def writable_cache(self) -> Path:
-        """Where children may write (`KLOOP_CACHE_DIR`); nothing trusted is read from here.
-        Extension builds and nvcc checks go through `evaluator.build.buildstore` instead."""
-        if self.sandbox is not None and self.sandbox.cache_dir is not None:
-            return self.sandbox.cache_dir
-        return self.config.cache_dir
+        """The cache dir of this evaluation's children (`KLOOP_CACHE_DIR`), in its own dir and
+        gone with it: no cache is writable by two evaluations, so nothing one candidate leaves
+        there reaches another. Caches that outlive an evaluation are filed by trusted code
+        only (`evaluator.build.buildstore`)."""
+        return self.root / "cache"
 
     def fail_from_outcome(self, outcome: ChildOutcome, stage: Stage) -> None:
         """A child that ended without reporting: timeout, memory kill, signal or exit code."""

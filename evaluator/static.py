@@ -23,6 +23,13 @@ from evaluator.static_caches import cache_lookups, memoises_scalars_only
 __all__ = ["RULES", "Rule", "Severity", "static_violations"]
 
 INTROSPECTION_MODULES = {"inspect", "gc"}
+# gc names that read no object: a candidate may collect after packing its weights.
+SAFE_GC = {"collect", "enable", "disable", "isenabled", "get_count", "get_threshold",
+           "set_threshold", "freeze", "unfreeze", "get_freeze_count"}
+# What may be done with the candidate's own namespace (`globals()`, `vars()`): look a name up,
+# store one, test for one. It holds what the candidate defined and its module's dunders; a
+# literal dunder key (`__builtins__`) still counts as introspection.
+NAMESPACE_METHODS = {"get", "setdefault", "keys", "items", "values", "update", "pop"}
 INTROSPECTION_ATTRS = {
     "_getframe", "f_locals", "f_globals", "f_back", "f_builtins", "f_code", "tb_frame",
     "gi_frame", "cr_frame", "get_objects", "get_referrers", "get_referents", "modules",
@@ -51,6 +58,8 @@ FLAG_CALLS = {"torch.set_float32_matmul_precision", "torch.use_deterministic_alg
 # `torch.backends.cudnn.flags(...)` keywords that may appear in a scope with strict's settings;
 # allow_tf32 must be given as False (the function's default is True).
 SCOPED_CUDNN_FLAGS = {"enabled", "benchmark", "benchmark_limit", "deterministic", "allow_tf32"}
+# Flags a candidate may set to the literal False: strict's own settings (TF32 off).
+STRICT_FALSE_FLAGS = {"torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32"}
 COMPILE_CALLS = {"torch.compile", "torch._dynamo.optimize", "torch.cuda.CUDAGraph",
                  "torch.cuda.graph", "torch.cuda.graphs.graph", "torch.cuda.make_graphed_callables",
                  "torch.jit.script", "torch.jit.trace", "torch.export.export"}
@@ -124,16 +133,59 @@ def _matches(name: str, modules: set[str]) -> bool:
     return any(name == m or name.startswith(m + ".") for m in modules)
 
 
+def _gc_uses(ctx: Context, parents: dict[ast.AST, ast.AST]) -> Iterator[Finding]:
+    """Imports and uses of `gc` beyond SAFE_GC: the module as a value (`getattr(gc, ...)`),
+    another name, or anything reached through a safe one (`gc.collect.__self__` is `gc`)."""
+    for node in ctx.nodes(ast.Import, ast.ImportFrom):
+        if isinstance(node, ast.ImportFrom) and node.module == "gc":
+            yield from (Finding(node.lineno, f"imports gc.{a.name}") for a in node.names
+                        if a.name not in SAFE_GC)
+    for node in ctx.nodes(ast.Name, ast.Attribute):
+        parts = ctx.full(node).split(".")
+        if parts[0] != "gc" or len(parts) > 2:
+            continue
+        parent = parents.get(node)
+        through = isinstance(parent, ast.Attribute) and parent.value is node
+        if (len(parts) == 1 and not through) or \
+                (len(parts) == 2 and (parts[1] not in SAFE_GC or through)):
+            yield Finding(node.lineno, f"uses {'.'.join(parts)}"  # type: ignore[attr-defined]
+                          + (" as a value" if len(parts) == 1 else ""))
+
+
+def _dunder(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+        node.value.startswith("__") and node.value.endswith("__")
+
+
+def _own_namespace_use(call: ast.Call, parents: dict[ast.AST, ast.AST]) -> bool:
+    """`globals()` / `vars()` subscripted, tested with `in`, or used through a dict method,
+    with no literal dunder key: a kernel registry looked up by name."""
+    parent = parents.get(call)
+    if isinstance(parent, ast.Subscript) and parent.value is call:
+        return not _dunder(parent.slice)
+    if isinstance(parent, ast.Compare) and call in parent.comparators:
+        return all(isinstance(op, (ast.In, ast.NotIn)) for op in parent.ops) and \
+            not _dunder(parent.left)
+    if isinstance(parent, ast.Attribute) and parent.attr in NAMESPACE_METHODS:
+        method_call = parents.get(parent)
+        return isinstance(method_call, ast.Call) and method_call.func is parent and \
+            not any(_dunder(a) for a in method_call.args)
+    return False
+
+
 @rule("frame_introspection")
 def _introspection(ctx: Context) -> list[Finding]:
+    parents = _parents(ctx)
     out = [Finding(n.lineno, f"imports {name}") for n, name in _imported_modules(ctx)
-           if _matches(name, INTROSPECTION_MODULES)]
+           if _matches(name, INTROSPECTION_MODULES - {"gc"})]
+    out += _gc_uses(ctx, parents)
     for node in ctx.nodes(ast.Attribute):
         attr = node.attr  # type: ignore[attr-defined]
         if attr in INTROSPECTION_ATTRS and (attr != "modules" or ctx.full(node) == "sys.modules"):
             out.append(Finding(node.lineno, f"uses .{attr}"))
     for call, name in ctx.calls():
-        if name in INTROSPECTION_CALLS and not call.args:
+        if name in INTROSPECTION_CALLS and not call.args and \
+                not _own_namespace_use(call, parents):
             out.append(Finding(call.lineno, f"calls {name}()"))
     return out
 
@@ -283,15 +335,33 @@ def _strict_cudnn_scope(call: ast.Call) -> bool:
         (bench is None or bench.value is False)  # type: ignore[attr-defined]
 
 
+def _strict_value(node: ast.AST | None, value: object) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) is type(value) and \
+        node.value == value
+
+
+def _strict_precision_call(call: ast.Call) -> bool:
+    """`torch.set_float32_matmul_precision("highest")`: strict's (and PyTorch's default)."""
+    args = [*call.args, *(k.value for k in call.keywords if k.arg == "precision")]
+    return len(args) == 1 and len(call.args) + len(call.keywords) == 1 and \
+        _strict_value(args[0], "highest")
+
+
 @rule("global_backend_flags")
 def _backend_flags(ctx: Context) -> list[Finding]:
     out = []
     for node in ctx.nodes(ast.Assign, ast.AugAssign, ast.AnnAssign):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         for t in targets:
-            if isinstance(t, ast.Attribute) and ctx.full(t).startswith("torch.backends."):
-                out.append(Finding(node.lineno, f"sets {ctx.full(t)}"))
+            full = ctx.full(t) if isinstance(t, ast.Attribute) else ""
+            # TF32 turned off (given as the literal False) is strict's own setting.
+            if full.startswith("torch.backends.") and not (
+                    full in STRICT_FALSE_FLAGS and isinstance(node, ast.Assign)
+                    and _strict_value(node.value, False)):
+                out.append(Finding(node.lineno, f"sets {full}"))
     for call, name in ctx.calls():
+        if name == "torch.set_float32_matmul_precision" and _strict_precision_call(call):
+            continue
         if name in FLAG_CALLS and not (name == "torch.backends.cudnn.flags"
                                        and _strict_cudnn_scope(call)):
             out.append(Finding(call.lineno, f"calls {name}"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -56,7 +57,7 @@ def rows(config: EvalConfig, problem_path: Path) -> list[CheckRow]:
     else:
         out.append(CheckRow(name="devices", ok=True, trust=False, detail=", ".join(devices)))
     on_gpu = any(d != "cpu" for d in devices)
-    plan = isolation.plan_sandbox(config.sandbox_uid, on_gpu, problem_path, config.cache_dir)
+    plan = isolation.plan_sandbox(config.sandbox_uid, on_gpu, problem_path)
     out.append(CheckRow(
         name="sandbox uid", ok=not plan.same_uid, trust=True,
         detail=(f"uids {config.sandbox_uid}.. (one per evaluation in flight)" if not plan.same_uid
@@ -214,6 +215,14 @@ def _route_out():
         k.close()
 
 
+def _secret_readable():
+    try:
+        with open("/etc/shadow", "rb") as f:
+            return bool(f.read(1))
+    except OSError:
+        return False
+
+
 def _facts():
     status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
     parent = os.path.dirname(os.path.dirname(os.getcwd()))
@@ -227,12 +236,16 @@ def _facts():
             "tmp_writable": _writable("/tmp"), "home": os.environ.get("HOME", ""),
             "stdlib_writable": _writable(os.path.dirname(os.__file__)),
             "route_out": _route_out(), "interfaces": [n for _, n in socket.if_nameindex()],
-            "cwd": os.getcwd(), "env": sorted(os.environ)}
+            "cwd": os.getcwd(), "env": sorted(os.environ),
+            "shadow_readable": _secret_readable()}
 
 
 class ModelNew:  # never built: constructing it reports what the candidate process sees
     def __init__(self, *args, **kwargs):
-        raise RuntimeError("KLOOP-PROBE " + json.dumps(_facts()))
+        # Into its own dir (kept for the harness to read): error text reaches a result cut.
+        with open("probe.json", "w") as f:
+            json.dump(_facts(), f)
+        raise RuntimeError("KLOOP-PROBE")
 '''
 
 def probe(config: EvalConfig, problem_id: str = "L3/1") -> list[CheckRow]:
@@ -240,14 +253,18 @@ def probe(config: EvalConfig, problem_id: str = "L3/1") -> list[CheckRow]:
     from evaluator.pipeline import evaluate
     from evaluator.sandbox import SECRET_NAME
 
-    cfg = config.model_copy(update={"device": "cpu", "policy": "kernelbench",
-                                    "baselines": "none", "profile": False})
-    r = evaluate(problem_id, PROBE, cfg)
-    text = r.error.message if r.error is not None else ""
-    if "KLOOP-PROBE " not in text:
+    with tempfile.TemporaryDirectory(prefix="kloop-check-") as work:
+        cfg = config.model_copy(update={"device": "cpu", "policy": "kernelbench",
+                                        "baselines": "none", "profile": False,
+                                        "work_root": Path(work), "keep_workdir": True})
+        r = evaluate(problem_id, PROBE, cfg)
+        reports = list(Path(work).glob("*/kloop-eval-*/cand/probe.json"))
+        text = reports[0].read_text() if len(reports) == 1 else ""
+    if not text:
+        said = r.error.message if r.error is not None else ""
         return [CheckRow(name="probe", ok=False, trust=True,
-                         detail=f"the probe did not report ({r.status}: {text[:200]})")]
-    seen = json.loads(text.split("KLOOP-PROBE ", 1)[1])
+                         detail=f"the probe did not report ({r.status}: {said[:200]})")]
+    seen = json.loads(text)
     me = os.geteuid()
     other_uid = seen["uid"] != me
     no_caps = int(seen["cap_eff"], 16) == 0
@@ -276,4 +293,7 @@ def probe(config: EvalConfig, problem_id: str = "L3/1") -> list[CheckRow]:
                  detail=f"{len(seen['env'])} variables"
                  + (f"; credential-like: {', '.join(secrets)}" if secrets else "")
                  + ("" if home_own else f"; HOME {seen['home']} outside its dir")),
+        CheckRow(name="probe: host files", ok=not seen["shadow_readable"], trust=True,
+                 detail="/etc/shadow readable" if seen["shadow_readable"] else
+                 "/etc/shadow unreadable or covered"),
     ]

@@ -37,7 +37,14 @@ def render() -> str:
         "runs compile children and CPU candidate children in mount and PID namespaces that "
         "show only their own evaluation (`tests/evaluator/test_containment.py`, "
         "`test_uidpool.py`), so one candidate cannot rewrite another's files or stop its "
-        "processes.",
+        "processes. Nothing of the host reaches the model: in those namespaces home "
+        "directories, shared scratch and logs show only the way to what the child needs, "
+        "/etc entries others may not read are covered (`evaluator/worker/hostview.py`), and "
+        "every error enters a result cut to its type, a few hundred characters of message and "
+        "the candidate's own frames, with host paths removed (`evaluator/errortext.py`; "
+        "`tests/evaluator/test_host_secrets.py`). Each evaluation has one writable place, its "
+        "own dir (its cache included): the rest of the tree is read-only to contained "
+        "children under every identity (`tests/evaluator/test_one_writable_place.py`).",
         "",
         "## Patterns",
         "",
@@ -61,16 +68,27 @@ def render() -> str:
             "candidate's syntax tree before anything runs; `runtime` rules judge what probes, "
             "trials and the finished run show. `reject` makes the result `rejected`; `flag` "
             "only records the rule's name in the result. A rule stays `reject` under strict "
-            "only where no runtime evidence can decide the case.", "",
-            "| rule | kind | " + " | ".join(f"`{p}`" for p in POLICY_NAMES) + " | rationale |",
-            "|---|---|" + "---|" * len(POLICY_NAMES) + "---|"]
+            "only where no runtime evidence can decide the case. `decided in` says where a "
+            "rule's evidence comes from: `harness` rules are decided by the harness's own "
+            "comparisons and clock; the others are **evidence only**, read from the "
+            "candidate's source (names reached by computed strings escape them) or reported "
+            "by probes in the candidate's own process (a native-code candidate can blind "
+            "them). No wrong output and no better number passes on their silence: every timed "
+            "call's output is checked and timed by the harness.", "",
+            "| rule | kind | decided in | " + " | ".join(f"`{p}`" for p in POLICY_NAMES)
+            + " | rationale |",
+            "|---|---|---|" + "---|" * len(POLICY_NAMES) + "---|"]
     for r in RULES.values():
         sev = " | ".join(r.severity(p) for p in POLICY_NAMES)
-        out.append(f"| `{r.name}` | {r.kind} | {sev} | {_cell(r.rationale)} |")
+        out.append(f"| `{r.name}` | {r.kind} | {r.decided_in} | {sev} | {_cell(r.rationale)} |")
+    out += ["", "Evidence only: " + ", ".join(f"`{n}`" for n, r in RULES.items()
+                                               if r.evidence_only) + "."]
     for policy in POLICY_NAMES:
         rejecting = [n for n, r in RULES.items() if r.severity(policy) == "reject"]
         out += ["", f"`{policy}` rejects: " + ", ".join(f"`{n}`" for n in rejecting) + "."]
-    out += ["", f"## Honest candidates ({len(HONEST)}; all must be `correct` under strict)", ""]
+    both = [c.id for c in HONEST if c.kernelbench is not None]
+    out += ["", f"## Honest candidates ({len(HONEST)}; all must be `correct` under strict, "
+            f"{', '.join(both)} under kernelbench too)", ""]
     out += [f"- {c.id}: {_cell(c.why)}" for c in HONEST]
     return "\n".join(out) + "\n"
 

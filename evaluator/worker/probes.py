@@ -60,6 +60,15 @@ OWN_MODULES = ("evaluator.worker.serve", "evaluator.worker.candidate", "evaluato
                "evaluator.correctness")
 
 
+def _effective(precision: str, allow_tf32: bool) -> str:
+    """An fp32 precision setting as it acts: `none` (never set) follows the TF32 flag.
+    Setting `set_float32_matmul_precision("highest")` turns `none` into `ieee`, which changes
+    nothing where TF32 was already off (an honest candidate asking for strict's settings)."""
+    if precision == "none":
+        return "tf32" if allow_tf32 else "ieee"
+    return precision
+
+
 def _flag_getters() -> dict[str, Callable[[], Any]]:
     b = torch.backends
     return {
@@ -74,9 +83,12 @@ def _flag_getters() -> dict[str, Callable[[], Any]]:
             lambda: b.cuda.matmul.allow_fp16_reduced_precision_reduction,
         "matmul.allow_bf16_reduced_precision_reduction":
             lambda: b.cuda.matmul.allow_bf16_reduced_precision_reduction,
-        "cuda.matmul.fp32_precision": lambda: b.cuda.matmul.fp32_precision,
-        "cudnn.conv.fp32_precision": lambda: b.cudnn.conv.fp32_precision,
-        "cudnn.rnn.fp32_precision": lambda: b.cudnn.rnn.fp32_precision,
+        "cuda.matmul.fp32_precision": lambda: _effective(b.cuda.matmul.fp32_precision,
+                                                         b.cuda.matmul.allow_tf32),
+        "cudnn.conv.fp32_precision": lambda: _effective(b.cudnn.conv.fp32_precision,
+                                                        b.cudnn.allow_tf32),
+        "cudnn.rnn.fp32_precision": lambda: _effective(b.cudnn.rnn.fp32_precision,
+                                                       b.cudnn.allow_tf32),
         "default_dtype": torch.get_default_dtype,
         "flash_sdp": b.cuda.flash_sdp_enabled,
         "mem_efficient_sdp": b.cuda.mem_efficient_sdp_enabled,

@@ -75,7 +75,17 @@ class ForkRequest(BaseModel):
     (`_readonly_but`), for a child that acts as an identity owning files outside its
     evaluation (root without capabilities, or the harness's own uid in a user namespace)."""
     writable: list[str] = []
-    """With `readonly`: directories besides `keep` that stay writable (the children's cache)."""
+    """With `readonly`: directories besides `keep` that stay writable (the tests' drop boxes)."""
+    private: list[str] = []
+    """With `keep`: directories the child must not look into (home directories, shared
+    scratch, the host's logs and secrets): each becomes a read-only tmpfs that shows only the
+    way to what the child needs (`needed`, its environment's paths, the interpreter and its
+    libraries, its own evaluation's dir), bound back. And whatever under /etc others may not
+    read (/etc/shadow, sudoers, ssh host keys) is covered: modes alone do not keep out a child
+    that acts as their owner (root without capabilities)."""
+    needed: list[str] = []
+    """Paths the child must still reach inside `private` directories, besides those it names
+    in its environment and its `sys.path` (the problem's file)."""
 
 
 def preload() -> None:
@@ -360,6 +370,10 @@ def _contain(req: ForkRequest) -> None:
         fd = os.open(req.keep, os.O_PATH | os.O_DIRECTORY)
         try:
             _scratch(libc)
+            if req.private:
+                from evaluator.worker.hostview import show_only_needed
+
+                show_only_needed(libc, req.private, _needed(req))
             _keep_only(libc, req.keep, fd)
         finally:
             os.close(fd)
@@ -400,6 +414,19 @@ def _scratch(libc: ctypes.CDLL) -> None:
             b"tmpfs", b"/dev/shm", b"tmpfs", _MS_NOSUID | _MS_NODEV,
             b"mode=1777,size=" + SHM_SIZE) != 0:
         print(f"kloop: /dev/shm left shared: errno {ctypes.get_errno()}", file=sys.stderr)
+
+
+def _needed(req: ForkRequest) -> list[str]:
+    """What a contained child must still reach: every absolute path its environment names,
+    the interpreter and its libraries, its evaluation's dir and parent, the `writable` dirs."""
+    out = [*req.needed, *req.writable, req.cwd, sys.prefix, sys.base_prefix, sys.exec_prefix,
+           os.path.realpath(sys.executable), os.path.dirname(os.path.abspath(__file__))]
+    if req.keep:
+        out += [req.keep, os.path.dirname(req.keep.rstrip("/"))]
+    out += [p for p in sys.path if p and os.path.isabs(p)]
+    for value in req.env.values():
+        out += [p for p in value.split(os.pathsep) if os.path.isabs(p)]
+    return out
 
 
 def _keep_only(libc: ctypes.CDLL, keep: str, fd: int) -> None:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import tempfile
 import time
-from pathlib import Path
 
 from eval_helpers import candidate, cpu_config
 
@@ -85,7 +83,7 @@ def _sleepers(sleep_s: str) -> list[int]:
 def _sandbox_uid_works() -> bool:
     from problems.registry import get_problem
 
-    plan = isolation.plan_sandbox(65534, False, get_problem("L3/1").path, Path(tempfile.gettempdir()))
+    plan = isolation.plan_sandbox(65534, False, get_problem("L3/1").path)
     return plan.uid is not None
 
 
@@ -93,8 +91,7 @@ def test_candidate_runs_under_the_planned_identity(cache_dir):
     from problems.registry import get_problem
 
     config = cpu_config(cache_dir)
-    plan = isolation.plan_sandbox(config.sandbox_uid, False, get_problem("L3/1").path,
-                                  config.cache_dir)
+    plan = isolation.plan_sandbox(config.sandbox_uid, False, get_problem("L3/1").path)
     r = evaluate("L3/1", candidate("whoami.py"), config)
     ident = dict(kv.split("=") for kv in r.error.message.split("IDENTITY ", 1)[1].split())
     assert ident["nnp"] == "1"

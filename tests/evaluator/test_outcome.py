@@ -63,3 +63,27 @@ def test_a_note_amends_the_judged_trial_and_findings_are_kept_in_order(run):
                Measured(what="eager", stats=stats))
     assert run.trials[0].message == "unserved: shape" and run.eager == stats
     assert [type(f).__name__ for f in run.findings] == ["Judged", "Noted", "Measured"]
+
+
+def test_an_error_reaches_the_result_cut_to_the_candidates_frames_without_host_paths(run):
+    """Error text comes from the candidate's process: whatever it read could be in it. What
+    is recorded is the type, a few hundred characters of message, the candidate's own frames
+    (paths inside the evaluation's dir made relative), and no other absolute path."""
+    own = f"{run.root}/cand/candidate.py"
+    tb = ('  File "/opt/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1, '
+          'in _call_impl\n    return forward_call(*args)\n'
+          f'  File "{own}", line 12, in forward\n    names = os.listdir("/root/.config")\n'
+          "RuntimeError: found /root/.config/kloop-planted-name\n")
+    run.record(Decided(status="runtime_error", stage="load", error=ErrorInfo(
+        type="RuntimeError", message="found /root/.config/kloop-planted-name " + "x" * 5000,
+        traceback=tb, stderr_tail="reading /home/alice/notes.txt\n" * 500)))
+    e = run.error
+    assert e.type == "RuntimeError"
+    assert e.message.startswith("found <path> xxx") and len(e.message) <= 400
+    assert 'File "cand/candidate.py", line 12, in forward' in e.traceback
+    assert "module.py" not in e.traceback and "forward_call" not in e.traceback
+    assert e.traceback.endswith("RuntimeError: found <path>")
+    assert len(e.stderr_tail) <= 800 and "reading <path>" in e.stderr_tail
+    text = e.model_dump_json()
+    assert not any(s in text for s in ("kloop-planted-name", "alice", "/root", "/opt/venv",
+                                       str(run.root)))

@@ -18,8 +18,16 @@ BAD = {
     "frame_introspection": [
         "import inspect\n",
         "import sys\ndef f():\n    return sys._getframe(1).f_locals['expected']\n",
-        "def f():\n    return globals()['REFERENCE']\n",
+        "def f():\n    return globals()['__builtins__']\n",
+        "def f():\n    return globals().get('__builtins__')\n",
+        "def f(g):\n    return g(globals())\n",
+        "NS = globals()\n",
         "import gc\nouts = [o for o in gc.get_objects()]\n",
+        # Past the gc.collect allowance: the module as a value, or through a safe name.
+        "import gc\nfind = getattr(gc, 'get_' + 'objects')\n",
+        "import gc as g\nm = g\n",
+        "import gc\nm = gc.collect.__self__\n",
+        "from gc import get_referrers\n",
         "import sys\nharness = sys.modules['__main__']\n",
         "def f(exc):\n    return exc.__traceback__.tb_frame.f_back\n",
         # Past the Lock allowance through a method's globals (threading's own namespace).
@@ -87,6 +95,11 @@ BAD = {
         "    with torch.backends.cudnn.flags(**KW):\n        return c(x)\n",
         "import torch\ntorch.backends.cudnn.benchmark = True\n",
         "import torch\ntorch.set_float32_matmul_precision('high')\n",
+        # Past the strict-settings allowance: only the literals False and "highest" pass.
+        "import torch\ntorch.backends.cuda.matmul.allow_tf32 = 0\n",
+        "import torch\nOFF = True\ntorch.backends.cudnn.allow_tf32 = OFF\n",
+        "import torch\np = 'highest'\ntorch.set_float32_matmul_precision(p)\n",
+        "import torch\ntorch.backends.cudnn.benchmark = False\n",
     ],
     "torch_compile_or_cuda_graph": [
         "import torch\nclass ModelNew(torch.nn.Module):\n    def __init__(self):\n"
@@ -187,6 +200,22 @@ def test_honest_candidates_are_silent():
     paths = [*FIXTURES.glob("*.py"), *(CANDIDATES / n for n in HONEST_CANDIDATES)]
     for path in [p for p in paths if p.is_file()]:
         assert static_violations(path.read_text()) == [], path.name
+
+
+def test_collecting_garbage_a_registry_in_globals_and_strict_settings_pass():
+    """Three honest styles strict once rejected (H49-H51 run them end to end)."""
+    for snippet in (
+        "import gc\ndef pack(ws):\n    out = [w.t().contiguous() for w in ws]\n"
+        "    gc.collect()\n    return out\n",
+        "from gc import collect\ncollect()\n",
+        "def kernel(name):\n    if f'_{name}_kernel' not in globals():\n        raise KeyError(name)\n"
+        "    return globals()[f'_{name}_kernel']\n",
+        "def register(fn):\n    globals().setdefault('_REGISTRY', {})\n    return fn\n",
+        "import torch\ntorch.set_float32_matmul_precision('highest')\n"
+        "torch.backends.cuda.matmul.allow_tf32 = False\ntorch.backends.cudnn.allow_tf32 = False\n",
+        "import torch\ntorch.set_float32_matmul_precision(precision='highest')\n",
+    ):
+        assert static_violations(snippet) == [], snippet
 
 
 def test_a_table_that_is_only_read_is_not_a_cache():

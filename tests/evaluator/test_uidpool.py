@@ -111,7 +111,7 @@ def test_concurrent_candidates_cannot_touch_each_other(tmp_path, drop_box):
     """Three CUDA evaluations at once: each one's candidate code runs under a uid of its own,
     and the hostile one, looking for the others' dirs and processes for 10 s, changes nothing
     (where the harness contains children it does not even see them: test_containment.py)."""
-    plan = isolation.plan_sandbox(1_000_000_000, False, get_problem("L3/1").path, tmp_path)
+    plan = isolation.plan_sandbox(1_000_000_000, False, get_problem("L3/1").path)
     if plan.uid is None:
         pytest.skip(f"no uid sandbox here: {plan.reason}")
     log = drop_box / "attack.jsonl"
