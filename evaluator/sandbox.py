@@ -26,8 +26,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from evaluator import isolation
-from evaluator.harness import cores
 from evaluator.forkserver import Confinement
+from evaluator.harness import cores
 from evaluator.harness.clock import CallChannel
 from evaluator.isolation import SandboxPlan
 from evaluator.protocol import MESSAGE, ChildMessage, ChildMode, Control, ReadyMsg, StageMsg
