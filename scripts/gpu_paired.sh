@@ -23,8 +23,9 @@ for n in 1 2 3 4 5 6; do
   echo "== step $n: $problems baselines=$baselines $envs"
   env $envs timeout "${STEP_LIMIT:-300}" python3 bench/identity.py --problems "$problems" \
     --concurrency "${IDENT_CONC:-4}" --baselines "$baselines" --json "$OUT/identity_$n.jsonl" \
-    2>"$OUT/identity_$n.err" | tee "$OUT/identity_$n.txt" | grep -v "^L3/.* correct .*paired" 
+    2>"$OUT/identity_$n.err" | tee "$OUT/identity_$n.txt" | cut -c1-170
   tail -2 "$OUT/identity_$n.err"
 done
 [ -n "${PYTEST_ARGS:-}" ] && timeout "${PYTEST_LIMIT:-300}" python3 -m pytest $PYTEST_ARGS > "$OUT/pytest.log" 2>&1; tail -15 "$OUT/pytest.log" 2>/dev/null
+cd "$OUT" && tar czf all.tgz --exclude=all.tgz . && rm -f ./*.err ./*.txt ./*.log ./*.json
 exit 0
