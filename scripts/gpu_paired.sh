@@ -26,6 +26,12 @@ for n in 1 2 3 4 5 6; do
     2>"$OUT/identity_$n.err" | tee "$OUT/identity_$n.txt" | cut -c1-170
   tail -2 "$OUT/identity_$n.err"
 done
+if [ -n "${KB_PROBLEMS:-}" ]; then  # KernelBench's own eval beside kloop (.kb carried)
+  echo "== KernelBench agreement: $KB_PROBLEMS"
+  timeout "${KB_LIMIT:-300}" python3 bench/kb_agreement.py --kb .kb --problems "$KB_PROBLEMS" \
+    --json "$OUT/kb.jsonl" 2>"$OUT/kb.err"
+  tail -3 "$OUT/kb.err"
+fi
 [ -n "${PYTEST_ARGS:-}" ] && timeout "${PYTEST_LIMIT:-300}" python3 -m pytest $PYTEST_ARGS > "$OUT/pytest.log" 2>&1; tail -15 "$OUT/pytest.log" 2>/dev/null
 cd "$OUT" && tar czf all.tgz --exclude=all.tgz . && rm -f ./*.err ./*.txt ./*.log ./*.json
 exit 0
