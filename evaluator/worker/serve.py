@@ -138,6 +138,8 @@ class Server:
         os.set_blocking(req_fd, False)  # read_exact spins, then waits in select
         self.req_fd, self.rep_fd, self.device = req_fd, rep_fd, device
         self.mem = mmap.mmap(mem_fd, layout.total)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(self.mem))
+        self.mem_range = (base, base + layout.total)
         on_cuda = device == "cuda"
         self.spin_s = SPIN_S if on_cuda else 0.0
         self.pinned = on_cuda and _pin(self.mem, layout.total)
@@ -257,7 +259,21 @@ class Server:
             if list(o.shape) != list(v.shape) or o.dtype != v.dtype:
                 return (f"output {i} is {o.dtype} {list(o.shape)}, the reference's is "
                         f"{v.dtype} {list(v.shape)}")
+            if self._aliases(o):
+                return (f"output {i} is the shared output memory itself: every call copies "
+                        f"its output there, and that copy cannot be skipped")
         return None
+
+    def _aliases(self, o: torch.Tensor) -> bool:
+        """Whether `o`'s storage overlaps the shared output memory (a candidate that found the
+        server's own view could otherwise make `copy_` a no-op, while the subtracted null call
+        still pays for the copy)."""
+        if o.device.type != "cpu":
+            return False
+        storage = o.untyped_storage()
+        lo, hi = self.mem_range
+        start = storage.data_ptr()
+        return start < hi and start + storage.nbytes() > lo
 
     def _sync(self) -> None:
         if self.device == "cuda":
