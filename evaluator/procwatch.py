@@ -42,6 +42,11 @@ class ProcSample(BaseModel):
     samples: int
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User and system CPU time of the whole process so far (its ended threads included)."""
+    return _cpu_s(pid)
+
+
 def _cpu_s(pid: int) -> float | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:

@@ -61,6 +61,8 @@ class PairedServed:
     sides: dict[str, Served] = field(default_factory=dict)
     rounds: dict[str, list[int]] = field(default_factory=dict)
     """Side -> the round of each of its calls (in `sides[name].wall_ms` order)."""
+    busy_ms: dict[str, float] = field(default_factory=dict)
+    """Side -> the wall time of all its calls, warm-up calls included."""
     dropped: dict[str, str] = field(default_factory=dict)
     """Baselines that failed during the rounds -> why (their rounds are left out)."""
     n_rounds: int = 0
@@ -117,6 +119,7 @@ def _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_
             for s in [s for s in live if s.channel is side.channel]:
                 drop(s, f"the reference worker's channel broke: {e}")
             return None
+        out.busy_ms[side.name] = out.busy_ms.get(side.name, 0.0) + r.wall_ms
         if r.status != OK and side.name != "candidate":
             drop(side, "a call failed")
             return None

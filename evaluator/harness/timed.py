@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+from evaluator import procwatch
 from evaluator.checks import violate
 from evaluator.harness.clock import CallResult, ChannelBroken
 from evaluator.harness.paired import PairedServed, Side, per_call, run_paired, speedup_interval
@@ -96,6 +97,7 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
 
     t = run.timing_spec()
     parked = run.ref_child if ref.parked else None
+    cpu0 = procwatch.cpu_seconds(child.proc.pid)
     try:
         if parked is not None:
             paired = run_paired(
@@ -128,6 +130,7 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
         child.kill("decided")
         return
     if parked is not None:
+        _cpu_use(run, child, cpu0, paired.busy_ms.get("candidate", 0.0) / 1000.0)
         _record_paired(run, paired, len(seeds))
         return
     if len(served.wall_ms) < len(seeds):
@@ -210,6 +213,23 @@ def _record_paired(run: EvalRun, paired: PairedServed, n_seeds: int) -> None:
             (eager is not None and eager.median_ms < RESOLUTION_MULTIPLE * hs)):
         run.record(Flagged(flag=f"below_clock_resolution: a median under {RESOLUTION_MULTIPLE:g}x "
                                 f"the serving overhead of {hs:.3f} ms"))
+
+
+def _cpu_use(run: EvalRun, child: Any, cpu0: float | None, wall_s: float) -> None:
+    """On CPU: the candidate process's CPU time over its calls' wall time, read by the harness
+    from /proc (whatever the process set for itself: `torch.set_num_threads`, a helper thread
+    started and joined inside each call). Above its thread allotment it computed on more cores
+    than every other CPU evaluation gets: flagged, with the ratio."""
+    cpu1 = procwatch.cpu_seconds(child.proc.pid)
+    if not run.on_cpu or cpu0 is None or cpu1 is None:
+        return
+    # /proc counts CPU time in ticks (10 ms): too little wall time reads as nothing.
+    if wall_s < 0.5:
+        return
+    ratio = (cpu1 - cpu0) / wall_s
+    if ratio > 1.5 * run.config.cpu_threads + 0.25:
+        run.record(Flagged(flag=f"cpu_threads_exceeded: {ratio:.1f} cores busy per call, "
+                                f"{run.config.cpu_threads} allotted"))
 
 
 def release_reference(run: EvalRun) -> None:
