@@ -7,6 +7,7 @@ hand them to the Runner; progress and the final table are printed here and nowhe
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -275,6 +276,10 @@ def run_command(
         cfg = resolve(layers + [parse_layer(c) for c in config] + [flags])
         if size is not None:
             cfg = with_size(cfg, size)
+            from evaluator.cli import small_on_gpu
+
+            if (warning := small_on_gpu(size, cfg.eval.device)) is not None:
+                print(warning, file=sys.stderr)
         if dry_run:
             for line in placement(cfg):
                 make_console().print(line)

@@ -64,6 +64,20 @@ def _config(device: str, policy: str, overrides: dict[str, Any], keep: bool = Fa
         raise EvalCommandError(first.removeprefix("Value error, ")) from None
 
 
+def small_on_gpu(size: str | None, device: str) -> str | None:
+    """The warning `--size small` on a GPU deserves: such sizes run in microseconds, below the
+    clock's resolution (`harness.timed.RESOLUTION_MULTIPLE`), and their results say so."""
+    if size != "small" or device == "cpu":
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return ("warning: --size small on a GPU makes models of microseconds, below what the "
+            "harness clock resolves; their results are flagged below_clock_resolution and their "
+            "speedups mean little. Judge at full size for numbers.")
+
+
 def problem_overrides(problem: Problem, size: str, items: list[str]) -> dict[str, Any]:
     """`--size small` constants, then `--set` ones; names checked against the problem file."""
     if size not in ("full", "small"):
@@ -153,6 +167,8 @@ def eval_command(
     source = read_candidate(candidate)
     prob = get_problem(problem, problems_dir)
     config = _config(device, policy, problem_overrides(prob, size, set_ or []), keep_workdir)
+    if (warning := small_on_gpu(size, device)) is not None:
+        print(warning, file=sys.stderr)
     result = _evaluate(prob, source, config, progress=not as_json)
     if as_json:
         sys.stdout.write(result.model_dump_json() + "\n")

@@ -53,3 +53,16 @@ def test_baseline_times_and_caches_the_reference(cache_dir):
     records = list((cache_dir / "private" / "baselines").glob("*.json"))
     assert records
     assert any(json.loads(r.read_text())["eager"]["clock"] == "harness" for r in records)
+
+
+def test_small_sizes_on_a_gpu_come_with_a_warning_and_never_on_cpu(monkeypatch):
+    import torch
+
+    from evaluator.cli import small_on_gpu
+
+    assert small_on_gpu("small", "cpu") is None
+    assert small_on_gpu("full", "cuda") is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    warning = small_on_gpu("small", "auto")
+    assert warning is not None and "below_clock_resolution" in warning
+    assert small_on_gpu(None, "cuda") is None
