@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from agent.config import ConfigError, RunConfig
+from agent.config import ConfigError, RunConfig, judged_constants
 from agent.errors import EvalInfraError
 from agent.models import get_model
 from agent.protocols import Evaluator, Model
@@ -67,12 +67,8 @@ def build_model(cfg: RunConfig) -> Model:
 def problem_configs(base: EvalConfig, overrides: dict[str, dict[str, Any]],
                     problems: list[Problem]) -> dict[str, EvalConfig]:
     """Each problem's EvalConfig: the run's, with that problem's constant overrides."""
-    configs = {}
-    for p in problems:
-        extra = next((v for k, v in overrides.items() if k.lower() in (p.id.lower(), p.stem.lower())), {})
-        configs[p.id] = base.model_copy(
-            update={"problem_overrides": {**base.problem_overrides, **extra}})
-    return configs
+    return {p.id: base.model_copy(update={"problem_overrides": judged_constants(
+        base.problem_overrides, overrides, p.id, p.stem)}) for p in problems}
 
 
 class LocalEvaluator:

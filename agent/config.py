@@ -204,6 +204,16 @@ class ExecutorConfig(_Config):
         return self
 
 
+def judged_constants(base: dict[str, Any], overrides: dict[str, dict[str, Any]],
+                     problem_id: str, problem_stem: str) -> dict[str, Any]:
+    """The module constants a problem is judged with: the evaluator's own overrides, then the
+    run's for that problem (keyed by id or stem, any case). The evaluator's config and the task
+    prompt both read them here, so the prompt shows the sizes that are judged."""
+    keys = (problem_id.lower(), problem_stem.lower())
+    extra = next((v for k, v in overrides.items() if k.lower() in keys), {})
+    return {**base, **extra}
+
+
 class RunConfig(_Config):
     """Everything a run needs; saved resolved in `runs/<id>/config.json`."""
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from agent.budget import Meter, Spend
-from agent.config import AgentConfig, Limits
+from agent.config import AgentConfig, Limits, judged_constants
 from agent.models.base import Address, Message, ModelReply
 from agent.prompts import PromptSet
 from agent.protocols import Evaluator, Model
@@ -61,6 +61,10 @@ class EpisodeEnv:
     prompts: PromptSet
     comparison: Comparison
     """How the evaluator compares outputs (precision, tolerance): the task prompt states it."""
+    base_overrides: dict[str, Any] = field(default_factory=dict)
+    """The evaluator's own constant overrides (`eval.problem_overrides`), for every problem."""
+    problem_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The run's per-problem constant overrides (`problem_overrides`, `--size small`)."""
     on_turn: Callable[[TurnRecord], None] | None = None
 
 
@@ -148,8 +152,10 @@ class EpisodeState:
 def opening(spec: EpisodeSpec, env: EpisodeEnv) -> list[Message]:
     """The system and task messages every turn of the episode starts with."""
     total = len(spec.prefix) + spec.max_turns
+    sizes = judged_constants(env.base_overrides, env.problem_overrides, spec.problem.id,
+                             spec.problem.stem)
     variables = {"problem": spec.problem, "backend": env.agent.backend, "gpu": env.agent.gpu,
-                 "max_turns": total, "comparison": env.comparison}
+                 "max_turns": total, "comparison": env.comparison, "sizes": sizes}
     return [
         Message(role="system", content=env.prompts.render("system", **variables)),
         Message(role="user", content=env.prompts.render("task", **variables)),

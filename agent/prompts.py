@@ -15,6 +15,7 @@ import jinja2
 
 import prompts as prompts_package
 from agent.ncu_hints import hint, stalls_text
+from evaluator.precheck import source_with_constants
 from evaluator.resources import bare_name
 from kloop.errors import KloopError
 
@@ -73,7 +74,8 @@ class PromptSet:
             autoescape=False,
         )
         self.env.filters.update(clip=clip, ms=fmt_ms, x=fmt_x, num=fmt_num, nbytes=fmt_bytes,
-                                bare_name=bare_name, stalls=stalls_text, ncu_hint=hint)
+                                bare_name=bare_name, stalls=stalls_text, ncu_hint=hint,
+                                with_sizes=source_with_constants)
 
     def render(self, name: str, **variables: Any) -> str:
         """Render `name` (with or without `.j2`); a missing variable raises at once."""

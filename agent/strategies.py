@@ -78,6 +78,7 @@ class Runner:
             run_id=store.run_id, model=model, evaluator=evaluator, agent=cfg.agent,
             limits=cfg.budget.episode, run_meter=self.run_meter, sink=store,
             prompts=PromptSet(cfg.agent.prompts_dir), comparison=cfg.eval.comparison(),
+            base_overrides=cfg.eval.problem_overrides, problem_overrides=cfg.problem_overrides,
             on_turn=self._on_turn,
         )
 

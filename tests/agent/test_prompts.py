@@ -109,7 +109,8 @@ def test_format_error_feedback():
 @pytest.mark.parametrize("gpu", ["h200", None])
 def test_task_and_system_prompts_render_for_each_backend(backend, gpu):
     prompts = PromptSet()
-    variables = dict(problem=PROBLEM, backend=backend, gpu=gpu, max_turns=4, comparison=STRICT_FP32)
+    variables = dict(problem=PROBLEM, backend=backend, gpu=gpu, max_turns=4, comparison=STRICT_FP32,
+                     sizes={})
     task = prompts.render("task", **variables)
     system = prompts.render("system", **variables)
     assert PROBLEM.source.strip() in task and "ModelNew" in task and "manual_seed(42)" in task
@@ -132,7 +133,7 @@ def test_prompts_state_the_tolerance_of_the_policy_and_precision(policy, precisi
     shown = SHOWN_TOLERANCE[policy, precision]
     comparison = EvalConfig(policy=policy, precision=precision).comparison()
     task = PromptSet().render("task", problem=PROBLEM, backend="triton", gpu=None, max_turns=4,
-                              comparison=comparison)
+                              comparison=comparison, sizes={})
     assert f"Models and inputs are in {precision}." in task
     assert f"`atol = rtol = {shown}`" in task and f"(policy `{policy}`)" in task
 
@@ -161,7 +162,8 @@ def test_every_packaged_template_is_covered():
 
 def test_a_missing_variable_is_an_error_not_an_empty_string():
     with pytest.raises(jinja2.UndefinedError, match="max_turns"):
-        PromptSet().render("task", problem=PROBLEM, backend="triton", gpu="h200", comparison=STRICT_FP32)
+        PromptSet().render("task", problem=PROBLEM, backend="triton", gpu="h200", comparison=STRICT_FP32,
+                           sizes={})
 
 
 def test_a_user_prompts_dir_overrides_single_templates(tmp_path):
@@ -169,7 +171,7 @@ def test_a_user_prompts_dir_overrides_single_templates(tmp_path):
     prompts = PromptSet(tmp_path)
     assert prompts.render("system", backend="cuda") == "Custom system for cuda.\n"
     assert "@triton.jit" in prompts.render("task", problem=PROBLEM, backend="triton", gpu=None, max_turns=1,
-                                          comparison=STRICT_FP32)
+                                          comparison=STRICT_FP32, sizes={})
     assert (PACKAGED_DIR / "system.j2").exists()
 
 
