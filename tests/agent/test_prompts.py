@@ -113,7 +113,7 @@ def test_task_and_system_prompts_render_for_each_backend(backend, gpu):
                      sizes={})
     task = prompts.render("task", **variables)
     system = prompts.render("system", **variables)
-    assert PROBLEM.source.strip() in task and "ModelNew" in task and "manual_seed(42)" in task
+    assert PROBLEM.source.strip() in task and "ModelNew" in task and "secret seed" in task
     assert ("load_inline" in task) == (backend == "cuda")
     assert ("@triton.jit" in task) == (backend == "triton")
     assert ("132 SMs" in task) == (gpu == "h200")
@@ -143,6 +143,19 @@ def test_prompts_state_the_tolerance_of_the_policy_and_precision(policy, precisi
     text = render_feedback(turn_with(bad))
     assert f"(policy `{policy}`: every element must satisfy |yours - ref| <= {shown} + {shown} * |ref|)" in text
     assert "1e-4" not in task + text  # the hard-coded number of old
+
+
+def test_the_rules_say_how_the_active_policy_builds_and_times():
+    def rules(policy: str) -> str:
+        return PromptSet().render("task", problem=PROBLEM, backend="triton", gpu=None, max_turns=4,
+                                  comparison=EvalConfig(policy=policy).comparison(), sizes={})
+
+    strict, kernelbench = rules("strict"), rules("kernelbench")
+    assert "secret seed" in strict and "made noisy" in strict and "manual_seed(42)" not in strict
+    assert "own wall clock around each call" in strict and "CUDA events (" not in strict
+    assert "compare the median" in strict
+    assert "manual_seed(42)" in kernelbench and "secret seed" not in kernelbench
+    assert "measured with CUDA events" in kernelbench and "compare the mean" in kernelbench
 
 
 def test_incorrect_feedback_without_a_recorded_tolerance_states_no_number():
