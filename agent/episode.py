@@ -17,9 +17,11 @@ from agent.models.base import Address, Message, ModelReply
 from agent.prompts import PromptSet
 from agent.protocols import Evaluator, Model
 from agent.records import BestKernel, ModelFaultInfo, TurnRecord, TurnRef
+from agent.report.bound import Bound, bound_of
 from agent.tally import best_turn
 from evaluator.config import Comparison
 from evaluator.result import EvalResult
+from problems.cost import cost_of
 from problems.registry import Problem
 
 
@@ -170,8 +172,9 @@ def ask(model: Model, messages: list[Message], at: Address) -> ModelReply:
 
 
 def feedback_vars(state: EpisodeState, result: EvalResult | None, fault: ModelFaultInfo | None,
-                  agent: AgentConfig) -> dict[str, Any]:
-    """The one dict every feedback template renders from."""
+                  agent: AgentConfig, precision: str = "fp32") -> dict[str, Any]:
+    """The one dict every feedback template renders from (`precision`: the run's, for the
+    speed-of-light bound of a correct result timed on a GPU)."""
     total = len(state.spec.prefix) + state.spec.max_turns
     position = state.position
     history = [*state.history(), history_row(position, result)]
@@ -185,6 +188,8 @@ def feedback_vars(state: EpisodeState, result: EvalResult | None, fault: ModelFa
         "history": history,
         "max_chars": agent.feedback_max_chars,
         "profile_feedback": agent.profile_feedback,
+        "bound": (bound_of(cost_of(state.spec.problem), result, precision) if result is not None
+                  else Bound(None)),
     }
 
 

@@ -96,7 +96,8 @@ def run_episode(spec: EpisodeSpec, env: EpisodeEnv,
                 break
             meter.charge(Spend(eval_s=eval_s))
         feedback = env.prompts.render(feedback_template(result),
-                                      **feedback_vars(state, result, fault, env.agent))
+                                      **feedback_vars(state, result, fault, env.agent,
+                                                     env.comparison.precision))
         turn = len(state.own) + 1
         spend = (context.spend + Spend.of_reply(reply)).model_copy(
             update={"eval_s": eval_s, "wall_s": time.monotonic() - clock})

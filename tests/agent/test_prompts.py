@@ -100,6 +100,22 @@ def test_feedback_shows_the_reduce_overhead_baseline_and_the_fastest():
     assert "fastest baseline" not in render_feedback(turn_with(alone))
 
 
+def test_gpu_feedback_states_the_share_of_speed_of_light():
+    from agent.report.bound import PEAKS, sol_ms
+    from evaluator.result import EnvInfo
+    from problems.cost import cost_of
+
+    h200 = EnvInfo(python="3.12", torch="2.9", device_name="NVIDIA H200")
+    result = FakeEvaluator().evaluate(PROBLEM, kernel(runtime_ms=0.5)).model_copy(update={"env": h200})
+    sol = sol_ms(cost_of(PROBLEM), PEAKS["NVIDIA H200"], "fp32")
+    text = render_feedback(turn_with(result))
+    assert f"That is {100 * sol / 0.5:.1f} % of the NVIDIA H200's speed of light" in text
+    # No bound where none is known: a host clock, a GPU not in the table, shrunk sizes.
+    for update in ({"device": "cpu", "env": None}, {"env": h200.model_copy(update={"device_name": "X"})},
+                   {"env": h200, "problem_overrides": {"batch_size": 2}}):
+        assert "speed of light" not in render_feedback(turn_with(result.model_copy(update=update)))
+
+
 def test_format_error_feedback():
     text = render_feedback(turn_with(fault=ModelFaultInfo(type="NoKernelFound", message="no block")))
     assert "could not be evaluated: no block" in text
