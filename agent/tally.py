@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from agent.budget import Spend
 from agent.records import EpisodeRecord, TurnRecord
+from evaluator.result import EvalResult
 
 # How far a kernel got, best first: beam search keeps the furthest when none is correct yet.
 STATUS_RANK = {"correct": 0, "incorrect": 1, "not_run": 2, "rejected": 3, "timeout": 4,
@@ -18,6 +19,18 @@ def rank_key(rec: TurnRecord) -> tuple:
     ev = rec.eval
     runtime = ev.runtime_ms if ev is not None and ev.correct and ev.runtime_ms is not None else float("inf")
     return (STATUS_RANK.get(rec.status, 8), runtime, rec.episode, rec.turn)
+
+
+def host_speedup(ev: EvalResult | None) -> float | None:
+    """Eager's host-clock median over the kernel's, for a correct kernel timed on CPU (where the
+    evaluator records no speedup): a ratio of CPU times, not comparable with any GPU number, but
+    it orders CPU kernels, so the tree search and the reports have something to rank by there.
+    None for a GPU result (use its recorded speedups) or without both timings."""
+    if ev is None or not ev.correct or ev.timing is None or ev.timing.comparable:
+        return None
+    if ev.eager is None or ev.timing.median_ms <= 0:
+        return None
+    return ev.eager.median_ms / ev.timing.median_ms
 
 
 def best_turn(turns: Iterable[TurnRecord]) -> TurnRecord | None:

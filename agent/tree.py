@@ -18,16 +18,18 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict
 
 from agent.records import NodeAddress, TurnRecord, TurnRef
-from agent.tally import STATUS_RANK, best_turn
+from agent.tally import STATUS_RANK, best_turn, host_speedup
 
 
 def node_value(rec: TurnRecord) -> float:
     """How promising a node is, in [0, 1): a correct kernel 0.5 + s/(1+s)/2 for its speedup s vs
-    eager (0.75 at 1x; 1x assumed where none was measured); a failed one by how far it got, from
-    0.3 (wrong output) down to 0 (no code), in steps of 0.05 (`agent.tally.STATUS_RANK`)."""
+    eager (0.75 at 1x; on CPU the ratio of host-clock times, `agent.tally.host_speedup`; 1x
+    assumed where none was measured); a failed one by how far it got, from 0.3 (wrong output)
+    down to 0 (no code), in steps of 0.05 (`agent.tally.STATUS_RANK`)."""
     ev = rec.eval
     if ev is not None and ev.correct:
-        s = ev.speedup_vs_eager if ev.speedup_vs_eager is not None else 1.0
+        s = ev.speedup_vs_eager if ev.speedup_vs_eager is not None else host_speedup(ev)
+        s = 1.0 if s is None else s
         return 0.5 + 0.5 * s / (1.0 + s)
     worst = max(STATUS_RANK.values())
     return 0.05 * max(0, worst - STATUS_RANK.get(rec.status, worst))
@@ -65,6 +67,8 @@ class TreeRow(BaseModel):
     """`EPISODE:TURN`, the address `--fork-at` takes."""
     status: str
     speedup_vs_eager: float | None
+    comparable: bool = True
+    """False: `speedup_vs_eager` is a ratio of CPU times (`agent.tally.host_speedup`)."""
     value: float
     children: int
     best: bool
@@ -144,9 +148,11 @@ class Tree:
 
         def walk(node: Node, lead: str, last: bool) -> None:
             ev = node.rec.eval
+            host = host_speedup(ev)
+            speed = ev.speedup_vs_eager if ev is not None and host is None else host
             out.append(TreeRow(
                 prefix=lead + ("└─ " if last else "├─ "), node=str(node.address),
-                status=node.rec.status, speedup_vs_eager=ev.speedup_vs_eager if ev else None,
+                status=node.rec.status, speedup_vs_eager=speed, comparable=host is None,
                 value=round(node_value(node.rec), 4), children=len(node.children),
                 best=node.rec is best))
             for i, child in enumerate(node.children):
@@ -172,6 +178,7 @@ def draw(rows: list[TreeRow], title: str) -> list[str]:
     lines = [title]
     for r in rows:
         speed = f" {r.speedup_vs_eager:.3g}x" if r.speedup_vs_eager is not None else ""
+        speed += " (CPU time, not comparable)" if speed and not r.comparable else ""
         mark = "  <- best" if r.best else ""
         lines.append(f"{r.prefix}{r.node} {r.status}{speed} (value {r.value:.2f}){mark}")
     return lines

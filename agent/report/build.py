@@ -131,7 +131,8 @@ def _run_warnings(run: RunData, m: Metrics) -> list[str]:
         out.append(f"judged on {len(devices)} GPU models ({', '.join(devices)}): the section "
                    "'By hardware' gives the metrics of each alone")
     if m.host_clock:
-        out.append(f"{m.host_clock} best kernel(s) timed with a host clock (CPU): speedups are not GPU numbers")
+        out.append(f"{m.host_clock} best kernel(s) timed with a host clock (CPU): their speedups are "
+                   "ratios of CPU times vs eager, not comparable with GPU numbers")
     if m.not_run:
         out.append(f"{m.not_run} problem(s) could not run here (not_run: CUDA code without a GPU); "
                    "rescore on a GPU")

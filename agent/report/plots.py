@@ -111,7 +111,9 @@ def plot_fast_p(metrics: dict[str, Metrics], path: Path) -> Path:
                    [max(0.0, e.hi - y) if e.hi is not None else 0.0 for y, e in zip(ys, ests, strict=True)]]
             ax.errorbar(ps, ys, yerr=err, marker="o", markersize=3, capsize=2, color=colors[label],
                         label=label, linewidth=1)
-        ax.set_title(f"fast_p vs {names[vs]}", fontsize=9)
+        cpu = vs != "compile" and any(m.host_clock for m in metrics.values())
+        ax.set_title(f"fast_p vs {names[vs]}" + ("\n(CPU times: not comparable)" if cpu else ""),
+                     fontsize=9)
         ax.set_xlabel("p (speedup threshold)", fontsize=8)
         ax.set_xticks(list(P_VALUES))
         ax.tick_params(labelsize=7)
@@ -148,8 +150,9 @@ def plot_speedups(rows: dict[str, list[ProblemRow]], path: Path) -> Path:
             for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
                 axis(FuncFormatter(lambda v, _: f"{v:.2g}x"))
             ax.tick_params(axis="x", which="both", labelsize=6)
+        cpu = any(r.correct and r.comparable is False for rs in rows.values() for r in rs)
         ax.set_title(f"best speedup vs {'torch.compile' if vs == 'compile' else 'eager'} (correct "
-                     "only, x)", fontsize=9)
+                     "only, x)" + ("\n(CPU times: not comparable)" if cpu else ""), fontsize=9)
         ax.tick_params(labelsize=7)
     axes[0].set_yticks(range(len(labels)))  # (a no-data panel cleared its own ticks only)
     axes[0].set_yticklabels(labels, fontsize=7)
