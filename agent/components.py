@@ -19,7 +19,7 @@ from agent.errors import EvalInfraError
 from agent.models import get_model
 from agent.protocols import Evaluator, Model
 from evaluator.config import EvalConfig
-from evaluator.precheck import check_overrides
+from evaluator.precheck import check_overrides, small_overrides
 from evaluator.result import EvalResult
 from problems.registry import Problem, ProblemError, ProblemSet, load_problem_set
 
@@ -55,6 +55,20 @@ def load_problems(cfg: RunConfig) -> list[Problem]:
         # A constant the problem does not define would fail only inside the reference worker.
         check_overrides(problem.source, constants, f"problem_overrides.{key}")
     return chosen
+
+
+def with_size(cfg: RunConfig, size: str) -> RunConfig:
+    """`--size small`: each chosen problem's small constants, under any given explicitly."""
+    if size not in ("full", "small"):
+        raise ConfigError(f"--size must be full or small, not {size!r}")
+    if size == "full":
+        return cfg
+    given = {k.lower(): v for k, v in cfg.problem_overrides.items()}
+    sizes = {p.id: {**small_overrides(p.source), **given.get(p.id.lower(), given.get(p.stem.lower(), {}))}
+             for p in load_problems(cfg)}
+    kept = {k: v for k, v in cfg.problem_overrides.items()
+            if k.lower() not in {i.lower() for i in sizes}}
+    return cfg.model_copy(update={"problem_overrides": {**kept, **sizes}})
 
 
 def build_model(cfg: RunConfig) -> Model:

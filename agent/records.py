@@ -113,7 +113,11 @@ class TurnRecord(_Record):
 
     @property
     def status(self) -> str:
-        return self.eval.status if self.eval is not None else "format_error"
+        """The verdict; `unevaluated` for a kernel no evaluator has judged yet (an import),
+        `format_error` for a reply without one."""
+        if self.eval is not None:
+            return self.eval.status
+        return "unevaluated" if self.code is not None and self.fault is None else "format_error"
 
 
 class BestKernel(_Record):

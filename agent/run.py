@@ -27,7 +27,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from agent.components import build_evaluator, build_model, load_problems
+from agent.components import build_evaluator, build_model, load_problems, with_size
 from agent.config import ConfigError, RunConfig, dotted, merge, parse_layer, resolve
 from agent.records import EpisodeRecord, RunSummary, TurnRecord
 from agent.store import RunDirError, RunStore
@@ -170,22 +170,6 @@ def guarded(store: RunStore) -> Iterator[None]:
     except BaseException:
         store.discard_if_unstarted()
         raise
-
-
-def with_size(cfg: RunConfig, size: str) -> RunConfig:
-    """`--size small`: each chosen problem's small constants, under any given explicitly."""
-    from evaluator.precheck import small_overrides
-
-    if size not in ("full", "small"):
-        raise ConfigError(f"--size must be full or small, not {size!r}")
-    if size == "full":
-        return cfg
-    given = {k.lower(): v for k, v in cfg.problem_overrides.items()}
-    sizes = {p.id: {**small_overrides(p.source), **given.get(p.id.lower(), given.get(p.stem.lower(), {}))}
-             for p in load_problems(cfg)}
-    kept = {k: v for k, v in cfg.problem_overrides.items()
-            if k.lower() not in {i.lower() for i in sizes}}
-    return cfg.model_copy(update={"problem_overrides": {**kept, **sizes}})
 
 
 def start(cfg: RunConfig) -> tuple[RunSummary, Path]:

@@ -46,9 +46,7 @@ class _Record(BaseModel):
 
 def turn_status(t: TurnRecord) -> str:
     """The verdict of a turn; `unevaluated` for a kernel no evaluator has judged (an import)."""
-    if t.eval is not None:
-        return t.eval.status
-    return "unevaluated" if t.code is not None else "format_error"
+    return t.status
 
 
 class ProblemRow(_Record):
