@@ -7,16 +7,18 @@ from the turns on disk, which is how resume continues an interrupted episode.
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from agent.budget import Meter, Spend
 from agent.config import AgentConfig, Limits, judged_constants
+from agent.errors import InfraFault
 from agent.models.base import Address, Message, ModelReply
 from agent.prompts import PromptSet
 from agent.protocols import Evaluator, Model
-from agent.records import BestKernel, ModelFaultInfo, TurnRecord, TurnRef
+from agent.records import BestKernel, CallRecord, ModelFaultInfo, TurnRecord, TurnRef
 from agent.report.bound import Bound, bound_of
 from agent.tally import best_turn
 from evaluator.config import Comparison
@@ -31,6 +33,8 @@ class TurnSink(Protocol):
     def kernel_relpath(self, problem_stem: str, episode: int, turn: int) -> str: ...
 
     def append_turn(self, record: TurnRecord) -> None: ...
+
+    def append_call(self, record: CallRecord) -> None: ...
 
 
 @dataclass
@@ -169,6 +173,26 @@ def ask(model: Model, messages: list[Message], at: Address) -> ModelReply:
     replies, see `agent.protocols.Addressed`) is told where."""
     query_at = getattr(model, "query_at", None)
     return query_at(messages, at) if query_at is not None else model.query(messages)
+
+
+class Asked(NamedTuple):
+    reply: ModelReply
+    call_id: str
+
+
+def ask_logged(env: EpisodeEnv, spec: EpisodeSpec, messages: list[Message], at: Address) -> Asked:
+    """The turn's query, logged in the run dir before it is sent and when it is answered, so a
+    process killed before the turn is written still leaves the call for resume to count."""
+    where = dict(run_id=env.run_id, call_id=uuid.uuid4().hex, episode_key=spec.key,
+                 problem_id=spec.problem.id, episode=spec.episode, turn=at.turn)
+    env.sink.append_call(CallRecord(phase="sent", **where))
+    try:
+        reply = ask(env.model, messages, at)
+    except InfraFault:
+        env.sink.append_call(CallRecord(phase="failed", **where))  # closed: never charged
+        raise
+    env.sink.append_call(CallRecord(phase="answered", spend=Spend.of_reply(reply), **where))
+    return Asked(reply, where["call_id"])
 
 
 def feedback_vars(state: EpisodeState, result: EvalResult | None, fault: ModelFaultInfo | None,

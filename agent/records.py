@@ -99,6 +99,9 @@ class TurnRecord(_Record):
     summary: SummaryCall | None = None
     """The summary call made before this turn's query, if one was due (`summary` policy)."""
     fault: ModelFaultInfo | None = None
+    call_id: str | None = None
+    """The model call of this turn as `calls.jsonl` logs it; None for imports and records
+    from before calls were logged."""
     code: str | None = None
     code_sha256: str | None = None
     kernel_path: str | None = None
@@ -118,6 +121,27 @@ class TurnRecord(_Record):
         if self.eval is not None:
             return self.eval.status
         return "unevaluated" if self.code is not None and self.fault is None else "format_error"
+
+
+class CallRecord(_Record):
+    """A turn's model call, appended to `calls.jsonl` before it is sent (`sent`) and again when
+    its reply arrived (`answered`, with its spend). A process killed after sending leaves a call
+    no turn names; resume folds its spend into the episode's `unrecorded_spend`, so the totals
+    count every request the provider saw (`agent.tally.unaccounted_calls`)."""
+
+    schema_version: int = TRAJECTORY_SCHEMA_VERSION
+    kind: Literal["call"] = "call"
+    run_id: str
+    call_id: str
+    episode_key: str
+    problem_id: str
+    episode: int
+    turn: int
+    phase: Literal["sent", "answered", "failed"]
+    """`failed`: the provider gave no reply (an infrastructure fault, never charged)."""
+    spend: Spend | None = None
+    """The answered call's tokens and cost."""
+    at: str = Field(default_factory=utcnow)
 
 
 class BestKernel(_Record):
@@ -159,7 +183,10 @@ class EpisodeRecord(_Record):
     best: BestKernel | None = None
     spend: Spend
     unrecorded_spend: Spend = Spend()
-    """Spend of a call whose turn could not be finished (infrastructure error): paid, not logged as a turn."""
+    """Spend of calls whose turn could not be finished (an infrastructure error, or a process
+    killed between the call and its turn record): paid, not logged as a turn."""
+    unrecorded_calls: list[str] = Field(default_factory=list)
+    """The `CallRecord.call_id`s whose spend `unrecorded_spend` holds."""
     error: ErrorInfo | None = None
     """The infrastructure error that stopped the episode."""
     started_at: str

@@ -4,6 +4,7 @@
       config.json       the resolved config, its digest, the kloop version and git commit
       turns.jsonl       one TurnRecord per line, appended, flushed and fsynced after each turn
       episodes.jsonl    one EpisodeRecord per finished episode (the last record of a key wins)
+      calls.jsonl       each turn's model call, logged before it is sent and when answered
       kernels/<problem-stem>/<episode>-<turn>.py   every extracted kernel
       best/<problem-stem>.py                      the best kernel so far (derived)
       summary.json      derived from the JSONL files; rewritten as the run advances
@@ -30,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from agent.config import RunConfig
 from agent.records import (
     TRAJECTORY_SCHEMA_VERSION,
+    CallRecord,
     EpisodeRecord,
     NodeAddress,
     RunSummary,
@@ -195,8 +197,8 @@ class RunStore:
         line = record.model_dump_json() + "\n"
         with self._lock:
             if not self._repaired:
-                _repair_tail(self.root / "turns.jsonl")
-                _repair_tail(self.root / "episodes.jsonl")
+                for name_ in ("turns.jsonl", "episodes.jsonl", "calls.jsonl"):
+                    _repair_tail(self.root / name_)
                 self._repaired = True
             with path.open("a", encoding="utf-8") as f:
                 f.write(line)
@@ -213,6 +215,12 @@ class RunStore:
 
     def append_episode(self, record: EpisodeRecord) -> None:
         self._append("episodes.jsonl", record)
+
+    def append_call(self, record: CallRecord) -> None:
+        self._append("calls.jsonl", record)
+
+    def calls(self) -> list[CallRecord]:
+        return list(read_jsonl(self.root / "calls.jsonl", CallRecord))
 
     def turns(self) -> list[TurnRecord]:
         return list(read_jsonl(self.root / "turns.jsonl", TurnRecord))

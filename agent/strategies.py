@@ -37,7 +37,7 @@ from agent.records import (
     utcnow,
 )
 from agent.store import RunStore
-from agent.tally import best_turn, rank_key, total_spend
+from agent.tally import Unaccounted, best_turn, rank_key, total_spend, unaccounted_calls
 from agent.tree import Tree
 from problems.registry import Problem
 
@@ -93,10 +93,14 @@ class Runner:
                 self.finished.pop(ep.episode_key, None)  # to be continued
             else:
                 self.finished[ep.episode_key] = ep
+        self.unaccounted = unaccounted_calls(
+            self.store.calls(), [t for ts in self.turns.values() for t in ts], self.records)
+        """Calls a killed process paid for but never recorded a turn for, by episode key."""
 
     def _spent_so_far(self) -> Spend:
         turns = [t for ts in self.turns.values() for t in ts]
-        spent = total_spend(turns, self.records)
+        latest = {r.episode_key: r for r in self.records}.values()  # as `summarize` counts
+        spent = sum((u.spend for u in self.unaccounted.values()), total_spend(turns, latest))
         if turns:  # episodes overlap in time: the wall clock is the span, not the sum
             first = min(datetime.fromisoformat(t.started_at) for t in turns)
             last = max(datetime.fromisoformat(t.finished_at) for t in turns)
@@ -140,11 +144,12 @@ class Runner:
             if spec.key in self.finished:
                 return self.finished[spec.key]
             done = list(self.turns.get(spec.key, []))
+            carried = self._carried(spec.key)
         with self._slots:
             if not done and self.run_meter.exceeded() is not None:
                 self.skipped += 1
                 return None
-            record = run_episode(spec, self.env, done)
+            record = run_episode(spec, self.env, done, carried)
         self.store.append_episode(record)
         with self._lock:
             self.records.append(record)
@@ -154,6 +159,18 @@ class Runner:
         if self.on_episode_cb is not None:
             self.on_episode_cb(record)
         return record
+
+    def _carried(self, key: str) -> Unaccounted | None:
+        """What a continued episode's record must account for besides its turns: calls of a
+        killed process, and the unrecorded spend of the record it supersedes (an infra error),
+        since the summary counts only the latest record of each episode."""
+        orphans = self.unaccounted.pop(key, None)
+        before = next((r for r in reversed(self.records) if r.episode_key == key), None)
+        if before is None or before.unrecorded_spend == Spend() and not before.unrecorded_calls:
+            return orphans
+        orphans = orphans or Unaccounted([], Spend())
+        return Unaccounted([*before.unrecorded_calls, *orphans.call_ids],
+                           before.unrecorded_spend + orphans.spend)
 
     def run_wave(self, specs: list[EpisodeSpec]) -> list[EpisodeRecord | None]:
         if self.concurrency == 1 or len(specs) == 1:
