@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from agent.report import DEFAULT_BOOTSTRAP
 from agent.store import RunDirError
 from kloop.console import make_console
 
@@ -45,7 +46,7 @@ def report_command(
     out: Annotated[Path | None, Opt(help="Where to write report.md and the PNGs (default: RUN/report, or runs/reports/<names> for several runs or a git-tracked one).")] = None,
     html: Annotated[bool, Opt("--html", help="Also write report.html: one self-contained page.")] = False,
     as_json: Annotated[bool, Opt("--json", help="Also write report.json and print it on stdout.")] = False,
-    bootstrap: Annotated[int, Opt(help="Bootstrap resamples for confidence intervals (0: none).")] = 1000,
+    bootstrap: Annotated[int, Opt(help="Bootstrap resamples for confidence intervals (0: none).")] = DEFAULT_BOOTSTRAP,
     seed: Annotated[int, Opt(help="Seed of the bootstrap.")] = 0,
     scope: Annotated[str, Opt(help="Budget curves per `problem` (default) or for the whole `run`.")] = "problem",
 ) -> None:
