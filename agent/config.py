@@ -68,9 +68,11 @@ class AgentConfig(_Config):
     @field_validator("prompts_dir")
     @classmethod
     def _a_folder(cls, v: Path | None) -> Path | None:
-        # Checked when the config is resolved, so a wrong path fails before a run dir exists.
-        if v is not None and not v.is_dir():
-            raise ValueError(f"{v} is not a folder of .j2 templates")
+        # Checked when the config is resolved, so a wrong folder fails before a run dir exists.
+        if v is not None:
+            from agent.prompts import check_prompts_dir
+
+            check_prompts_dir(v)
         return v
 
 
