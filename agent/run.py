@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.live import Live
 from rich.logging import RichHandler
 from rich.progress import (
     BarColumn,
@@ -32,7 +34,7 @@ from agent.config import ConfigError, RunConfig, dotted, merge, parse_layer, res
 from agent.records import EpisodeRecord, RunSummary, TurnRecord
 from agent.store import RunDirError, RunStore
 from agent.strategies import Runner
-from agent.sweep import is_sweep_file, run_sweep
+from agent.sweep import CellProgress, is_sweep_file, run_sweep
 from kloop.console import make_console
 
 console = make_console(stderr=True)
@@ -293,9 +295,40 @@ def placement(cfg: RunConfig) -> list[str]:
                                                      cfg.concurrency)]
 
 
+class SweepProgress:
+    """One line per cell while a sweep runs: redrawn in place on a terminal, printed whenever a
+    cell's line changes when piped (a log file gets every step, in order)."""
+
+    def __init__(self, out: Console | None = None):
+        self.console = out or console
+        self.lines: dict[str, str] = {}
+        self.live = Live(Text(""), console=self.console, auto_refresh=False,
+                         transient=False) if self.console.is_terminal else None
+
+    def __enter__(self) -> SweepProgress:
+        if self.live is not None:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def update(self, p: CellProgress) -> None:
+        line = p.line()
+        if self.lines.get(p.cell_id) == line:
+            return
+        self.lines[p.cell_id] = line
+        if self.live is not None:
+            self.live.update(Text("\n".join(self.lines.values())), refresh=True)
+        else:
+            self.console.print(line, highlight=False, soft_wrap=True)
+
+
 def _run_sweep(path: Path) -> None:
     """Every cell of a sweep into one experiment directory; finished cells are skipped."""
-    outcomes = run_sweep(path)
+    with SweepProgress() as progress:
+        outcomes = run_sweep(path, on_cell=progress.update)
     table = Table(title=f"sweep {path}")
     for col in ("cell", "action", "status", "run directory"):
         table.add_column(col)
