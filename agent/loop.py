@@ -107,6 +107,7 @@ def run_episode(spec: EpisodeSpec, env: EpisodeEnv, done: list[TurnRecord] | Non
         rec = TurnRecord(
             run_id=env.run_id, episode_key=spec.key, episode=spec.episode,
             problem_id=spec.problem.id, problem_stem=spec.problem.stem, turn=turn,
+            position=state.position,
             parent=state.parent, messages=messages, reply=reply, summary=context.call, fault=fault,
             call_id=call_id, code=code,
             code_sha256=sha256_text(code) if code is not None else None,

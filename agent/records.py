@@ -88,6 +88,10 @@ class TurnRecord(_Record):
     problem_stem: str
     turn: int
     """1-based index of this turn within its episode (turns inherited from a parent excluded)."""
+    position: int | None = None
+    """1-based place of this turn in the trajectory the model saw, inherited turns included: the
+    N of the "Turn N of M" its feedback says (a fork's or a beam child's first turn is past 1).
+    None in records from before it was kept."""
     parent: TurnRef | None = None
     """The node this turn continues: its episode's previous turn or, for a first turn, the turn the
     episode branched from (beam, tree, fork); None for the first turn of an episode from scratch.

@@ -115,7 +115,10 @@ class Reporter:
         ev = t.eval
         extra = f" {ev.runtime_ms:.4g} ms" if ev is not None and ev.runtime_ms is not None else ""
         speed = f" ({ev.speedup_vs_eager:.2f}x eager)" if ev is not None and ev.speedup_vs_eager else ""
-        console.print(f"  {t.problem_id} ep {t.episode} turn {t.turn}: [bold]{t.status}[/bold]{extra}{speed}")
+        # A fork's or a child's prompts count the inherited turns: say where the turn sits there.
+        seen = f" (turn {t.position} of its trajectory)" if t.position not in (None, t.turn) else ""
+        console.print(f"  {t.problem_id} ep {t.episode} turn {t.turn}{seen}: [bold]{t.status}[/bold]"
+                      f"{extra}{speed}")
 
     def on_episode(self, e: EpisodeRecord) -> None:
         console.print(f"{e.problem_id} episode {e.episode} stopped: {e.stop_reason} ({e.stop_detail})")

@@ -72,20 +72,29 @@ class TreeRow(BaseModel):
     value: float
     children: int
     best: bool
+    origin: str | None = None
+    """For a root of a fork's tree: the node of the source run it continues."""
 
 
 class Tree:
     """The nodes of a problem's turns, linked through `TurnRecord.parent`."""
 
-    def __init__(self, turns: list[TurnRecord], episode_parents: dict[str, TurnRef | None] | None = None):
+    def __init__(self, turns: list[TurnRecord], episode_parents: dict[str, TurnRef | None] | None = None,
+                 external: dict[tuple[str, int], str] | None = None):
         """`episode_parents` (episode key -> `EpisodeRecord.parent`) places the first turns of
-        records written before turns carried their parent."""
+        records written before turns carried their parent. `external`: the labels of nodes
+        outside these turns that some of them continue (the source run of a fork), by
+        (episode key, turn)."""
+        self.origin: dict[int, str] = {}
+        """id(node) -> the label of the outside node a top node continues."""
         ordered = sorted(turns, key=lambda t: (t.episode, t.turn))
         self.nodes = {(t.episode_key, t.turn): Node(t, None) for t in ordered}
         self.top: list[Node] = []
         for node in self.nodes.values():
             ref = parent_ref(node.rec, episode_parents or {})
             node.parent = self.nodes.get((ref.episode_key, ref.turn)) if ref is not None else None
+            if node.parent is None and ref is not None and (ref.episode_key, ref.turn) in (external or {}):
+                self.origin[id(node)] = (external or {})[ref.episode_key, ref.turn]
             (node.parent.children if node.parent is not None else self.top).append(node)
         for node in reversed(self.nodes.values()):  # children come after their parents
             if node.parent is not None:
@@ -154,7 +163,7 @@ class Tree:
                 prefix=lead + ("└─ " if last else "├─ "), node=str(node.address),
                 status=node.rec.status, speedup_vs_eager=speed, comparable=host is None,
                 value=round(node_value(node.rec), 4), children=len(node.children),
-                best=node.rec is best))
+                best=node.rec is best, origin=self.origin.get(id(node))))
             for i, child in enumerate(node.children):
                 walk(child, lead + ("   " if last else "│  "), i == len(node.children) - 1)
 
@@ -180,5 +189,8 @@ def draw(rows: list[TreeRow], title: str) -> list[str]:
         speed = f" {r.speedup_vs_eager:.3g}x" if r.speedup_vs_eager is not None else ""
         speed += " (CPU time, not comparable)" if speed and not r.comparable else ""
         mark = "  <- best" if r.best else ""
-        lines.append(f"{r.prefix}{r.node} {r.status}{speed} (value {r.value:.2f}){mark}")
+        # A fork keeps its source's episode numbers: say which source node a root continues,
+        # so it is not taken for that node itself.
+        origin = f" forked from source {r.origin}" if r.origin else ""
+        lines.append(f"{r.prefix}{r.node}{origin} {r.status}{speed} (value {r.value:.2f}){mark}")
     return lines
