@@ -24,8 +24,15 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
+from agent.models.base import Message, ToolCall
 from agent.records import TurnRecord
 from agent.store import RunStore
 from evaluator.result import EvalResult
@@ -68,8 +75,27 @@ def reward(result: EvalResult | None, cfg: RewardConfig = RewardConfig()) -> flo
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    """An assistant message's tool calls (a tool-using agent's run, `strategy.kind: agent`)."""
+    tool_call_id: str | None = None
+    """A `tool` message: the call whose result it holds."""
+
+    @model_serializer(mode="wrap")
+    def _lean(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # Left out where empty, so a turn loop's records are the plain {role, content} chat rows.
+        data = handler(self)
+        for key in ("tool_calls", "tool_call_id"):
+            if not data.get(key):
+                data.pop(key, None)
+        return data
+
+    @classmethod
+    def of(cls, m: Message, clean: _Redactor) -> ChatMessage:
+        calls = [c.model_copy(update={"arguments": clean(c.arguments)}) for c in m.tool_calls]
+        return cls(role=m.role, content=clean(m.content), tool_calls=calls,
+                   tool_call_id=m.tool_call_id)
 
 
 class Interval(BaseModel):
@@ -155,8 +181,9 @@ def _redactor(store: RunStore) -> _Redactor:
 
 def _turn(t: TurnRecord, clean: _Redactor, rewards: RewardConfig) -> TurnExample:
     ev = t.eval
-    msgs = [ChatMessage(role=m.role, content=clean(m.content)) for m in t.messages]
-    msgs.append(ChatMessage(role="assistant", content=clean(t.reply.text)))
+    msgs = [ChatMessage.of(m, clean) for m in t.messages]
+    msgs.append(ChatMessage.of(Message(role="assistant", content=t.reply.text,
+                                       tool_calls=t.reply.tool_calls), clean))
     return TurnExample(
         run_id=t.run_id, problem_id=t.problem_id, episode=t.episode, turn=t.turn,
         model=t.reply.model, messages=msgs, verdict=t.status,
@@ -167,7 +194,10 @@ def _turn(t: TurnRecord, clean: _Redactor, rewards: RewardConfig) -> TurnExample
 
 def examples(run_dir: Path, per: Literal["turn", "episode"] = "turn",
              rewards: RewardConfig = RewardConfig()) -> Iterator[TurnExample | EpisodeExample]:
-    """The run's turns (or episodes) as training records, in (problem, episode, turn) order."""
+    """The run's turns (or episodes) as training records, in (problem, episode, turn) order:
+    those with a verdict or a model fault. A tool-using agent's steps that judged nothing
+    (`problem()`, a profile or submit of a kernel judged earlier) have no reward to give and are
+    left out as records; the conversation of each later step still holds them."""
     store = RunStore.open(run_dir)
     clean = _redactor(store)
     turns = sorted((t for t in store.turns() if t.eval is not None or t.fault is not None),

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from agent_fakes import EAGER_MS, FakeEvaluator, kernel, reply, run_kloop
+from agent_fakes import EAGER_MS, FakeEvaluator, kernel, make_runner, reply, run_kloop
 
 from agent import components
 from agent.export import REDACTED, RewardConfig, _interval, examples, reward
@@ -108,3 +108,26 @@ def test_examples_skip_imported_kernels_never_judged(tmp_path):
     run = tmp_path / "imported"
     assert run_kloop("import", "kernelbench", src, "--out", run).exit_code == 0
     assert list(examples(run)) == []
+
+
+def test_an_agent_run_exports_its_tool_calls_and_results(tmp_path):
+    from test_agentic import FAST, WRONG, call
+
+    from agent.components import load_problems
+    from agent.export import export
+
+    replies = [call("problem"), call("evaluate", WRONG), call("evaluate", FAST), call("submit", FAST)]
+    runner, _ = make_runner(tmp_path, replies, FakeEvaluator(), strategy={"kind": "agent", "turns": 8})
+    runner.run(load_problems(runner.cfg))
+    out = tmp_path / "agent.jsonl"
+    assert export(tmp_path / "run", out, "messages") == 2  # the judged steps; problem() and submit judge nothing
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["verdict"] for r in rows] == ["incorrect", "correct"]
+    last = rows[1]["messages"]
+    # The conversation as the model had it: each reply's call, then that call's result.
+    assert [m["role"] for m in last] == ["system", "user", "assistant", "tool", "assistant", "tool",
+                                        "assistant"]
+    assert [m["tool_call_id"] for m in last if m["role"] == "tool"] == ["call_problem", "call_evaluate"]
+    assert last[-1]["tool_calls"] == [{"id": "call_evaluate", "name": "evaluate",
+                                       "arguments": json.dumps({"code": FAST})}]
+    assert "tool_calls" not in last[0] and "tool_call_id" not in last[0]
