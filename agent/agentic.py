@@ -5,9 +5,10 @@ tool call it makes (the first, if it makes several): evaluate(code), profile(cod
 submit(code). A reply without a tool call submits the module in its ```python block, or is a
 model fault (feedback, and a step). Each step is a TurnRecord (the call in `tool`, the kernel and
 its verdict, the tool's result as `feedback`), recorded, charged and shown as a turn of the turn
-loop is. The reply is written to calls.jsonl before its tool runs, so a run killed meanwhile
-resumes with that reply instead of asking again. The episode's kernel is the best one it
-evaluated (agent.tally), submitted or not. The tools themselves are in agent/tools.py.
+loop is. The call is logged in calls.jsonl as the turn loop's are (`agent.episode.ask_logged`),
+its reply with it, before its tool runs, so a run killed meanwhile resumes with that reply
+instead of asking again. The episode's kernel is the best one it evaluated (agent.tally),
+submitted or not. The tools themselves are in agent/tools.py.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import time
 from typing import Protocol
 
 from agent.budget import Meter, Spend
-from agent.episode import EpisodeEnv, EpisodeSpec, EpisodeState, sha256_text
+from agent.episode import EpisodeEnv, EpisodeSpec, EpisodeState, ask_logged, sha256_text
 from agent.episode import opening as turn_opening
 from agent.errors import InfraFault
 from agent.loop import check_stop
-from agent.models.base import Address, Message, ModelReply
+from agent.models.base import Address, Message
 from agent.records import CallRecord, EpisodeRecord, StopReason, TurnRecord, utcnow
+from agent.tally import Unaccounted
 from agent.tools import NOT_RUN, TOOLS, Facts, run_tool
 from evaluator.result import ErrorInfo
 
@@ -29,11 +31,20 @@ __all__ = ["NOT_RUN", "TOOLS", "Facts", "run_agent_episode"]
 
 
 class CallSink(Protocol):
-    """Where the agent's model calls go before their tool runs (the run store)."""
+    """Where the agent's model calls are logged and read back (the run store)."""
 
     def append_call(self, record: CallRecord) -> None: ...
 
     def calls(self) -> list[CallRecord]: ...
+
+
+def pending_replies(calls: list[CallRecord], key: str, own: list[TurnRecord]) -> dict[int, CallRecord]:
+    """By step, the answered calls of episode `key` that kept their reply and that no step
+    recorded yet: their tool was cut off (a kill, an infrastructure fault), so the resumed
+    episode runs it with this reply."""
+    named = {t.call_id for t in own}
+    return {c.turn: c for c in calls if c.episode_key == key and c.phase == "answered"
+            and c.reply is not None and c.call_id not in named}
 
 
 def opening(spec: EpisodeSpec, env: EpisodeEnv) -> list[Message]:
@@ -57,13 +68,6 @@ def conversation(first: list[Message], steps: list[TurnRecord]) -> list[Message]
     return out
 
 
-def ask(env: EpisodeEnv, messages: list[Message], at: Address) -> ModelReply:
-    query_at = getattr(env.model, "query_at", None)
-    if query_at is not None:
-        return query_at(messages, at, tools=TOOLS)
-    return env.model.query(messages, tools=TOOLS)
-
-
 def _submitted(rec: TurnRecord) -> bool:
     return rec.fault is None and rec.tool is not None and rec.tool.name == "submit"
 
@@ -73,16 +77,17 @@ def _infra(what: str, e: InfraFault) -> tuple[tuple[StopReason, str], ErrorInfo]
 
 
 def run_agent_episode(spec: EpisodeSpec, env: EpisodeEnv, done: list[TurnRecord] | None = None,
-                      *, facts: Facts) -> EpisodeRecord:
-    """Run (or, given the steps already `done`, continue) one agent episode to its stop reason."""
+                      carried: Unaccounted | None = None, *, facts: Facts) -> EpisodeRecord:
+    """Run (or, given the steps already `done`, continue) one agent episode to its stop reason.
+    `carried`: calls of this episode paid for but not yet accounted for (as `run_episode`)."""
     state = EpisodeState(spec, done)
-    meter = Meter(env.limits, "episode", parent=env.run_meter, spent=state.spend)
+    unrecorded, unrecorded_calls = (carried.spend, list(carried.call_ids)) if carried else (Spend(), [])
+    meter = Meter(env.limits, "episode", parent=env.run_meter, spent=state.spend + unrecorded)
     sink: CallSink = env.sink  # type: ignore[assignment]
-    pending = {c.turn: c for c in sink.calls() if c.episode_key == spec.key}
+    pending = pending_replies(sink.calls(), spec.key, state.own)
     first = opening(spec, env)
     started_at = done[0].started_at if done else utcnow()
     error: ErrorInfo | None = None
-    unrecorded = Spend()
     while True:
         turn = len(state.own) + 1
         if state.own and _submitted(state.own[-1]):
@@ -94,23 +99,27 @@ def run_agent_episode(spec: EpisodeSpec, env: EpisodeEnv, done: list[TurnRecord]
         turn_start, clock = utcnow(), time.monotonic()
         messages = conversation(first, state.own)
         if turn in pending:
-            reply = pending[turn].reply
+            reply, call_id = pending[turn].reply, pending[turn].call_id
+            assert reply is not None
+            if call_id in unrecorded_calls:  # the meter holds it already; the step accounts for it now
+                unrecorded_calls.remove(call_id)
+                unrecorded = unrecorded - Spend.of_reply(reply)
+            else:
+                meter.charge(Spend.of_reply(reply))
         else:
             try:
-                reply = ask(env, messages, Address(problem=spec.problem.id, episode=spec.episode,
-                                                   turn=turn))
+                reply, call_id = ask_logged(env, spec, messages, Address(
+                    problem=spec.problem.id, episode=spec.episode, turn=turn), tools=TOOLS)
             except InfraFault as e:
                 stop, error = _infra("model call", e)
                 break
-            sink.append_call(CallRecord(
-                run_id=env.run_id, episode_key=spec.key, problem_id=spec.problem.id,
-                episode=spec.episode, turn=turn, reply=reply, started_at=turn_start))
-        meter.charge(Spend.of_reply(reply))
+            meter.charge(Spend.of_reply(reply))
         try:
             out = run_tool(reply, spec, env, state, facts)
         except InfraFault as e:
-            # Paid, and in calls.jsonl: a resumed run uses the reply and records the step then.
-            unrecorded = Spend.of_reply(reply)
+            # Paid, and in calls.jsonl with its reply: a resumed run uses it and records the step.
+            unrecorded += Spend.of_reply(reply)
+            unrecorded_calls.append(call_id)
             stop, error = _infra("evaluation", e)
             break
         meter.charge(Spend(eval_s=out.eval_s))
@@ -118,7 +127,8 @@ def run_agent_episode(spec: EpisodeSpec, env: EpisodeEnv, done: list[TurnRecord]
         rec = TurnRecord(
             run_id=env.run_id, episode_key=spec.key, episode=spec.episode,
             problem_id=spec.problem.id, problem_stem=spec.problem.stem, turn=turn,
-            parent=state.parent, messages=messages, reply=reply, fault=out.fault, code=code,
+            position=state.position, parent=state.parent, messages=messages, reply=reply,
+            fault=out.fault, call_id=call_id, code=code,
             code_sha256=sha256_text(code) if code is not None else None,
             kernel_path=env.sink.kernel_relpath(spec.problem.stem, spec.episode, turn) if code else None,
             eval=out.result, feedback=out.text, tool=out.call,
@@ -136,6 +146,7 @@ def run_agent_episode(spec: EpisodeSpec, env: EpisodeEnv, done: list[TurnRecord]
         problem_sha256=spec.problem.sha256, sample=spec.sample, round=spec.round,
         parent=spec.parent, turns=len(state.own), statuses=[r.status for r in state.own],
         stop_reason=reason, stop_detail=detail, best=state.best,
-        spend=state.spend + unrecorded, unrecorded_spend=unrecorded, error=error,
+        spend=state.spend + unrecorded, unrecorded_spend=unrecorded,
+        unrecorded_calls=unrecorded_calls, error=error,
         started_at=started_at, finished_at=utcnow(),
     )

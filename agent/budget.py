@@ -41,6 +41,10 @@ class Spend(BaseModel):
     def __add__(self, other: Spend) -> Spend:
         return Spend(**{k: getattr(self, k) + getattr(other, k) for k in Spend.model_fields})
 
+    def __sub__(self, other: Spend) -> Spend:
+        """What is left once `other`, a part of this total, is accounted for elsewhere."""
+        return Spend(**{k: getattr(self, k) - getattr(other, k) for k in Spend.model_fields})
+
     @classmethod
     def of_reply(cls, reply: ModelReply) -> Spend:
         u = reply.usage

@@ -14,12 +14,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from agent.config import ConfigError, RunConfig
+from agent.config import ConfigError, RunConfig, judged_constants
 from agent.errors import EvalInfraError
 from agent.models import get_model
 from agent.protocols import Evaluator, Model
 from evaluator.config import EvalConfig
-from evaluator.precheck import check_overrides
+from evaluator.precheck import check_overrides, small_overrides
 from evaluator.result import EvalResult
 from problems.registry import Problem, ProblemError, ProblemSet, load_problem_set
 
@@ -57,6 +57,20 @@ def load_problems(cfg: RunConfig) -> list[Problem]:
     return chosen
 
 
+def with_size(cfg: RunConfig, size: str) -> RunConfig:
+    """`--size small`: each chosen problem's small constants, under any given explicitly."""
+    if size not in ("full", "small"):
+        raise ConfigError(f"--size must be full or small, not {size!r}")
+    if size == "full":
+        return cfg
+    given = {k.lower(): v for k, v in cfg.problem_overrides.items()}
+    sizes = {p.id: {**small_overrides(p.source), **given.get(p.id.lower(), given.get(p.stem.lower(), {}))}
+             for p in load_problems(cfg)}
+    kept = {k: v for k, v in cfg.problem_overrides.items()
+            if k.lower() not in {i.lower() for i in sizes}}
+    return cfg.model_copy(update={"problem_overrides": {**kept, **sizes}})
+
+
 def build_model(cfg: RunConfig) -> Model:
     try:
         return get_model(cfg.model.spec, cfg.model)
@@ -67,12 +81,8 @@ def build_model(cfg: RunConfig) -> Model:
 def problem_configs(base: EvalConfig, overrides: dict[str, dict[str, Any]],
                     problems: list[Problem]) -> dict[str, EvalConfig]:
     """Each problem's EvalConfig: the run's, with that problem's constant overrides."""
-    configs = {}
-    for p in problems:
-        extra = next((v for k, v in overrides.items() if k.lower() in (p.id.lower(), p.stem.lower())), {})
-        configs[p.id] = base.model_copy(
-            update={"problem_overrides": {**base.problem_overrides, **extra}})
-    return configs
+    return {p.id: base.model_copy(update={"problem_overrides": judged_constants(
+        base.problem_overrides, overrides, p.id, p.stem)}) for p in problems}
 
 
 class LocalEvaluator:

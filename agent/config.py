@@ -68,9 +68,11 @@ class AgentConfig(_Config):
     @field_validator("prompts_dir")
     @classmethod
     def _a_folder(cls, v: Path | None) -> Path | None:
-        # Checked when the config is resolved, so a wrong path fails before a run dir exists.
-        if v is not None and not v.is_dir():
-            raise ValueError(f"{v} is not a folder of .j2 templates")
+        # Checked when the config is resolved, so a wrong folder fails before a run dir exists.
+        if v is not None:
+            from agent.prompts import check_prompts_dir
+
+            check_prompts_dir(v)
         return v
 
 
@@ -205,6 +207,16 @@ class ExecutorConfig(_Config):
             raise ValueError("address is for the ray executor: add --executor ray "
                              "(executor.kind: ray)")
         return self
+
+
+def judged_constants(base: dict[str, Any], overrides: dict[str, dict[str, Any]],
+                     problem_id: str, problem_stem: str) -> dict[str, Any]:
+    """The module constants a problem is judged with: the evaluator's own overrides, then the
+    run's for that problem (keyed by id or stem, any case). The evaluator's config and the task
+    prompt both read them here, so the prompt shows the sizes that are judged."""
+    keys = (problem_id.lower(), problem_stem.lower())
+    extra = next((v for k, v in overrides.items() if k.lower() in keys), {})
+    return {**base, **extra}
 
 
 class RunConfig(_Config):

@@ -7,19 +7,23 @@ from the turns on disk, which is how resume continues an interrupted episode.
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from agent.budget import Meter, Spend
-from agent.config import AgentConfig, Limits
-from agent.models.base import Address, Message, ModelReply
+from agent.config import AgentConfig, Limits, judged_constants
+from agent.errors import InfraFault
+from agent.models.base import Address, Message, ModelReply, ToolSpec
 from agent.prompts import PromptSet
 from agent.protocols import Evaluator, Model
-from agent.records import BestKernel, ModelFaultInfo, TurnRecord, TurnRef
+from agent.records import BestKernel, CallRecord, ModelFaultInfo, TurnRecord, TurnRef
+from agent.report.bound import Bound, bound_of
 from agent.tally import best_turn
 from evaluator.config import Comparison
 from evaluator.result import EvalResult
+from problems.cost import cost_of
 from problems.registry import Problem
 
 
@@ -29,6 +33,8 @@ class TurnSink(Protocol):
     def kernel_relpath(self, problem_stem: str, episode: int, turn: int) -> str: ...
 
     def append_turn(self, record: TurnRecord) -> None: ...
+
+    def append_call(self, record: CallRecord) -> None: ...
 
 
 @dataclass
@@ -61,6 +67,10 @@ class EpisodeEnv:
     prompts: PromptSet
     comparison: Comparison
     """How the evaluator compares outputs (precision, tolerance): the task prompt states it."""
+    base_overrides: dict[str, Any] = field(default_factory=dict)
+    """The evaluator's own constant overrides (`eval.problem_overrides`), for every problem."""
+    problem_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The run's per-problem constant overrides (`problem_overrides`, `--size small`)."""
     on_turn: Callable[[TurnRecord], None] | None = None
 
 
@@ -148,25 +158,57 @@ class EpisodeState:
 def opening(spec: EpisodeSpec, env: EpisodeEnv) -> list[Message]:
     """The system and task messages every turn of the episode starts with."""
     total = len(spec.prefix) + spec.max_turns
+    sizes = judged_constants(env.base_overrides, env.problem_overrides, spec.problem.id,
+                             spec.problem.stem)
     variables = {"problem": spec.problem, "backend": env.agent.backend, "gpu": env.agent.gpu,
-                 "max_turns": total, "comparison": env.comparison}
+                 "max_turns": total, "comparison": env.comparison, "sizes": sizes}
     return [
         Message(role="system", content=env.prompts.render("system", **variables)),
         Message(role="user", content=env.prompts.render("task", **variables)),
     ]
 
 
-def ask(model: Model, messages: list[Message], at: Address) -> ModelReply:
-    """One query; a model whose replies depend on where they are asked (addressed scripted
-    replies, see `agent.protocols.Addressed`) is told where."""
+def ask(model: Model, messages: list[Message], at: Address,
+        tools: list[ToolSpec] | None = None) -> ModelReply:
+    """One query (offered `tools`, if any); a model whose replies depend on where they are asked
+    (addressed scripted replies, see `agent.protocols.Addressed`) is told where."""
+    offered: dict[str, Any] = {} if tools is None else {"tools": tools}
     query_at = getattr(model, "query_at", None)
-    return query_at(messages, at) if query_at is not None else model.query(messages)
+    if query_at is not None:
+        return query_at(messages, at, **offered)
+    return model.query(messages, **offered)
+
+
+class Asked(NamedTuple):
+    reply: ModelReply
+    call_id: str
+
+
+def ask_logged(env: EpisodeEnv, spec: EpisodeSpec, messages: list[Message], at: Address,
+               tools: list[ToolSpec] | None = None) -> Asked:
+    """The query, logged in `calls.jsonl` before it is sent and when it ends, so a process killed
+    before its turn is written still leaves the call for resume to count. A call offered `tools`
+    (the tool-using agent) keeps its reply in the log: the tool it asks for runs after the line
+    is written, and a resumed run uses the reply instead of asking again."""
+    where = dict(run_id=env.run_id, call_id=uuid.uuid4().hex, episode_key=spec.key,
+                 problem_id=spec.problem.id, episode=spec.episode, turn=at.turn)
+    env.sink.append_call(CallRecord(phase="sent", **where))
+    try:
+        reply = ask(env.model, messages, at, tools)
+    except InfraFault:
+        env.sink.append_call(CallRecord(phase="failed", **where))  # closed: never charged
+        raise
+    env.sink.append_call(CallRecord(phase="answered", spend=Spend.of_reply(reply),
+                                    reply=reply if tools is not None else None, **where))
+    return Asked(reply, where["call_id"])
 
 
 def feedback_vars(state: EpisodeState, result: EvalResult | None, fault: ModelFaultInfo | None,
-                  agent: AgentConfig, tool_mode: bool = False) -> dict[str, Any]:
-    """The one dict every feedback template renders from (`tool_mode`: the result of a tool-using
-    agent's `evaluate` call, which speaks of steps and asks for no code block)."""
+                  agent: AgentConfig, precision: str = "fp32",
+                  tool_mode: bool = False) -> dict[str, Any]:
+    """The one dict every feedback template renders from (`precision`: the run's, for the
+    speed-of-light bound of a correct result timed on a GPU; `tool_mode`: the result of a
+    tool-using agent's `evaluate` call, which speaks of steps and asks for no code block)."""
     total = len(state.spec.prefix) + state.spec.max_turns
     position = state.position
     history = [*state.history(), history_row(position, result)]
@@ -181,6 +223,8 @@ def feedback_vars(state: EpisodeState, result: EvalResult | None, fault: ModelFa
         "max_chars": agent.feedback_max_chars,
         "profile_feedback": agent.profile_feedback,
         "tool_mode": tool_mode,
+        "bound": (bound_of(cost_of(state.spec.problem), result, precision) if result is not None
+                  else Bound(None)),
     }
 
 

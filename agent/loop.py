@@ -18,7 +18,7 @@ from agent.episode import (
     EpisodeEnv,
     EpisodeSpec,
     EpisodeState,
-    ask,
+    ask_logged,
     feedback_template,
     feedback_vars,
     opening,
@@ -28,6 +28,7 @@ from agent.errors import InfraFault, ModelFault
 from agent.extract import extract_code
 from agent.models.base import Address, ModelReply
 from agent.records import EpisodeRecord, ModelFaultInfo, StopReason, TurnRecord, utcnow
+from agent.tally import Unaccounted
 from evaluator.result import ErrorInfo, EvalResult
 
 log = logging.getLogger(__name__)
@@ -62,15 +63,16 @@ def extract(reply: ModelReply) -> tuple[str | None, ModelFaultInfo | None]:
         return None, ModelFaultInfo(type=type(e).__name__, message=str(e))
 
 
-def run_episode(spec: EpisodeSpec, env: EpisodeEnv,
-                done: list[TurnRecord] | None = None) -> EpisodeRecord:
-    """Run (or, given the turns already `done`, continue) one episode to its stop reason."""
+def run_episode(spec: EpisodeSpec, env: EpisodeEnv, done: list[TurnRecord] | None = None,
+                carried: Unaccounted | None = None) -> EpisodeRecord:
+    """Run (or, given the turns already `done`, continue) one episode to its stop reason.
+    `carried`: calls of this episode paid for but not yet accounted for (a killed process's)."""
     state = EpisodeState(spec, done)
-    meter = Meter(env.limits, "episode", parent=env.run_meter, spent=state.spend)
+    unrecorded, unrecorded_calls = (carried.spend, list(carried.call_ids)) if carried else (Spend(), [])
+    meter = Meter(env.limits, "episode", parent=env.run_meter, spent=state.spend + unrecorded)
     opening_msgs = opening(spec, env)
     started_at = done[0].started_at if done else utcnow()
     error: ErrorInfo | None = None
-    unrecorded = Spend()
     while (stop := check_stop(spec, env, state, meter)) is None:
         turn_start, clock = utcnow(), time.monotonic()
         at = Address(problem=spec.problem.id, episode=spec.episode, turn=len(state.own) + 1)
@@ -79,9 +81,9 @@ def run_episode(spec: EpisodeSpec, env: EpisodeEnv,
             context = condense(state.trajectory, env, at, spec.problem.stem)
             meter.charge(context.spend)
             messages = build_messages(opening_msgs, state.trajectory, env.agent, context)
-            reply = ask(env.model, messages, at)
+            reply, call_id = ask_logged(env, spec, messages, at)
         except InfraFault as e:
-            unrecorded = context.spend
+            unrecorded += context.spend
             stop, error = ("infra_error", f"model call failed: {e}"), _error_info(e)
             break
         meter.charge(Spend.of_reply(reply))
@@ -91,20 +93,23 @@ def run_episode(spec: EpisodeSpec, env: EpisodeEnv,
             try:
                 result, eval_s = evaluate_timed(env, spec, code)
             except InfraFault as e:
-                unrecorded = context.spend + Spend.of_reply(reply)
+                unrecorded += context.spend + Spend.of_reply(reply)
+                unrecorded_calls.append(call_id)
                 stop, error = ("infra_error", f"evaluation failed: {e}"), _error_info(e)
                 break
             meter.charge(Spend(eval_s=eval_s))
         feedback = env.prompts.render(feedback_template(result),
-                                      **feedback_vars(state, result, fault, env.agent))
+                                      **feedback_vars(state, result, fault, env.agent,
+                                                     env.comparison.precision))
         turn = len(state.own) + 1
         spend = (context.spend + Spend.of_reply(reply)).model_copy(
             update={"eval_s": eval_s, "wall_s": time.monotonic() - clock})
         rec = TurnRecord(
             run_id=env.run_id, episode_key=spec.key, episode=spec.episode,
             problem_id=spec.problem.id, problem_stem=spec.problem.stem, turn=turn,
+            position=state.position,
             parent=state.parent, messages=messages, reply=reply, summary=context.call, fault=fault,
-            code=code,
+            call_id=call_id, code=code,
             code_sha256=sha256_text(code) if code is not None else None,
             kernel_path=env.sink.kernel_relpath(spec.problem.stem, spec.episode, turn) if code else None,
             eval=result, feedback=feedback, spend=spend, started_at=turn_start, finished_at=utcnow())
@@ -122,7 +127,8 @@ def run_episode(spec: EpisodeSpec, env: EpisodeEnv,
         problem_sha256=spec.problem.sha256, sample=spec.sample, round=spec.round,
         parent=spec.parent, turns=len(state.own), statuses=[r.status for r in state.own],
         stop_reason=reason, stop_detail=detail, best=state.best,
-        spend=state.spend + unrecorded, unrecorded_spend=unrecorded, error=error,
+        spend=state.spend + unrecorded, unrecorded_spend=unrecorded,
+        unrecorded_calls=unrecorded_calls, error=error,
         started_at=started_at, finished_at=utcnow(),
     )
 

@@ -15,6 +15,7 @@ import jinja2
 
 import prompts as prompts_package
 from agent.ncu_hints import hint, stalls_text
+from evaluator.precheck import source_with_constants
 from evaluator.resources import bare_name
 from kloop.errors import KloopError
 
@@ -52,8 +53,29 @@ def fmt_bytes(value: int | None) -> str:
     return f"{value} B" if value < 1024 else f"{value / 1024:.1f} KB"
 
 
-class PromptsDirError(KloopError):
+class PromptsDirError(KloopError, ValueError):
     """A `--prompts-dir` that is not a folder."""
+
+
+def check_prompts_dir(folder: Path) -> None:
+    """Refuse a `--prompts-dir` that is no folder, holds no template, or holds one jinja2
+    cannot parse (found before any run dir exists, not at the first turn that renders it)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise PromptsDirError(f"{folder} is not a folder of .j2 templates (copies of those in "
+                              f"{PACKAGED_DIR})")
+    templates = sorted(folder.rglob("*.j2"))
+    if not templates:
+        raise PromptsDirError(f"{folder} holds no .j2 template: copy the ones to change from "
+                              f"{PACKAGED_DIR}")
+    env = jinja2.Environment()
+    for path in templates:
+        try:
+            env.parse(path.read_text(encoding="utf-8"))
+        except jinja2.TemplateSyntaxError as e:
+            raise PromptsDirError(f"{path}:{e.lineno}: broken template: {e.message}") from None
+        except UnicodeDecodeError:
+            raise PromptsDirError(f"{path}: not UTF-8 text") from None
 
 
 class PromptSet:
@@ -61,9 +83,8 @@ class PromptSet:
 
     def __init__(self, prompts_dir: Path | None = None):
         dirs = [str(prompts_dir)] if prompts_dir is not None else []
-        if prompts_dir is not None and not Path(prompts_dir).is_dir():
-            raise PromptsDirError(f"prompts directory {prompts_dir} does not exist; give a folder "
-                                  f"of .j2 templates (copies of those in {PACKAGED_DIR})")
+        if prompts_dir is not None:
+            check_prompts_dir(prompts_dir)
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader([*dirs, str(PACKAGED_DIR)]),
             undefined=jinja2.StrictUndefined,
@@ -73,7 +94,8 @@ class PromptSet:
             autoescape=False,
         )
         self.env.filters.update(clip=clip, ms=fmt_ms, x=fmt_x, num=fmt_num, nbytes=fmt_bytes,
-                                bare_name=bare_name, stalls=stalls_text, ncu_hint=hint)
+                                bare_name=bare_name, stalls=stalls_text, ncu_hint=hint,
+                                with_sizes=source_with_constants)
 
     def render(self, name: str, **variables: Any) -> str:
         """Render `name` (with or without `.j2`); a missing variable raises at once."""

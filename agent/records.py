@@ -89,6 +89,10 @@ class TurnRecord(_Record):
     problem_stem: str
     turn: int
     """1-based index of this turn within its episode (turns inherited from a parent excluded)."""
+    position: int | None = None
+    """1-based place of this turn in the trajectory the model saw, inherited turns included: the
+    N of the "Turn N of M" its feedback says (a fork's or a beam child's first turn is past 1).
+    None in records from before it was kept."""
     parent: TurnRef | None = None
     """The node this turn continues: its episode's previous turn or, for a first turn, the turn the
     episode branched from (beam, tree, fork); None for the first turn of an episode from scratch.
@@ -100,6 +104,9 @@ class TurnRecord(_Record):
     summary: SummaryCall | None = None
     """The summary call made before this turn's query, if one was due (`summary` policy)."""
     fault: ModelFaultInfo | None = None
+    call_id: str | None = None
+    """The model call of this turn as `calls.jsonl` logs it; None for imports and records
+    from before calls were logged."""
     code: str | None = None
     code_sha256: str | None = None
     kernel_path: str | None = None
@@ -118,25 +125,51 @@ class TurnRecord(_Record):
 
     @property
     def status(self) -> str:
+        """The verdict; `unevaluated` for a kernel no evaluator has judged yet (an import);
+        `info` for an agent's step that judged no kernel (it read the problem or a profile);
+        `format_error` for a reply without a kernel or a tool call that ran."""
         if self.eval is not None:
             return self.eval.status
-        return "info" if self.tool is not None and self.fault is None else "format_error"
+        if self.fault is not None:
+            return "format_error"
+        if self.code is not None:
+            return "unevaluated"
+        return "info" if self.tool is not None else "format_error"
+
+
+CallPhase = Literal["sent", "answered", "failed"]
 
 
 class CallRecord(_Record):
-    """A model call of a tool-using agent, appended to `calls.jsonl` as soon as its reply is in,
-    before the tool it asks for runs: a run killed while the tool runs resumes with this reply
-    instead of asking the model again (the step's TurnRecord, written after the tool, repeats it)."""
+    """One line of `calls.jsonl`, the run's log of model calls: each turn's (or agent step's)
+    call is appended before it is sent (`sent`), then once more when it ended: `answered`, with
+    its spend, or `failed` (the provider gave no reply: an infrastructure fault, never charged).
+
+    The log serves two readers. Accounting: a process killed after sending leaves a call no
+    turn names; resume folds its spend into the episode's `unrecorded_spend`, so the totals count
+    every request the provider saw (`agent.tally.unaccounted_calls`). Resume of a tool-using
+    agent: its `answered` line keeps the reply, written before the tool it asks for runs, so a
+    run killed while the tool runs (or stopped by an infrastructure fault in it) resumes with
+    that reply instead of asking the model again (`agent.agentic`)."""
 
     schema_version: int = TRAJECTORY_SCHEMA_VERSION
     kind: Literal["call"] = "call"
     run_id: str
+    call_id: str
+    """The same on every line of one call; the turn that used the reply names it too."""
     episode_key: str
     problem_id: str
     episode: int
     turn: int
-    reply: ModelReply
-    started_at: str
+    """The turn (agent: step) of its episode the call was made for."""
+    phase: CallPhase
+    spend: Spend | None = None
+    """An `answered` call's tokens and cost."""
+    reply: ModelReply | None = None
+    """An `answered` call's reply, kept where resume uses it instead of asking again (a
+    tool-using agent's step); None for the turn loop, which asks again and whose turn record
+    holds the reply."""
+    at: str = Field(default_factory=utcnow)
 
 
 class BestKernel(_Record):
@@ -178,7 +211,10 @@ class EpisodeRecord(_Record):
     best: BestKernel | None = None
     spend: Spend
     unrecorded_spend: Spend = Spend()
-    """Spend of a call whose turn could not be finished (infrastructure error): paid, not logged as a turn."""
+    """Spend of calls whose turn could not be finished (an infrastructure error, or a process
+    killed between the call and its turn record): paid, not logged as a turn."""
+    unrecorded_calls: list[str] = Field(default_factory=list)
+    """The `CallRecord.call_id`s whose spend `unrecorded_spend` holds."""
     error: ErrorInfo | None = None
     """The infrastructure error that stopped the episode."""
     started_at: str

@@ -18,13 +18,13 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
 from agent.budget import Spend
-from agent.components import build_evaluator, load_problems
-from agent.config import RunConfig, resolve
+from agent.components import build_evaluator, load_problems, with_size
+from agent.config import ConfigError, RunConfig, resolve
 from agent.episode import EpisodeSpec, EpisodeState, feedback_template, feedback_vars
 from agent.models.replay import ReplayModel
 from agent.prompts import PromptSet
@@ -64,15 +64,27 @@ class ReplayReport(BaseModel):
     differences: list[TurnDiff]
     replies_unused: int | None = None
     """Replay: recorded replies no query matched (the trajectory took another path)."""
+    first_judged: int = 0
+    """Rescore: kernels the source never judged (an import): judged now for the first time, so
+    they have no verdict to differ from."""
 
 
-def diff_turns(old: list[TurnRecord], new: list[TurnRecord]) -> tuple[int, list[TurnDiff]]:
-    """Turns matched by (problem, episode, turn) whose status differs, or that exist on one side only."""
+class TurnDiffs(NamedTuple):
+    compared: int
+    differences: list[TurnDiff]
+    first_judged: int
+
+
+def diff_turns(old: list[TurnRecord], new: list[TurnRecord]) -> TurnDiffs:
+    """Turns matched by (problem, episode, turn) whose status differs, or that exist on one side
+    only; a kernel the source never judged (`unevaluated`) is counted apart, not as a change."""
     before = {(t.problem_id, t.episode, t.turn): t.status for t in old}
     after = {(t.problem_id, t.episode, t.turn): t.status for t in new}
+    keys = sorted(before.keys() | after.keys())
     diffs = [TurnDiff(problem_id=k[0], episode=k[1], turn=k[2], before=before.get(k), after=after.get(k))
-             for k in sorted(before.keys() | after.keys()) if before.get(k) != after.get(k)]
-    return len(before.keys() | after.keys()), diffs
+             for k in keys if before.get(k) != after.get(k) and before.get(k) != "unevaluated"]
+    first = sum(1 for k in keys if before.get(k) == "unevaluated" and after.get(k) is not None)
+    return TurnDiffs(len(keys), diffs, first)
 
 
 def derived_config(source: RunStore, out: Path, layers: list[dict]) -> RunConfig:
@@ -101,7 +113,7 @@ def replay(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
     evaluator = evaluator or build_evaluator(cfg, problems)
     store = RunStore.create(out, cfg, kind="replay", source_run=str(source_dir))
     Runner(cfg, store, model, evaluator, on_turn=on_turn).run(problems)
-    compared, diffs = diff_turns(source.turns(), store.turns())
+    compared, diffs, _ = diff_turns(source.turns(), store.turns())
     report = ReplayReport(kind="replay", source_run=str(source_dir), new_run=str(out),
                           turns_compared=compared, differences=diffs, replies_unused=model.remaining)
     (out / "replay_report.json").write_text(report.model_dump_json(indent=2) + "\n")
@@ -120,16 +132,28 @@ def _threads(evaluator: Evaluator, concurrency: int) -> Iterator[Callable[
         yield lambda problem, code: pool.submit(judged, problem, code)
 
 
+RESCORE_KEYS = {"eval", "problem_overrides"}
+"""What `-c` may change in a rescore: how kernels are judged, and at which sizes (the replies,
+the strategy and the model are the source's)."""
+
+
 def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
             eval_overrides: dict | None = None,
             on_turn: Callable[[TurnRecord], None] | None = None,
-            concurrency: int | None = None, executor: dict | None = None) -> ReplayReport:
+            concurrency: int | None = None, executor: dict | None = None,
+            layers: list[dict] | None = None, size: str | None = None) -> ReplayReport:
     """Evaluate every logged kernel again into a new run; replies and stop reasons are kept.
     `concurrency` evaluations run at once (default: the source run's setting); `executor`
-    (`{"kind": "ray", ...}`) judges them elsewhere (an imported KernelBench folder too)."""
+    (`{"kind": "ray", ...}`) judges them elsewhere (an imported KernelBench folder too).
+    `layers` (`-c`) change `eval.*` and `problem_overrides` only; `size="small"` shrinks every
+    problem under the sizes the source was judged at (an import keeps its exported sizes)."""
+    for layer in layers or []:
+        if extra := sorted(set(layer) - RESCORE_KEYS):
+            raise ConfigError(f"--rescore -c sets only eval.* and problem_overrides, not {', '.join(extra)}")
     source = RunStore.open(source_dir)
-    cfg = derived_config(source, out, [{"eval": eval_overrides or {}},
+    cfg = derived_config(source, out, [*(layers or []), {"eval": eval_overrides or {}},
                                        {"executor": executor or {}}])
+    cfg = with_size(cfg, size) if size is not None else cfg
     problems = {p.id: p for p in load_problems(cfg)}
     evaluator = evaluator or build_evaluator(cfg, list(problems.values()))
     store = RunStore.create(out, cfg, kind="rescore", source_run=str(source_dir))
@@ -179,9 +203,9 @@ def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
         store.write_best(rec.problem_stem, rec.code or "")
     store.write_summary(summarize(store.run_id, runner_turns, records, best, "finished",
                                   executor=executor_report(evaluator)))
-    compared, diffs = diff_turns(old_turns, store.turns())
+    compared, diffs, first = diff_turns(old_turns, store.turns())
     report = ReplayReport(kind="rescore", source_run=str(source_dir), new_run=str(out),
-                          turns_compared=compared, differences=diffs)
+                          turns_compared=compared, differences=diffs, first_judged=first)
     (out / "replay_report.json").write_text(report.model_dump_json(indent=2) + "\n")
     return report
 

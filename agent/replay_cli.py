@@ -22,7 +22,8 @@ def replay_command(
     rescore: Annotated[bool, Opt(help="Re-evaluate every logged kernel instead of re-driving the loop.")] = False,
     fork_at: Annotated[str | None, Opt(help="Continue each episode after turn N, or one node EPISODE:TURN of each problem's search tree (`kloop show --tree` names them), with --model / -c.")] = None,
     model: Annotated[str | None, Opt(help="Model for --fork-at.")] = None,
-    config: Annotated[list[str], Opt("-c", "--config", help="Overrides for --fork-at (file or key=value).")] = [],  # noqa: B006
+    config: Annotated[list[str], Opt("-c", "--config", help="Overrides (file or key=value): any for --fork-at; eval.* and problem_overrides for --rescore.")] = [],  # noqa: B006
+    size: Annotated[str | None, Opt(help="--rescore: small shrinks every problem (under the sizes the run was judged at, an import's included); full keeps them.")] = None,
     device: Annotated[str | None, Opt(help="Evaluator device.")] = None,
     policy: Annotated[str | None, Opt(help="Evaluator policy.")] = None,
     out: Annotated[Path | None, Opt(help="The new run directory (default runs/<source>-<kind>-<time>).")] = None,
@@ -41,8 +42,12 @@ def replay_command(
     ex = {k: v for k, v in {"kind": executor, "address": ray_address}.items() if v is not None}
     if executor == "local":
         ex["address"] = None  # a ray run's cluster address means nothing locally
-    if (model or config) and fork_at is None:
-        raise ConfigError("--model and -c apply to --fork-at only")
+    if model and fork_at is None:
+        raise ConfigError("--model applies to --fork-at only")
+    if config and fork_at is None and not rescore:
+        raise ConfigError("-c applies to --fork-at and --rescore only")
+    if size is not None and not rescore:
+        raise ConfigError("--size applies to --rescore only")
     if concurrency is not None and not rescore:
         raise ConfigError("--concurrency applies to --rescore only")
     # Replay and rescore go through every recorded turn once: that is the bar's total.
@@ -59,7 +64,8 @@ def replay_command(
             if rescore:
                 report = replay_lib.rescore(run_dir, out, eval_overrides=eval_overrides,
                                             on_turn=rep.on_turn, concurrency=concurrency,
-                                            executor=ex)
+                                            executor=ex, size=size,
+                                            layers=[parse_layer(c) for c in config])
             else:
                 report = replay_lib.replay(run_dir, out, eval_overrides=eval_overrides,
                                            on_turn=rep.on_turn, executor=ex)
@@ -67,8 +73,11 @@ def replay_command(
         print_summary(summary, out)
         return
     print_summary(RunStore.open(out).summary(), out)
-    if not report.differences:
-        console.print(f"all {report.turns_compared} turns have the same verdict as in {run_dir}")
+    if report.first_judged:
+        console.print(f"{report.first_judged} kernel(s) never judged in {run_dir} got their first verdict")
+    judged_before = report.turns_compared - report.first_judged
+    if not report.differences and judged_before:
+        console.print(f"all {judged_before} turns have the same verdict as in {run_dir}")
     for d in report.differences:
         console.print(f"  differs: {d.problem_id} ep {d.episode} turn {d.turn}: {d.before} -> {d.after}")
     if report.replies_unused:

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from agent.report import DEFAULT_BOOTSTRAP
 from agent.store import RunDirError
 from kloop.console import make_console
 
@@ -45,7 +46,7 @@ def report_command(
     out: Annotated[Path | None, Opt(help="Where to write report.md and the PNGs (default: RUN/report, or runs/reports/<names> for several runs or a git-tracked one).")] = None,
     html: Annotated[bool, Opt("--html", help="Also write report.html: one self-contained page.")] = False,
     as_json: Annotated[bool, Opt("--json", help="Also write report.json and print it on stdout.")] = False,
-    bootstrap: Annotated[int, Opt(help="Bootstrap resamples for confidence intervals (0: none).")] = 1000,
+    bootstrap: Annotated[int, Opt(help="Bootstrap resamples for confidence intervals (0: none).")] = DEFAULT_BOOTSTRAP,
     seed: Annotated[int, Opt(help="Seed of the bootstrap.")] = 0,
     scope: Annotated[str, Opt(help="Budget curves per `problem` (default) or for the whole `run`.")] = "problem",
 ) -> None:
@@ -120,19 +121,38 @@ def import_kernelbench_command(
 
 def export_command(
     run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
-    out: Annotated[Path, typer.Argument(help="Folder to write the KernelBench-layout files into.")],
-    all_kernels: Annotated[bool, Opt("--all", help="Every kernel of the run, not only each problem's best.")] = False,
-    level: Annotated[int | None, Opt(help="KernelBench level for problems whose id has none.")] = None,
+    out: Annotated[Path | None, typer.Argument(help="Where to write: a folder (kernelbench) or a file (messages, parquet).")] = None,
+    out_opt: Annotated[Path | None, Opt("--out", help="The same as OUT.")] = None,
+    fmt: Annotated[str, Opt("--format", help="kernelbench: kernel files in KernelBench's layout; messages: JSONL training records (chat messages, verdict, speedup, reward); parquet: the same records as Parquet.")] = "kernelbench",
+    per: Annotated[str, Opt(help="messages/parquet: one record per turn or per episode.")] = "turn",
+    all_kernels: Annotated[bool, Opt("--all", help="kernelbench: every kernel of the run, not only each problem's best.")] = False,
+    level: Annotated[int | None, Opt(help="kernelbench: level for problems whose id has none.")] = None,
 ) -> None:
-    """Write a run's best kernels (or --all) as level_L_problem_N_sample_S_kernel.py files."""
+    """Write a run's kernels in KernelBench's layout, or its turns as training data."""
     from agent.interop import InteropError, export_kernels
     from agent.report.load import ReportError
 
+    target = out_opt or out
+    if target is None:
+        raise _fail("give where to write: OUT or --out")
+    if fmt not in ("kernelbench", "messages", "parquet"):
+        raise _fail(f"--format must be kernelbench, messages or parquet, not {fmt!r}")
+    if per not in ("turn", "episode"):
+        raise _fail(f"--per must be turn or episode, not {per!r}")
+    if fmt != "kernelbench":
+        from agent import export as training
+
+        try:
+            n = training.export(run_dir, target, fmt, per)  # type: ignore[arg-type]
+        except RunDirError as e:
+            raise _fail(str(e)) from None
+        err.print(f"wrote {n} {per} record(s) to {target}")
+        return
     try:
-        written = export_kernels(run_dir, out, all_kernels=all_kernels, level=level)
+        written = export_kernels(run_dir, target, all_kernels=all_kernels, level=level)
     except (InteropError, ReportError, RunDirError) as e:
         raise _fail(str(e)) from None
-    err.print(f"wrote {len(written)} kernel file(s) to {out}")
+    err.print(f"wrote {len(written)} kernel file(s) to {target}")
 
 
 def register(app: typer.Typer) -> None:

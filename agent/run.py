@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.live import Live
 from rich.logging import RichHandler
 from rich.progress import (
     BarColumn,
@@ -28,12 +30,12 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from agent.components import build_evaluator, build_model, load_problems
+from agent.components import build_evaluator, build_model, load_problems, with_size
 from agent.config import ConfigError, RunConfig, dotted, merge, parse_layer, resolve
 from agent.records import EpisodeRecord, RunSummary, TurnRecord
 from agent.store import RunDirError, RunStore
 from agent.strategies import Runner
-from agent.sweep import is_sweep_file, run_sweep
+from agent.sweep import CellProgress, is_sweep_file, run_sweep
 from kloop.console import make_console
 
 console = make_console(stderr=True)
@@ -114,7 +116,10 @@ class Reporter:
         ev = t.eval
         extra = f" {ev.runtime_ms:.4g} ms" if ev is not None and ev.runtime_ms is not None else ""
         speed = f" ({ev.speedup_vs_eager:.2f}x eager)" if ev is not None and ev.speedup_vs_eager else ""
-        console.print(f"  {t.problem_id} ep {t.episode} turn {t.turn}: [bold]{t.status}[/bold]{extra}{speed}")
+        # A fork's or a child's prompts count the inherited turns: say where the turn sits there.
+        seen = f" (turn {t.position} of its trajectory)" if t.position not in (None, t.turn) else ""
+        console.print(f"  {t.problem_id} ep {t.episode} turn {t.turn}{seen}: [bold]{t.status}[/bold]"
+                      f"{extra}{speed}")
 
     def on_episode(self, e: EpisodeRecord) -> None:
         console.print(f"{e.problem_id} episode {e.episode} stopped: {e.stop_reason} ({e.stop_detail})")
@@ -171,22 +176,6 @@ def guarded(store: RunStore) -> Iterator[None]:
     except BaseException:
         store.discard_if_unstarted()
         raise
-
-
-def with_size(cfg: RunConfig, size: str) -> RunConfig:
-    """`--size small`: each chosen problem's small constants, under any given explicitly."""
-    from evaluator.precheck import small_overrides
-
-    if size not in ("full", "small"):
-        raise ConfigError(f"--size must be full or small, not {size!r}")
-    if size == "full":
-        return cfg
-    given = {k.lower(): v for k, v in cfg.problem_overrides.items()}
-    sizes = {p.id: {**small_overrides(p.source), **given.get(p.id.lower(), given.get(p.stem.lower(), {}))}
-             for p in load_problems(cfg)}
-    kept = {k: v for k, v in cfg.problem_overrides.items()
-            if k.lower() not in {i.lower() for i in sizes}}
-    return cfg.model_copy(update={"problem_overrides": {**kept, **sizes}})
 
 
 def start(cfg: RunConfig) -> tuple[RunSummary, Path]:
@@ -314,9 +303,40 @@ def placement(cfg: RunConfig) -> list[str]:
                                                      cfg.concurrency)]
 
 
+class SweepProgress:
+    """One line per cell while a sweep runs: redrawn in place on a terminal, printed whenever a
+    cell's line changes when piped (a log file gets every step, in order)."""
+
+    def __init__(self, out: Console | None = None):
+        self.console = out or console
+        self.lines: dict[str, str] = {}
+        self.live = Live(Text(""), console=self.console, auto_refresh=False,
+                         transient=False) if self.console.is_terminal else None
+
+    def __enter__(self) -> SweepProgress:
+        if self.live is not None:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def update(self, p: CellProgress) -> None:
+        line = p.line()
+        if self.lines.get(p.cell_id) == line:
+            return
+        self.lines[p.cell_id] = line
+        if self.live is not None:
+            self.live.update(Text("\n".join(self.lines.values())), refresh=True)
+        else:
+            self.console.print(line, highlight=False, soft_wrap=True)
+
+
 def _run_sweep(path: Path) -> None:
     """Every cell of a sweep into one experiment directory; finished cells are skipped."""
-    outcomes = run_sweep(path)
+    with SweepProgress() as progress:
+        outcomes = run_sweep(path, on_cell=progress.update)
     table = Table(title=f"sweep {path}")
     for col in ("cell", "action", "status", "run directory"):
         table.add_column(col)

@@ -3,8 +3,9 @@
     runs/<run-id>/
       config.json       the resolved config, its digest, the kloop version and git commit
       turns.jsonl       one TurnRecord per line, appended, flushed and fsynced after each turn
-      calls.jsonl       a tool-using agent's model calls, each before its tool runs (CallRecord)
       episodes.jsonl    one EpisodeRecord per finished episode (the last record of a key wins)
+      calls.jsonl       every model call of a turn or agent step (CallRecord): logged before it
+                        is sent and when it ends; an agent's reply before its tool runs
       kernels/<problem-stem>/<episode>-<turn>.py   every extracted kernel
       best/<problem-stem>.py                      the best kernel so far (derived)
       summary.json      derived from the JSONL files; rewritten as the run advances
@@ -197,9 +198,8 @@ class RunStore:
         line = record.model_dump_json() + "\n"
         with self._lock:
             if not self._repaired:
-                _repair_tail(self.root / "turns.jsonl")
-                _repair_tail(self.root / "episodes.jsonl")
-                _repair_tail(self.root / "calls.jsonl")
+                for name_ in ("turns.jsonl", "episodes.jsonl", "calls.jsonl"):
+                    _repair_tail(self.root / name_)
                 self._repaired = True
             with path.open("a", encoding="utf-8") as f:
                 f.write(line)

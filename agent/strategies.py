@@ -41,7 +41,7 @@ from agent.records import (
     utcnow,
 )
 from agent.store import RunStore
-from agent.tally import best_turn, rank_key, total_spend
+from agent.tally import Unaccounted, best_turn, rank_key, total_spend, unaccounted_calls
 from agent.tree import Tree
 from problems.registry import Problem
 
@@ -86,6 +86,7 @@ class Runner:
             run_id=store.run_id, model=model, evaluator=evaluator, agent=cfg.agent,
             limits=cfg.budget.episode, run_meter=self.run_meter, sink=store,
             prompts=PromptSet(cfg.agent.prompts_dir), comparison=cfg.eval.comparison(),
+            base_overrides=cfg.eval.problem_overrides, problem_overrides=cfg.problem_overrides,
             on_turn=self._on_turn,
         )
 
@@ -100,10 +101,14 @@ class Runner:
                 self.finished.pop(ep.episode_key, None)  # to be continued
             else:
                 self.finished[ep.episode_key] = ep
+        self.unaccounted = unaccounted_calls(
+            self.store.calls(), [t for ts in self.turns.values() for t in ts], self.records)
+        """Calls a killed process paid for but never recorded a turn for, by episode key."""
 
     def _spent_so_far(self) -> Spend:
         turns = [t for ts in self.turns.values() for t in ts]
-        spent = total_spend(turns, self.records)
+        latest = {r.episode_key: r for r in self.records}.values()  # as `summarize` counts
+        spent = sum((u.spend for u in self.unaccounted.values()), total_spend(turns, latest))
         if turns:  # episodes overlap in time: the wall clock is the span, not the sum
             first = min(datetime.fromisoformat(t.started_at) for t in turns)
             last = max(datetime.fromisoformat(t.finished_at) for t in turns)
@@ -147,11 +152,12 @@ class Runner:
             if spec.key in self.finished:
                 return self.finished[spec.key]
             done = list(self.turns.get(spec.key, []))
+            carried = self._carried(spec.key)
         with self._slots:
             if not done and self.run_meter.exceeded() is not None:
                 self.skipped += 1
                 return None
-            record = self._episode(spec, self.env, done)
+            record = self._episode(spec, self.env, done, carried)
         self.store.append_episode(record)
         with self._lock:
             self.records.append(record)
@@ -161,6 +167,18 @@ class Runner:
         if self.on_episode_cb is not None:
             self.on_episode_cb(record)
         return record
+
+    def _carried(self, key: str) -> Unaccounted | None:
+        """What a continued episode's record must account for besides its turns: calls of a
+        killed process, and the unrecorded spend of the record it supersedes (an infra error),
+        since the summary counts only the latest record of each episode."""
+        orphans = self.unaccounted.pop(key, None)
+        before = next((r for r in reversed(self.records) if r.episode_key == key), None)
+        if before is None or before.unrecorded_spend == Spend() and not before.unrecorded_calls:
+            return orphans
+        orphans = orphans or Unaccounted([], Spend())
+        return Unaccounted([*before.unrecorded_calls, *orphans.call_ids],
+                           before.unrecorded_spend + orphans.spend)
 
     def run_wave(self, specs: list[EpisodeSpec]) -> list[EpisodeRecord | None]:
         if self.concurrency == 1 or len(specs) == 1:
@@ -288,13 +306,15 @@ class Runner:
 
 def restore_position(model: Model, turns: list[TurnRecord], calls: Iterable[CallRecord] = ()) -> None:
     """Give a model that keeps a position (scripted, replay) the replies already on disk: the
-    turns', and an agent's calls whose step was cut off before its turn was written.
+    turns', and the kept replies of an agent's calls whose step was cut off before its turn was
+    written (the resumed step uses them; other unnamed calls are asked again).
 
     Providers without one (the HTTP APIs) need nothing: every query carries its whole context.
     """
     restore = getattr(model, "restore", None)
-    steps = {(t.episode_key, t.turn) for t in turns}
-    cut_off = [c.reply for c in calls if (c.episode_key, c.turn) not in steps]
+    named = {t.call_id for t in turns}
+    cut_off = [c.reply for c in calls
+               if c.phase == "answered" and c.reply is not None and c.call_id not in named]
     if restore is not None and (turns or cut_off):
         # A turn's summary call came before its query.
         restore([r for t in turns for r in ([t.summary.reply] if t.summary else []) + [t.reply]]

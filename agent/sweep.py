@@ -10,6 +10,7 @@ A sweep file (YAML, or TOML with the same keys) holds one top-level `sweep:` map
       strategies: [{turns: 8, samples: 4}, {turns: 1, samples: 32}]
       contexts: [full]
       feedback: [{label: profile, profile_feedback: true}, {label: plain, profile_feedback: false}]
+      budgets: [{run: {calls: 8}}, {label: big, run: {calls: 32}}]
       seeds: [0, 1, 2]
 
 The experiment directory (default `runs/<name>`):
@@ -28,6 +29,7 @@ import itertools
 import json
 import logging
 import re
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -37,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.config import (
     AgentConfig,
+    BudgetConfig,
     ConfigError,
     ContextPolicy,
     RunConfig,
@@ -93,6 +96,12 @@ class FeedbackItem(AgentConfig):
     label: str | None = None
 
 
+class BudgetItem(BudgetConfig):
+    """One value of the budgets axis: a BudgetConfig (episode and run limits), with a label."""
+
+    label: str | None = None
+
+
 class SweepConfig(_Strict):
     """The `sweep:` mapping of a sweep file."""
 
@@ -109,6 +118,9 @@ class SweepConfig(_Strict):
     strategies: list[StrategyItem] = Field(default_factory=list)
     contexts: list[ContextPolicy | ContextItem] = Field(default_factory=list)
     feedback: list[FeedbackItem] = Field(default_factory=list)
+    budgets: list[BudgetItem] = Field(default_factory=list)
+    """Budgets to compare (limits in calls, tokens, dollars, eval or wall seconds); each
+    replaces the base's budget. Empty: the base's, and cell ids have no budget part."""
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
 
 
@@ -152,6 +164,36 @@ class CellOutcome(_Strict):
     path: str
     action: Literal["skipped", "started", "resumed"]
     status: str
+
+
+class CellProgress(_Strict):
+    """Where one cell stands while a sweep runs (`run_sweep(on_cell=...)`)."""
+
+    cell_id: str
+    index: int
+    """1-based position of the cell in the sweep."""
+    total: int
+    state: Literal["waiting", "skipped", "running", "done"]
+    turns: int = 0
+    """Turns recorded so far (those of an earlier, interrupted run included)."""
+    planned: int | None = None
+    correct: int = 0
+    """Turns so far whose kernel was correct."""
+    calls: int = 0
+    """LLM calls so far."""
+    status: str | None = None
+    """The run's summary status once the cell is done (or was skipped)."""
+
+    def line(self) -> str:
+        """The cell's progress line, as the CLI prints it."""
+        head = f"[{self.index}/{self.total}] {self.cell_id}: "
+        if self.state == "waiting":
+            return head + "waiting"
+        if self.state == "skipped":
+            return head + f"skipped ({self.status} earlier)"
+        of = f"/{self.planned}" if self.planned else ""
+        body = f"{self.turns}{of} turns, {self.correct} correct, {self.calls} calls"
+        return head + (f"{self.status}, {body}" if self.state == "done" else f"running, {body}")
 
 
 # -- reading and expanding --------------------------------------------------------------------
@@ -262,6 +304,22 @@ def _feedback_values(sweep: SweepConfig) -> list[tuple[str, dict]]:
     return out
 
 
+def _budget_label(b: BudgetItem) -> str:
+    if b.label:
+        return b.label
+    parts = [f"{'ep' if scope == 'episode' else 'run'}-{k}{v:g}"
+             for scope in ("episode", "run")
+             for k, v in getattr(b, scope).model_dump(exclude_none=True).items()]
+    return "-".join(parts) or "unlimited"
+
+
+def _budget_values(sweep: SweepConfig) -> list[tuple[str, dict]]:
+    # Each value is the whole budget: a limit the base sets and this value does not is dropped,
+    # so two values differ in what they say and in nothing else.
+    return [(_budget_label(b), {"budget": b.model_dump(mode="json", exclude={"label"})})
+            for b in sweep.budgets]
+
+
 def _axes(sweep: SweepConfig) -> dict[str, list[tuple[str, dict]]]:
     """Each axis as (label, config layer) values; an axis left empty has one value: the base."""
     axes = {
@@ -271,6 +329,8 @@ def _axes(sweep: SweepConfig) -> dict[str, list[tuple[str, dict]]]:
         "feedback": _feedback_values(sweep),
     }
     axes = {name: values or [("base", {})] for name, values in axes.items()}
+    if sweep.budgets:  # only then: the cells of sweeps without one keep their ids
+        axes["budget"] = _budget_values(sweep)
     axes["seed"] = [(f"seed{s}", {"seed": s}) for s in sweep.seeds]
     for name, values in axes.items():
         labels = [label for label, _ in values]
@@ -369,12 +429,14 @@ def write_manifest(sweep: SweepConfig, cells: list[Cell]) -> Path:
 def run_sweep(source: str | Path | SweepFile, *, only: list[str] | None = None,
               components: Components | None = None,
               on_turn: Callable[[TurnRecord], None] | None = None,
-              on_episode: Callable[[EpisodeRecord], None] | None = None) -> list[CellOutcome]:
+              on_episode: Callable[[EpisodeRecord], None] | None = None,
+              on_cell: Callable[[CellProgress], None] | None = None) -> list[CellOutcome]:
     """Run every cell of a sweep (or the cells in `only`), skipping finished ones.
 
     `source` is a sweep file or a validated SweepFile (whose relative `configs` are then taken
     from the working directory). Cells run one after another; within a cell the run's own
-    `concurrency` applies.
+    `concurrency` applies. `on_cell` hears every cell's progress: all of them waiting first,
+    then each as it starts, after each of its turns, and when it is done.
     """
     from agent.components import load_problems
     from agent.strategies import Runner
@@ -392,15 +454,21 @@ def run_sweep(source: str | Path | SweepFile, *, only: list[str] | None = None,
     write_manifest(sweep, cells)
     build = components or _default_components
     outcomes = []
-    for cell in cells:
-        if only and cell.cell_id not in only:
-            continue
+    chosen = [c for c in cells if not only or c.cell_id in only]
+    progress = {c.cell_id: CellProgress(cell_id=c.cell_id, index=i, total=len(chosen), state="waiting")
+                for i, c in enumerate(chosen, start=1)}
+    tell = on_cell or (lambda p: None)
+    for p in progress.values():
+        tell(p)
+    for cell in chosen:
         root = cell.config.runs_dir / cell.cell_id
         state = states[cell.cell_id]
         if state == "done":
             log.info("cell %s: finished already, skipped", cell.cell_id)
+            status = RunStore.open(root).summary().status
+            tell(progress[cell.cell_id].model_copy(update={"state": "skipped", "status": status}))
             outcomes.append(CellOutcome(cell_id=cell.cell_id, path=str(root), action="skipped",
-                                        status=RunStore.open(root).summary().status))
+                                        status=status))
             continue
         try:
             problems = load_problems(cell.config)
@@ -412,11 +480,49 @@ def run_sweep(source: str | Path | SweepFile, *, only: list[str] | None = None,
             raise SweepError(f"cell {cell.cell_id}: {e}") from None
         log.info("cell %s: %s -> %s", cell.cell_id, "resuming" if state == "unfinished" else "starting", root)
         model, evaluator = build(cell.config, problems)
-        summary = Runner(cell.config, store, model, evaluator, on_turn, on_episode).run(problems)
+        watch = _CellWatch(progress[cell.cell_id], store, _planned(cell.config, len(problems)),
+                           tell, on_turn)
+        summary = Runner(cell.config, store, model, evaluator, watch.turn, on_episode).run(problems)
+        watch.done(summary.status)
         outcomes.append(CellOutcome(cell_id=cell.cell_id, path=str(root),
                                     action="resumed" if state == "unfinished" else "started",
                                     status=summary.status))
     return outcomes
+
+
+def _planned(cfg: RunConfig, problems: int) -> int:
+    from agent.run import planned_turns
+
+    return planned_turns(cfg, problems)
+
+
+class _CellWatch:
+    """Counts a running cell's turns into its progress line and passes each turn on."""
+
+    def __init__(self, start: CellProgress, store: RunStore, planned: int,
+                 tell: Callable[[CellProgress], None],
+                 on_turn: Callable[[TurnRecord], None] | None):
+        before = store.turns()
+        self.p = start.model_copy(update={
+            "state": "running", "planned": planned, "turns": len(before),
+            "correct": sum(t.status == "correct" for t in before),
+            "calls": sum(t.spend.calls for t in before)})
+        self.tell, self.on_turn = tell, on_turn
+        self._lock = threading.Lock()  # a cell's episodes run in parallel threads
+        self.tell(self.p)
+
+    def turn(self, rec: TurnRecord) -> None:
+        with self._lock:
+            self.p = self.p.model_copy(update={
+                "turns": self.p.turns + 1, "correct": self.p.correct + (rec.status == "correct"),
+                "calls": self.p.calls + rec.spend.calls})
+            self.tell(self.p)
+        if self.on_turn is not None:
+            self.on_turn(rec)
+
+    def done(self, status: str) -> None:
+        self.p = self.p.model_copy(update={"state": "done", "status": status})
+        self.tell(self.p)
 
 
 def plan(source: str | Path) -> list[Cell]:

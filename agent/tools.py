@@ -112,7 +112,7 @@ def _result_text(call: ToolCall, env: EpisodeEnv, state: EpisodeState, result: E
                  judged_at: int | None) -> str:
     if call.name == "evaluate":  # what a turn of the turn loop would be told
         return env.prompts.render(feedback_template(result), **feedback_vars(
-            state, result, None, env.agent, tool_mode=True))
+            state, result, None, env.agent, env.comparison.precision, tool_mode=True))
     name = "tool_profile" if call.name == "profile" else "tool_submitted"
     return env.prompts.render(name, result=result, judged_at=judged_at, profile_feedback=True,
                               max_chars=env.agent.feedback_max_chars)

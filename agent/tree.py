@@ -18,16 +18,18 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict
 
 from agent.records import NodeAddress, TurnRecord, TurnRef
-from agent.tally import STATUS_RANK, best_turn
+from agent.tally import STATUS_RANK, best_turn, host_speedup
 
 
 def node_value(rec: TurnRecord) -> float:
     """How promising a node is, in [0, 1): a correct kernel 0.5 + s/(1+s)/2 for its speedup s vs
-    eager (0.75 at 1x; 1x assumed where none was measured); a failed one by how far it got, from
-    0.3 (wrong output) down to 0 (no code), in steps of 0.05 (`agent.tally.STATUS_RANK`)."""
+    eager (0.75 at 1x; on CPU the ratio of host-clock times, `agent.tally.host_speedup`; 1x
+    assumed where none was measured); a failed one by how far it got, from 0.3 (wrong output)
+    down to 0 (no code), in steps of 0.05 (`agent.tally.STATUS_RANK`)."""
     ev = rec.eval
     if ev is not None and ev.correct:
-        s = ev.speedup_vs_eager if ev.speedup_vs_eager is not None else 1.0
+        s = ev.speedup_vs_eager if ev.speedup_vs_eager is not None else host_speedup(ev)
+        s = 1.0 if s is None else s
         return 0.5 + 0.5 * s / (1.0 + s)
     worst = max(STATUS_RANK.values())
     return 0.05 * max(0, worst - STATUS_RANK.get(rec.status, worst))
@@ -65,23 +67,34 @@ class TreeRow(BaseModel):
     """`EPISODE:TURN`, the address `--fork-at` takes."""
     status: str
     speedup_vs_eager: float | None
+    comparable: bool = True
+    """False: `speedup_vs_eager` is a ratio of CPU times (`agent.tally.host_speedup`)."""
     value: float
     children: int
     best: bool
+    origin: str | None = None
+    """For a root of a fork's tree: the node of the source run it continues."""
 
 
 class Tree:
     """The nodes of a problem's turns, linked through `TurnRecord.parent`."""
 
-    def __init__(self, turns: list[TurnRecord], episode_parents: dict[str, TurnRef | None] | None = None):
+    def __init__(self, turns: list[TurnRecord], episode_parents: dict[str, TurnRef | None] | None = None,
+                 external: dict[tuple[str, int], str] | None = None):
         """`episode_parents` (episode key -> `EpisodeRecord.parent`) places the first turns of
-        records written before turns carried their parent."""
+        records written before turns carried their parent. `external`: the labels of nodes
+        outside these turns that some of them continue (the source run of a fork), by
+        (episode key, turn)."""
+        self.origin: dict[int, str] = {}
+        """id(node) -> the label of the outside node a top node continues."""
         ordered = sorted(turns, key=lambda t: (t.episode, t.turn))
         self.nodes = {(t.episode_key, t.turn): Node(t, None) for t in ordered}
         self.top: list[Node] = []
         for node in self.nodes.values():
             ref = parent_ref(node.rec, episode_parents or {})
             node.parent = self.nodes.get((ref.episode_key, ref.turn)) if ref is not None else None
+            if node.parent is None and ref is not None and (ref.episode_key, ref.turn) in (external or {}):
+                self.origin[id(node)] = (external or {})[ref.episode_key, ref.turn]
             (node.parent.children if node.parent is not None else self.top).append(node)
         for node in reversed(self.nodes.values()):  # children come after their parents
             if node.parent is not None:
@@ -144,11 +157,13 @@ class Tree:
 
         def walk(node: Node, lead: str, last: bool) -> None:
             ev = node.rec.eval
+            host = host_speedup(ev)
+            speed = ev.speedup_vs_eager if ev is not None and host is None else host
             out.append(TreeRow(
                 prefix=lead + ("└─ " if last else "├─ "), node=str(node.address),
-                status=node.rec.status, speedup_vs_eager=ev.speedup_vs_eager if ev else None,
+                status=node.rec.status, speedup_vs_eager=speed, comparable=host is None,
                 value=round(node_value(node.rec), 4), children=len(node.children),
-                best=node.rec is best))
+                best=node.rec is best, origin=self.origin.get(id(node))))
             for i, child in enumerate(node.children):
                 walk(child, lead + ("   " if last else "│  "), i == len(node.children) - 1)
 
@@ -172,6 +187,10 @@ def draw(rows: list[TreeRow], title: str) -> list[str]:
     lines = [title]
     for r in rows:
         speed = f" {r.speedup_vs_eager:.3g}x" if r.speedup_vs_eager is not None else ""
+        speed += " (CPU time, not comparable)" if speed and not r.comparable else ""
         mark = "  <- best" if r.best else ""
-        lines.append(f"{r.prefix}{r.node} {r.status}{speed} (value {r.value:.2f}){mark}")
+        # A fork keeps its source's episode numbers: say which source node a root continues,
+        # so it is not taken for that node itself.
+        origin = f" forked from source {r.origin}" if r.origin else ""
+        lines.append(f"{r.prefix}{r.node}{origin} {r.status}{speed} (value {r.value:.2f}){mark}")
     return lines

@@ -105,7 +105,7 @@ POLICIES: dict[str, Policy] = {
 
 
 class Comparison(BaseModel):
-    """How one configuration compares outputs, as the prompts tell the model
+    """How one configuration builds, compares and times, as the prompts tell the model
     (`EvalConfig.comparison`); each result records its own `EvalResult.tolerance`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -115,6 +115,12 @@ class Comparison(BaseModel):
     """The dtype models and inputs are cast to; outputs are widened to fp32 to be compared."""
     tolerance: float
     """atol = rtol: |got - expected| <= tolerance + tolerance * |expected|, elementwise."""
+    noisy_construction: bool = True
+    """Models are built under a secret seed with noisy constant fills (`Policy.noisy_construction`);
+    False: right after `torch.manual_seed(42)`."""
+    timing_of_record: Literal["harness", "events_bounded"] = "harness"
+    """The clock the speedups come from (`Policy.timing_of_record`)."""
+    speedup_stat: Literal["median", "mean"] = "median"
 
 
 class UnknownPolicyError(ValueError):
@@ -335,4 +341,7 @@ class EvalConfig(BaseModel):
     def comparison(self) -> Comparison:
         policy = self.resolved_policy()
         return Comparison(policy=policy.name, precision=self.precision,
-                          tolerance=policy.tolerance(self.precision))
+                          tolerance=policy.tolerance(self.precision),
+                          noisy_construction=policy.noisy_construction,
+                          timing_of_record=policy.timing_of_record,
+                          speedup_stat=policy.speedup_stat)

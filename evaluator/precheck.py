@@ -82,6 +82,34 @@ def check_overrides(problem_source: str, overrides: dict[str, Any], where: str) 
             f"(it has: {', '.join(sorted(known)) or 'none'})")
 
 
+def source_with_constants(problem_source: str, overrides: dict[str, Any]) -> str:
+    """`problem_source` with each overridden module constant's assigned value replaced by the
+    override, so what a reader (the model) sees is what is judged; the rest is left as written."""
+    if not overrides:
+        return problem_source
+    lines = problem_source.splitlines(keepends=True)
+    edits: list[tuple[int, int, int, int, str]] = []
+    for node in ast.parse(problem_source).body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id in overrides):
+            value = node.value
+        elif (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+              and node.target.id in overrides and node.value is not None):
+            value = node.value
+        else:
+            continue
+        name = node.targets[0].id if isinstance(node, ast.Assign) else node.target.id
+        assert value.end_lineno is not None and value.end_col_offset is not None
+        edits.append((value.lineno, value.col_offset, value.end_lineno, value.end_col_offset,
+                      repr(overrides[name])))
+    # From the end backwards, so earlier positions stay valid. Offsets are in UTF-8 bytes.
+    for start_line, start_col, end_line, end_col, text in sorted(edits, reverse=True):
+        head = lines[start_line - 1].encode()[:start_col].decode()
+        tail = lines[end_line - 1].encode()[end_col:].decode()
+        lines[start_line - 1:end_line] = [head + text + tail]
+    return "".join(lines)
+
+
 # `--size small`: which module constants keep their value. Spatial sizes feed pooling chains and
 # flattened linear layers, and counts/geometry change what the model computes, so shrinking them
 # would break a problem or turn it into another one; feature and channel widths scale freely.

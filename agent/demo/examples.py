@@ -178,7 +178,7 @@ def demo(out: Path, device: str) -> int:
     checked = rejudge(runs[0], device)
     (out / "rejudge.json").write_text(json.dumps([c.model_dump() for c in checked], indent=2) + "\n")
     try:
-        main(["report", *map(str, runs), "--out", str(out / "report"), "--bootstrap", "200"])
+        main(["report", *map(str, runs), "--out", str(out / "report")])
     except SystemExit as e:
         if e.code:
             raise

@@ -35,6 +35,7 @@ from agent.executor.placement import NodeSlots, plan
 from agent.executor.ray_worker import EvalWorker, WorkerInfo
 from agent.records import ExecutorReport, NodeReport
 from evaluator.result import EvalResult
+from kloop.errors import KloopError
 from problems.registry import Problem
 
 log = logging.getLogger(__name__)
@@ -60,8 +61,19 @@ def connect(ex: ExecutorConfig) -> bool:
         extra = {} if ex.resource == "GPU" else {"resources": {ex.resource: 1}}
         ray.init(include_dashboard=False, log_to_driver=False, **extra)
     else:
-        ray.init(address=ex.address, log_to_driver=False)
+        try:
+            ray.init(address=ex.address, log_to_driver=False)
+        except ConnectionError as e:
+            # Ray's own message names its `--address` flag, which kloop does not have.
+            raise RayClusterMissing(
+                f"no Ray cluster at {ex.address!r} ({str(e).split('.')[0].strip()}): start one "
+                "with `ray start --head`, or give kloop --ray-address HOST:PORT "
+                "(executor.address); without --ray-address kloop starts Ray on this machine") from None
     return True
+
+
+class RayClusterMissing(KloopError):
+    """`--executor ray` names a cluster that cannot be reached."""
 
 
 @dataclass

@@ -18,8 +18,11 @@ kernels of well under a millisecond sit lower still.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from pydantic import BaseModel, ConfigDict
 
+from evaluator.result import EvalResult
 from problems.cost import ProblemCost
 
 _DATASHEET_NOTE = ("NVIDIA datasheet; tensor-core figures there are with 2:4 sparsity, halved "
@@ -77,3 +80,24 @@ def sol_ms(cost: ProblemCost, peaks: DevicePeaks, precision: str) -> float:
     compute_s = cost.flops / peaks.peak_flops(precision)
     memory_s = cost.bytes_at(precision) / (peaks.hbm_tb_s * 1e12)
     return max(compute_s, memory_s) * 1e3
+
+
+class Bound(NamedTuple):
+    """One result against the speed of light of the GPU that judged it."""
+
+    gpu: str | None
+    sol_ms: float | None = None
+    sol_fraction: float | None = None
+    """sol_ms / runtime_ms: 1 is the bound."""
+
+
+def bound_of(cost: ProblemCost | None, ev: EvalResult, precision: str) -> Bound:
+    """The bound of a timed result on a GPU in the table; no numbers on CPU, for a GPU not in
+    the table, a problem never counted, or overridden sizes (the counts are of full size)."""
+    gpu = ev.env.device_name if ev.env is not None and ev.device != "cpu" else None
+    peaks = peaks_for(gpu)
+    runtime = ev.runtime_ms if ev.timing is not None and ev.timing.comparable else None
+    if peaks is None or cost is None or ev.problem_overrides or not runtime:
+        return Bound(gpu)
+    sol = sol_ms(cost, peaks, precision)
+    return Bound(gpu, sol, sol / runtime)

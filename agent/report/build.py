@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.budget import Spend
-from agent.report import plots
+from agent.report import DEFAULT_BOOTSTRAP, plots
 from agent.report.bound import PEAKS, DevicePeaks
 from agent.report.curves import Curve, MatchedBudget, Scope, matched_budgets, run_curves
 from agent.report.load import Loaded, RunData, load_targets
@@ -131,7 +131,8 @@ def _run_warnings(run: RunData, m: Metrics) -> list[str]:
         out.append(f"judged on {len(devices)} GPU models ({', '.join(devices)}): the section "
                    "'By hardware' gives the metrics of each alone")
     if m.host_clock:
-        out.append(f"{m.host_clock} best kernel(s) timed with a host clock (CPU): speedups are not GPU numbers")
+        out.append(f"{m.host_clock} best kernel(s) timed with a host clock (CPU): their speedups are "
+                   "ratios of CPU times vs eager, not comparable with GPU numbers")
     if m.not_run:
         out.append(f"{m.not_run} problem(s) could not run here (not_run: CUDA code without a GPU); "
                    "rescore on a GPU")
@@ -207,7 +208,7 @@ def _seed_groups(runs: list[RunData], reports: list[RunReport], n_boot: int, see
     return out
 
 
-def build_report(paths: list[Path], n_boot: int = 1000, seed: int = 0, scope: Scope = "problem",
+def build_report(paths: list[Path], n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0, scope: Scope = "problem",
                  loaded: Loaded | None = None) -> Report:
     """Everything a report shows, computed from the run and experiment directories in `paths`."""
     loaded = loaded or load_targets(paths)

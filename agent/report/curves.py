@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.budget import Spend
 from agent.report.load import RunData
 from agent.report.metrics import P_VALUES
+from agent.tally import host_speedup
 
 Scope = Literal["problem", "run"]
 AXES: dict[str, str] = {
@@ -101,8 +102,10 @@ def _events(run: RunData) -> list[_Event]:
     for t in run.turns:
         ev = t.eval
         ok = ev is not None and ev.correct
+        host = host_speedup(ev)
+        eager = host if host is not None else ev.speedup_vs_eager if ok else None
         out.append(_Event(t.finished_at, t.problem_id, t.spend, 1, ok,
-                          ev.speedup_vs_eager if ok else None, ev.speedup_vs_compile if ok else None))
+                          eager, ev.speedup_vs_compile if ok else None))
     for e in run.episodes:
         if e.unrecorded_spend != Spend():
             out.append(_Event(e.finished_at, e.problem_id, e.unrecorded_spend, 0))

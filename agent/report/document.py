@@ -281,7 +281,7 @@ def build(report: Report, images: dict[str, str]) -> Document:
     _matched(doc, report.matched)
     doc.add(Heading("Plots"),
             Image(images["curves_fast"], "best-so-far fast_1.0 and correctness vs budget"),
-            Image(images["curves_geomean"], "best-so-far geomean speedup vs budget"),
+            Image(images["curves_geomean"], "best-so-far geomean of max(1, speedup vs eager) vs budget"),
             Image(images["fast_p"], "fast_p vs eager, vs torch.compile and vs the fastest baseline"),
             Image(images["speedups"], "distribution of best speedups"))
     _side_by_side(doc, runs)

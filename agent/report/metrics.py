@@ -22,16 +22,15 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from collections.abc import Callable
-from typing import NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.budget import Spend
 from agent.records import TurnRecord
-from agent.report.bound import peaks_for, sol_ms
-from agent.report.load import ProblemInfo, RunData
-from agent.tally import best_turn, total_spend
+from agent.report.bound import bound_of
+from agent.report.load import RunData
+from agent.tally import best_turn, host_speedup, total_spend
 from evaluator.baselines import best_of
 from evaluator.result import BaselineName, EvalResult
 
@@ -46,11 +45,9 @@ class _Record(BaseModel):
 
 
 def turn_status(t: TurnRecord) -> str:
-    """The verdict of a turn; `unevaluated` for a kernel no evaluator has judged (an import);
-    `info` for an agent's step that judged no kernel (it read the problem or a profile)."""
-    if t.eval is not None:
-        return t.eval.status
-    return "unevaluated" if t.code is not None else t.status
+    """The verdict of a turn (`TurnRecord.status`): `unevaluated` for a kernel no evaluator has
+    judged (an import); `info` for an agent's step that judged no kernel."""
+    return t.status
 
 
 class ProblemRow(_Record):
@@ -119,7 +116,7 @@ def problem_rows(run: RunData) -> list[ProblemRow]:
             if ev.profile is not None:
                 share = ev.profile.custom_share if ev.profile.custom_share is not None else 0.0
             row = row.model_copy(update=dict(
-                **_bound(info, ev, run.config.eval.precision)._asdict(), **_speedups(ev),
+                **bound_of(info.cost, ev, run.config.eval.precision)._asdict(), **_speedups(ev),
                 correct=True,
                 runtime_ms=ev.runtime_ms, comparable=ev.timing.comparable if ev.timing else None,
                 custom_share=share, best_episode=best.episode, best_turn=best.turn,
@@ -129,6 +126,11 @@ def problem_rows(run: RunData) -> list[ProblemRow]:
 
 
 def _speedups(ev: EvalResult) -> dict:
+    if (host := host_speedup(ev)) is not None:
+        # CPU: the ratio of host-clock times ranks kernels; the row says `comparable=False`
+        # and the report labels such numbers as not comparable with GPU ones.
+        return dict(speedup_vs_eager=host, speedup_vs_compile=None, speedup_vs_compile_ro=None,
+                    best_baseline="eager", speedup_vs_best=host)
     best = (ev.best_baseline, ev.speedup_vs_best)
     if best == (None, None):  # recorded before the best was, or nothing to compare
         best = best_of({"eager": ev.speedup_vs_eager, "compile": ev.speedup_vs_compile,
@@ -153,23 +155,6 @@ def by_hardware(rows: list[ProblemRow]) -> dict[str, list[ProblemRow]]:
         if r.hardware is not None:
             groups.setdefault(r.hardware, []).append(r)
     return groups if len(groups) > 1 else {}
-
-
-class Bound(NamedTuple):
-    gpu: str | None
-    sol_ms: float | None = None
-    sol_fraction: float | None = None
-
-
-def _bound(info: ProblemInfo, ev: EvalResult, precision: str) -> Bound:
-    gpu = ev.env.device_name if ev.env is not None and ev.device != "cpu" else None
-    peaks = peaks_for(gpu)
-    runtime = ev.runtime_ms if ev.timing is not None and ev.timing.comparable else None
-    # The committed counts are of the full-size problem: overridden sizes get no bound.
-    if peaks is None or info.cost is None or ev.problem_overrides or not runtime:
-        return Bound(gpu)
-    sol = sol_ms(info.cost, peaks, precision)
-    return Bound(gpu, sol, sol / runtime)
 
 
 class Counts(_Record):

@@ -14,7 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 
 from agent.report.curves import AXES, Curve  # noqa: E402
 from agent.report.metrics import P_VALUES, Metrics, ProblemRow  # noqa: E402
@@ -37,7 +37,7 @@ def _save(fig, path: Path, legend: bool = False) -> Path:
 
 def plot_curves(curves: list[Curve], labels: list[str], path: Path, metric: str = "fast") -> Path:
     """One panel per budget axis; `fast`: fast_1.0 vs eager (solid) and fast_0 (dashed);
-    `geomean`: geomean speedup vs eager with a fallback of 1.0x."""
+    `geomean`: geomean over all problems of max(1, best speedup vs eager so far)."""
     colors = _colors(labels)
     fig, axes = plt.subplots(2, 3, figsize=(10, 5.6))
     for ax, axis in zip(axes.flat, AXES, strict=True):
@@ -65,11 +65,14 @@ def plot_curves(curves: list[Curve], labels: list[str], path: Path, metric: str 
         ax.tick_params(labelsize=7)
         if metric == "fast":
             ax.set_ylim(-0.02, 1.02)
-        ax.set_title(f"{'fast_1.0 and correct' if metric == 'fast' else 'geomean vs eager'} by "
-                     f"{AXES[axis]}", fontsize=8)
+        ax.set_title(f"{'fast_1.0 and correct' if metric == 'fast' else 'geomean max(1, x eager)'} "
+                     f"by {AXES[axis]}", fontsize=8)
         if not drawn:
             _no_data(ax, why)
-    ylabel = "fast_1.0 (solid), correct (dashed)" if metric == "fast" else "geomean speedup vs eager"
+    # The geomean curve counts a problem without a correct kernel (or a slower one) as 1x, so
+    # it is defined from the first point on; the label says so.
+    ylabel = ("fast_1.0 (solid), correct (dashed)" if metric == "fast"
+              else "geomean of max(1, speedup vs eager)")
     for ax in axes[:, 0]:
         ax.set_ylabel(ylabel, fontsize=8)
     return _save(fig, path, _legend(fig, axes, labels))
@@ -111,13 +114,31 @@ def plot_fast_p(metrics: dict[str, Metrics], path: Path) -> Path:
                    [max(0.0, e.hi - y) if e.hi is not None else 0.0 for y, e in zip(ys, ests, strict=True)]]
             ax.errorbar(ps, ys, yerr=err, marker="o", markersize=3, capsize=2, color=colors[label],
                         label=label, linewidth=1)
-        ax.set_title(f"fast_p vs {names[vs]}", fontsize=9)
+        cpu = vs != "compile" and any(m.host_clock for m in metrics.values())
+        ax.set_title(f"fast_p vs {names[vs]}" + ("\n(CPU times: not comparable)" if cpu else ""),
+                     fontsize=9)
         ax.set_xlabel("p (speedup threshold)", fontsize=8)
         ax.set_xticks(list(P_VALUES))
         ax.tick_params(labelsize=7)
         ax.set_ylim(-0.02, 1.02)
     axes[0].set_ylabel("share of all problems", fontsize=8)
     return _save(fig, path, _legend(fig, axes, list(metrics)))
+
+
+_NICE = [m * 10.0 ** e for e in range(-3, 4) for m in (1, 2, 5)]
+
+
+def _speedup_ticks(ax, values: list[float]) -> None:
+    """Ticks at 1-2-5 steps over the data (1x always), each labelled once: the log axis's own
+    minor ticks repeated labels (`2x` twice) once two of them rounded alike."""
+    lo, hi = min([*values, 1.0]), max([*values, 1.0])
+    ticks = [t for t in _NICE if lo / 1.5 <= t <= hi * 1.5]
+    if len(ticks) < 3:  # all within a few percent of each other: the ends and 1x
+        ticks = sorted({float(f"{v:.3g}") for v in (lo, 1.0, hi)})
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.tick_params(axis="x", which="both", labelsize=6)
 
 
 def plot_speedups(rows: dict[str, list[ProblemRow]], path: Path) -> Path:
@@ -145,11 +166,12 @@ def plot_speedups(rows: dict[str, list[ProblemRow]], path: Path) -> Path:
         ax.axvline(1.0, color="grey", linewidth=0.8, linestyle=":")
         if any_dot:
             ax.set_xscale("log")
-            for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
-                axis(FuncFormatter(lambda v, _: f"{v:.2g}x"))
-            ax.tick_params(axis="x", which="both", labelsize=6)
+            _speedup_ticks(ax, [v for rs in rows.values() for r in rs if r.correct
+                                for v in [r.speedup_vs_eager if vs == "eager" else r.speedup_vs_compile]
+                                if v is not None and v > 0])
+        cpu = any(r.correct and r.comparable is False for rs in rows.values() for r in rs)
         ax.set_title(f"best speedup vs {'torch.compile' if vs == 'compile' else 'eager'} (correct "
-                     "only, x)", fontsize=9)
+                     "only, x)" + ("\n(CPU times: not comparable)" if cpu else ""), fontsize=9)
         ax.tick_params(labelsize=7)
     axes[0].set_yticks(range(len(labels)))  # (a no-data panel cleared its own ticks only)
     axes[0].set_yticklabels(labels, fontsize=7)

@@ -78,6 +78,14 @@ def verdict_table(ev: EvalResult) -> Table:
     return t
 
 
+def trajectory_note(t: TurnRecord) -> str:
+    """Where a turn of an episode that continues another trajectory (a fork, a beam or tree
+    child) sits in what the model saw, whose prompts count the inherited turns too."""
+    if t.position is None or t.position == t.turn:
+        return ""
+    return f" (turn {t.position} of the trajectory the model saw; {t.position - t.turn} inherited)"
+
+
 def render_turn(t: TurnRecord, full: bool = False, prompt: bool = True) -> list[RenderableType]:
     """Renderables for one turn, in reading order."""
     out: list[RenderableType] = []
@@ -156,10 +164,13 @@ def index_table(turns: list[TurnRecord], episodes: list[EpisodeRecord]) -> Table
     return table
 
 
-def tree_text(turns: list[TurnRecord], episodes: list[EpisodeRecord], problem_id: str) -> list[str]:
-    """One problem's search tree as lines of text (every turn a node under the one it continues)."""
+def tree_text(turns: list[TurnRecord], episodes: list[EpisodeRecord], problem_id: str,
+              source: list[TurnRecord] | None = None) -> list[str]:
+    """One problem's search tree as lines of text (every turn a node under the one it continues);
+    `source`: the turns of the run this one was forked from, whose nodes its roots continue."""
     mine = [t for t in turns if t.problem_id == problem_id]
-    tree = Tree(mine, {e.episode_key: e.parent for e in episodes if e.problem_id == problem_id})
+    tree = Tree(mine, {e.episode_key: e.parent for e in episodes if e.problem_id == problem_id},
+                external={(t.episode_key, t.turn): f"{t.episode}:{t.turn}" for t in source or []})
     stem = mine[0].problem_stem if mine else ""
     return draw(tree.rows(), f"{problem_id} {stem}: {len(tree.nodes)} nodes (EPISODE:TURN, as --fork-at takes)")
 
@@ -173,8 +184,12 @@ def show(run_dir: Path, console: Console, problem: str | None = None, episode: i
     turns, episodes = store.turns(), store.episodes()
     if tree:
         ids = list(dict.fromkeys(t.problem_id for t in turns if problem is None or _matches(t, problem)))
+        record = store.config_record()
+        source = None
+        if record.kind == "fork" and record.source_run and (Path(record.source_run) / "config.json").is_file():
+            source = RunStore.open(Path(record.source_run)).turns()
         for pid in ids:
-            console.print(Text("\n".join(tree_text(turns, episodes, pid))))
+            console.print(Text("\n".join(tree_text(turns, episodes, pid, source))))
         return sum(1 for t in turns if t.problem_id in ids)
     if problem is None:
         console.print(index_table(turns, episodes))
@@ -189,6 +204,6 @@ def show(run_dir: Path, console: Console, problem: str | None = None, episode: i
             ep = stops.get((t.problem_id.lower(), t.episode))
             stop = f"stopped: {ep.stop_reason} ({ep.stop_detail})" if ep else "not finished"
             console.rule(f"[bold]{t.problem_id} {t.problem_stem} episode {t.episode}[/bold]: {stop}")
-        console.rule(f"turn {t.turn}: {turn_status(t)}", style="dim")
+        console.rule(f"turn {t.turn}{trajectory_note(t)}: {turn_status(t)}", style="dim")
         console.print(Group(*render_turn(t, full)))
     return len(chosen)

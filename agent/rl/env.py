@@ -161,12 +161,13 @@ class KernelEnv(gymnasium.Env):
         state, cfg = self.state, self.agent
         spec = state.spec
         feedback = self._env.prompts.render(feedback_template(result),
-                                            **feedback_vars(state, result, pending.fault, cfg))
+                                            **feedback_vars(state, result, pending.fault, cfg,
+                                                          self._env.comparison.precision))
         code, turn = pending.code, len(state.own) + 1
         rec = TurnRecord(
             run_id=self.run_id, episode_key=spec.key, episode=spec.episode,
             problem_id=spec.problem.id, problem_stem=spec.problem.stem, turn=turn,
-            parent=state.parent, messages=pending.messages, reply=pending.reply,
+            position=state.position, parent=state.parent, messages=pending.messages, reply=pending.reply,
             fault=pending.fault, code=code,
             code_sha256=sha256_text(code) if code is not None else None,
             # where the kernel is (with a sink) or would be in a run directory

@@ -57,7 +57,11 @@ def test_steps_are_recorded_charged_and_the_best_evaluated_kernel_wins(tmp_path)
     assert [m.role for m in last[:2]] == ["system", "user"] and "`evaluate(code)`" in last[0].content
     assert [(m.role, m.tool_call_id) for m in last[-2:]] == [("assistant", None),
                                                                ("tool", "call_evaluate")]
-    assert len(store.calls()) == 6
+    # Each call is logged twice, before it is sent and with its reply; each step names its call.
+    calls = store.calls()
+    assert [c.phase for c in calls] == ["sent", "answered"] * 6
+    answered = {c.call_id: c.reply for c in calls if c.phase == "answered"}
+    assert {t.call_id: t.reply for t in turns} == answered
 
 
 def _problem(runner: Runner) -> Problem:
@@ -157,7 +161,10 @@ def test_a_step_cut_off_by_an_infra_fault_resumes_with_its_recorded_call(tmp_pat
     runner.run([_problem(runner)])
     store = RunStore.open(tmp_path / "run")
     assert [e.stop_reason for e in store.episodes()] == ["infra_error"]
-    assert len(store.turns()) == 1 and len(store.calls()) == 2
+    assert len(store.turns()) == 1
+    assert [c.phase for c in store.calls()] == ["sent", "answered"] * 2
+    [cut_off] = store.episodes()
+    assert cut_off.unrecorded_spend.calls == 1 and cut_off.unrecorded_calls == [store.calls()[-1].call_id]
     # A new process: a fresh scripted model, restored past the replies on disk, calls included.
     again = ScriptedModel(replies)
     Runner(runner.cfg, store, again, evaluator).run([_problem(runner)])
@@ -166,6 +173,10 @@ def test_a_step_cut_off_by_an_infra_fault_resumes_with_its_recorded_call(tmp_pat
         (1, "evaluate", "incorrect"), (2, "evaluate", "correct"), (3, "submit", "info")]
     assert again.remaining == 0 and len(again.seen) == 1  # only step 3 was asked
     assert store.summary().spend.calls == 3 and store.episodes()[-1].stop_reason == "submitted"
+    # The reused call is accounted for by its step now, not by the resumed episode's record.
+    resumed = store.episodes()[-1]
+    assert resumed.unrecorded_calls == [] and resumed.unrecorded_spend.calls == 0
+    assert turns[1].call_id == cut_off.unrecorded_calls[0]
 
 
 def test_a_sweep_compares_the_agent_with_the_turn_loop_at_a_matched_budget(tmp_path):

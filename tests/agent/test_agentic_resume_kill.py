@@ -30,12 +30,12 @@ def _replies_before(body: dict) -> int:
 
 
 def kill_inside_step(proc, run_dir: Path, step: int) -> None:
-    """Kill the run once step `step`'s call is recorded and its tool is running."""
+    """Kill the run once step `step`'s reply is recorded and its tool is running."""
     calls, turns = run_dir / "calls.jsonl", run_dir / "turns.jsonl"
-    lines = lambda p: p.read_bytes().count(b"\n") if p.exists() else 0  # noqa: E731
+    count = lambda p, s: p.read_bytes().count(s) if p.exists() else 0  # noqa: E731
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
-        if lines(calls) >= step and lines(turns) == step - 1:
+        if count(calls, b'"phase":"answered"') >= step and count(turns, b"\n") == step - 1:
             break
         time.sleep(0.02)
     assert proc.poll() is None, "the run ended before it could be killed: " + proc.communicate()[0]
@@ -73,6 +73,9 @@ def test_killed_while_a_tool_runs_the_agent_resumes_with_the_recorded_call(tmp_p
     assert [t.status for t in turns] == ["incorrect", "correct", "correct", "info"]
     summary = store.summary()
     assert summary.status == "finished" and summary.spend.calls == 4
+    # The call cut off by the kill is its step's, not one paid for and left unrecorded.
+    assert [e.unrecorded_calls for e in store.episodes()] == [[]]
+    assert {c.call_id for c in store.calls()} == {t.call_id for t in turns}
     assert summary.problems[0].best.turn == 3 and summary.problems[0].best.runtime_ms == 0.4
     # The resumed step 3 was sent the conversation rebuilt from the records, step 2's result included.
     resumed = server.requests[2].body["messages"]

@@ -40,8 +40,16 @@ def source_run(tmp_path, fake_evaluator):
 def mistakes(tmp: Path, src: Path) -> list[tuple[list, str]]:
     (tmp / "latin1.py").write_bytes("# caf\xe9\nclass ModelNew: pass\n".encode("latin-1"))
     (tmp / "ok.py").write_text("class ModelNew:\n    pass\n")
+    (tmp / "broken").mkdir(exist_ok=True)
+    (tmp / "broken" / "task.j2").write_text("line one\n{% if problem %}\nnever closed\n")
+    (tmp / "empty").mkdir(exist_ok=True)
     out = tmp / "out"
     return [
+        (["run", "-p", "L3/1", "--model", "scripted:x", "--prompts-dir", tmp / "broken", "--out", out],
+         "task.j2:2: broken template"),
+        (["run", "-p", "L3/1", "--model", "scripted:x", "--prompts-dir", tmp / "empty", "--out", out],
+         "holds no .j2 template"),
+
         (["run", "-p", "L3/1", "--model", "openai:gpt-5", "--out", out], "OPENAI_API_KEY"),
         (["run", "-p", "L3/1", "--model", "anthropic:claude-sonnet-4-5", "--out", out], "ANTHROPIC_API_KEY"),
         (["replay", src, "--fork-at", 1, "--model", "openai:gpt-5", "--out", out], "OPENAI_API_KEY"),
@@ -88,6 +96,21 @@ def test_every_command_fails_with_one_line(tmp_path, source_run, monkeypatch):
         assert needle in lines[0], f"kloop {shown}: {lines[0]!r} lacks {needle!r}"
         assert "Traceback" not in res.output and "pydantic.dev" not in res.output
         assert sorted(p.name for p in tmp_path.iterdir()) == before, f"kloop {shown} left files"
+
+
+def test_ray_executor_without_a_cluster_is_one_line(tmp_path):
+    pytest.importorskip("ray")
+    script = tmp_path / "replies.yaml"
+    script.write_text(yaml.safe_dump([reply(kernel())]))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, "-m", "kloop", "run", "-p", "L3/1", "--model",
+                          f"scripted:{script}", "--executor", "ray", "--ray-address", "auto",
+                          "--out", str(tmp_path / "out")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr and "--ray-address" in lines[0]
+    assert "`--address`" not in lines[0] and not (tmp_path / "out").exists()
 
 
 def test_debug_shows_the_traceback(tmp_path):
@@ -158,12 +181,14 @@ def test_rescore_counts_no_llm_calls(tmp_path, source_run):
 def test_resume_with_a_prompts_dir_that_is_gone_is_one_line(tmp_path, fake_evaluator):
     prompts = tmp_path / "prompts"
     prompts.mkdir()
+    (prompts / "system.j2").write_text("You write {{ backend }} kernels.\n")
     script = tmp_path / "replies.yaml"
     script.write_text(yaml.safe_dump([reply(kernel("BUG"))]))
     run = tmp_path / "run"
     res = run_kloop("run", "-p", "L3/1", "--model", f"scripted:{script}", "--turns", 2,
                     "--prompts-dir", prompts, "--out", run)
     assert res.exit_code == 0, res.output  # the script runs out after one turn: resumable
+    (prompts / "system.j2").unlink()
     prompts.rmdir()
     res = run_kloop("run", "--resume", run)
     assert res.exit_code == 2 and res.stderr.count("\n") == 1

@@ -100,6 +100,22 @@ def test_feedback_shows_the_reduce_overhead_baseline_and_the_fastest():
     assert "fastest baseline" not in render_feedback(turn_with(alone))
 
 
+def test_gpu_feedback_states_the_share_of_speed_of_light():
+    from agent.report.bound import PEAKS, sol_ms
+    from evaluator.result import EnvInfo
+    from problems.cost import cost_of
+
+    h200 = EnvInfo(python="3.12", torch="2.9", device_name="NVIDIA H200")
+    result = FakeEvaluator().evaluate(PROBLEM, kernel(runtime_ms=0.5)).model_copy(update={"env": h200})
+    sol = sol_ms(cost_of(PROBLEM), PEAKS["NVIDIA H200"], "fp32")
+    text = render_feedback(turn_with(result))
+    assert f"That is {100 * sol / 0.5:.1f} % of the NVIDIA H200's speed of light" in text
+    # No bound where none is known: a host clock, a GPU not in the table, shrunk sizes.
+    for update in ({"device": "cpu", "env": None}, {"env": h200.model_copy(update={"device_name": "X"})},
+                   {"env": h200, "problem_overrides": {"batch_size": 2}}):
+        assert "speed of light" not in render_feedback(turn_with(result.model_copy(update=update)))
+
+
 def test_format_error_feedback():
     text = render_feedback(turn_with(fault=ModelFaultInfo(type="NoKernelFound", message="no block")))
     assert "could not be evaluated: no block" in text
@@ -109,10 +125,11 @@ def test_format_error_feedback():
 @pytest.mark.parametrize("gpu", ["h200", None])
 def test_task_and_system_prompts_render_for_each_backend(backend, gpu):
     prompts = PromptSet()
-    variables = dict(problem=PROBLEM, backend=backend, gpu=gpu, max_turns=4, comparison=STRICT_FP32)
+    variables = dict(problem=PROBLEM, backend=backend, gpu=gpu, max_turns=4, comparison=STRICT_FP32,
+                     sizes={})
     task = prompts.render("task", **variables)
     system = prompts.render("system", **variables)
-    assert PROBLEM.source.strip() in task and "ModelNew" in task and "manual_seed(42)" in task
+    assert PROBLEM.source.strip() in task and "ModelNew" in task and "secret seed" in task
     assert ("load_inline" in task) == (backend == "cuda")
     assert ("@triton.jit" in task) == (backend == "triton")
     assert ("132 SMs" in task) == (gpu == "h200")
@@ -132,7 +149,7 @@ def test_prompts_state_the_tolerance_of_the_policy_and_precision(policy, precisi
     shown = SHOWN_TOLERANCE[policy, precision]
     comparison = EvalConfig(policy=policy, precision=precision).comparison()
     task = PromptSet().render("task", problem=PROBLEM, backend="triton", gpu=None, max_turns=4,
-                              comparison=comparison)
+                              comparison=comparison, sizes={})
     assert f"Models and inputs are in {precision}." in task
     assert f"`atol = rtol = {shown}`" in task and f"(policy `{policy}`)" in task
 
@@ -142,6 +159,19 @@ def test_prompts_state_the_tolerance_of_the_policy_and_precision(policy, precisi
     text = render_feedback(turn_with(bad))
     assert f"(policy `{policy}`: every element must satisfy |yours - ref| <= {shown} + {shown} * |ref|)" in text
     assert "1e-4" not in task + text  # the hard-coded number of old
+
+
+def test_the_rules_say_how_the_active_policy_builds_and_times():
+    def rules(policy: str) -> str:
+        return PromptSet().render("task", problem=PROBLEM, backend="triton", gpu=None, max_turns=4,
+                                  comparison=EvalConfig(policy=policy).comparison(), sizes={})
+
+    strict, kernelbench = rules("strict"), rules("kernelbench")
+    assert "secret seed" in strict and "made noisy" in strict and "manual_seed(42)" not in strict
+    assert "own wall clock around each call" in strict and "CUDA events (" not in strict
+    assert "compare the median" in strict
+    assert "manual_seed(42)" in kernelbench and "secret seed" not in kernelbench
+    assert "measured with CUDA events" in kernelbench and "compare the mean" in kernelbench
 
 
 def test_incorrect_feedback_without_a_recorded_tolerance_states_no_number():
@@ -164,7 +194,8 @@ def test_every_packaged_template_is_covered():
 
 def test_a_missing_variable_is_an_error_not_an_empty_string():
     with pytest.raises(jinja2.UndefinedError, match="max_turns"):
-        PromptSet().render("task", problem=PROBLEM, backend="triton", gpu="h200", comparison=STRICT_FP32)
+        PromptSet().render("task", problem=PROBLEM, backend="triton", gpu="h200", comparison=STRICT_FP32,
+                           sizes={})
 
 
 def test_a_user_prompts_dir_overrides_single_templates(tmp_path):
@@ -172,7 +203,7 @@ def test_a_user_prompts_dir_overrides_single_templates(tmp_path):
     prompts = PromptSet(tmp_path)
     assert prompts.render("system", backend="cuda") == "Custom system for cuda.\n"
     assert "@triton.jit" in prompts.render("task", problem=PROBLEM, backend="triton", gpu=None, max_turns=1,
-                                          comparison=STRICT_FP32)
+                                          comparison=STRICT_FP32, sizes={})
     assert (PACKAGED_DIR / "system.j2").exists()
 
 

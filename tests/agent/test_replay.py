@@ -123,6 +123,21 @@ def test_fork_continues_each_trajectory_with_another_model(tmp_path):
     ep = new.episodes()[0]
     assert ep.parent.turn == 1 and ep.turns == 2 and ep.best.runtime_ms == 0.3
     assert new.config_record().fork_at == 1
+    # Its turns 1-2 are turns 2-3 of what the model saw ("Turn 2 of 3"), and say so; its root
+    # node keeps the source's episode number and names the source node it continues.
+    from io import StringIO
+
+    from rich.console import Console
+
+    from agent.report.show import show
+
+    assert [(t.turn, t.position) for t in new.turns()] == [(1, 2), (2, 3)]
+    out = StringIO()
+    show(new.root, Console(file=out, width=200), problem="L3/1")
+    assert "turn 1 (turn 2 of the trajectory the model saw; 1 inherited)" in out.getvalue()
+    out = StringIO()
+    show(new.root, Console(file=out, width=200), tree=True)
+    assert "0:1 forked from source 0:1 correct" in out.getvalue()
 
 
 def test_replay_provider_by_name_answers_a_recorded_prompt(tmp_path):

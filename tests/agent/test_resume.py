@@ -72,8 +72,10 @@ def test_resume_after_a_crash_mid_episode_with_a_truncated_line(tmp_path, caplog
     # The resumed turn 2 saw turn 1 (from disk) as its history.
     assert model.seen[0][2].content.startswith("reply 3")
     assert (store.root / "turns.jsonl").read_text().endswith("\n")
-    # Spend is rebuilt from disk: the run meter counts all 6 calls.
-    assert runner.run_meter.spent().calls == 6
+    # Spend is rebuilt from disk: the run meter counts all 7 calls, the one in flight at the
+    # crash included (logged before it was sent; its tokens unknown).
+    assert runner.run_meter.spent().calls == 7
+    assert RunStore.open(store.root).summary().spend.calls == 7
 
 
 def test_resume_skips_finished_episodes_and_continues_infra_errors(tmp_path):

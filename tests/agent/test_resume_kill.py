@@ -122,3 +122,37 @@ def test_http_provider(tmp_path, provider):
         resumed = server.requests[-1].body
         assert _assistant_turns(resumed) == 3
         assert any("reply 2" in str(m["content"]) for m in resumed["messages"])
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_a_call_killed_during_its_evaluation_is_counted(tmp_path, provider):
+    """Killed while turn 3's kernel is judged: its call was answered, its turn never written.
+    Resume asks again, and the totals count both calls, as the provider did."""
+    with FakeLLMServer() as server:
+        if provider == "openai":
+            server.responder = lambda rec: chat_completion(REPLIES[_assistant_turns(rec.body)])
+            model, url = "openai:gpt-4.1", server.openai_url
+        else:
+            server.responder = lambda rec: anthropic_message(REPLIES[_assistant_turns(rec.body)])
+            model, url = "anthropic:claude-sonnet-4-5", server.url
+        run = tmp_path / "run"
+        proc = kloop(tmp_path, "run", "-p", "L3/1", "--model", model, "--base-url", url,
+                     "--turns", 4, "--out", run, delay=2.0)
+        deadline = time.monotonic() + 60
+        while len(server.requests) < 3 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.02)
+        time.sleep(0.5)  # the reply is back; the evaluation takes 2 s
+        assert proc.poll() is None and len(server.requests) == 3
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert len(RunStore.open(run).turns()) == 2
+        finish(kloop(tmp_path, "run", "--resume", run))
+        check_resumed(run)
+        store = RunStore.open(run)
+        assert len(server.requests) == 5
+        assert store.summary().spend.calls == 5
+        orphan = [e for e in store.episodes() if e.unrecorded_calls]
+        assert len(orphan) == 1 and orphan[0].unrecorded_spend.calls == 1
+        assert orphan[0].unrecorded_spend.input_tokens > 0  # what the answered call reported
+        # The turn loop asks again rather than reuse a reply: its log keeps none.
+        assert all(c.reply is None for c in store.calls())

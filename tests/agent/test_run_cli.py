@@ -112,3 +112,8 @@ def test_run_size_small_records_the_shrunk_constants(tmp_path, fake_evaluator):
     sizes = RunStore.open(out).config_record().config.problem_overrides
     assert sizes == {"L3/1": {"batch_size": 1, "input_size": 512, "layer_sizes": [512, 512],
                               "output_size": 256}}  # --size small under the explicit batch size
+    # The model is shown the sizes it is judged at, not the problem file's full ones.
+    task = RunStore.open(out).turns()[0].messages[1].content
+    assert "batch_size = 1\n" in task and "input_size = 512\n" in task
+    assert "layer_sizes = [512, 512]\n" in task and "16384" not in task and "= 128" not in task
+    assert "at the sizes it is judged at" in task

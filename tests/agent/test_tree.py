@@ -289,3 +289,20 @@ def test_records_from_before_turns_carried_their_parent_make_the_same_tree(tmp_p
     old = [t.model_copy(update={"parent": None}) for t in turns]
     assert Tree(old, {e.episode_key: e.parent for e in episodes}).rows() == now
     assert len(Tree(old).top) == 6  # without the episode records, every episode is a root
+
+
+def test_on_cpu_nodes_are_valued_and_drawn_by_cpu_time(tmp_path):
+    """A host clock records no speedup; the ratio of CPU times still tells a 2 ms kernel from
+    a 0.5 ms one, labelled as not comparable."""
+    from agent.tree import Tree, draw, node_value
+
+    runner, _ = make_runner(tmp_path, script(), evaluator=FakeEvaluator(comparable=False),
+                            strategy=TREE)
+    runner.run(load_problems(runner.cfg))
+    turns = {(t.episode, t.turn): t for t in runner.store.turns()}
+    assert all(t.eval.speedup_vs_eager is None for t in turns.values() if t.eval is not None)
+    slow, fast = turns[0, 1], turns[3, 1]  # 2.0 ms and 0.5 ms against eager's 2.0 ms
+    assert node_value(fast) == pytest.approx(value("correct", 4.0))
+    assert node_value(slow) == pytest.approx(value("correct", 1.0))
+    lines = draw(Tree(list(turns.values())).rows(), "L3/1")
+    assert any("3:1 correct 4x (CPU time, not comparable)" in line for line in lines), lines

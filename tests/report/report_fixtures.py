@@ -56,12 +56,16 @@ def eval_result(problem: Problem, status: str = "correct", eager: float | None =
                                  text="kernel 90%")
         best = best_of({"eager": eager, "compile": compile, "compile_ro": compile_ro}) if best_recorded \
             else (None, None)
+        # A host clock (CPU) gives no speedup, as the evaluator records it: the timings stay.
+        speedups = (eager, compile, compile_ro) if comparable else (None, None, None)
+        best = best if comparable else (None, None)
         return EvalResult(
             status="correct", stage_reached="done", timing=timing(runtime_ms, comparable),
             eager=timing(runtime_ms * eager, comparable) if eager is not None else None,
             compiled=timing(runtime_ms * compile, comparable) if compile is not None else None,
             compiled_ro=timing(runtime_ms * compile_ro, comparable) if compile_ro is not None else None,
-            speedup_vs_eager=eager, speedup_vs_compile=compile, speedup_vs_compile_ro=compile_ro,
+            speedup_vs_eager=speedups[0], speedup_vs_compile=speedups[1],
+            speedup_vs_compile_ro=speedups[2],
             best_baseline=best[0], speedup_vs_best=best[1], has_custom_kernel=True, profile=profile,
             correctness=[CorrectnessTrial(trial=0, passed=True)], **base)
     if status == "rejected":

@@ -71,3 +71,21 @@ def test_the_demo_page_has_data_in_every_table(tmp_path):
     assert ("Runtimes are medians by kloop's harness clock on the recording GPU" in page) == on_gpu
     assert ("(NVIDIA H200)" in page) == on_gpu  # the GPU is named, from the records
     assert ("H200 numbers: not recorded yet" in page) == (not on_gpu)
+
+
+def test_the_demo_report_and_kloop_report_resample_alike(tmp_path, monkeypatch):
+    """The same runs give the same intervals in the demo's report and in `kloop report`."""
+    from agent.cli import main
+    from agent.report import build
+
+    used = []
+    real = build.build_report
+    monkeypatch.setattr(build, "build_report", lambda paths, **kw: used.append(kw["n_boot"]) or real(paths, n_boot=0))
+    monkeypatch.setattr(examples, "rejudge", lambda run, device: [])
+    monkeypatch.setattr(examples, "write_summary", lambda out, runs, checked: None)
+    examples.demo(tmp_path / "demo", "cpu")
+    runs = [examples.EXAMPLES / examples.RUNS["sequential"], examples.EXAMPLES / examples.RUNS["best_of_n"]]
+    with pytest.raises(SystemExit) as done:
+        main(["report", *map(str, runs), "--out", str(tmp_path / "report")])
+    assert done.value.code == 0
+    assert len(used) == 2 and used[0] == used[1]

@@ -139,3 +139,50 @@ def test_report_of_a_tracked_run_is_written_outside_it(tmp_path, monkeypatch):
     untracked.mkdir()
     assert _default_out([untracked]) == untracked / "report"
     assert _default_out([untracked, example]) == Path("runs/reports/r1-vs-l3-1-mlp-triton")
+
+
+def test_rescore_of_an_import_takes_size_and_eval_overrides_and_keeps_imported_sizes(
+        generations, tmp_path, monkeypatch, capsys):
+    from agent.cli import main
+
+    (generations / "kloop_export.json").write_text(json.dumps(
+        {"problem_overrides": {"L3/1": {"batch_size": 4}}}))
+    run = tmp_path / "imported"
+    assert cli("import", "kernelbench", str(generations), "--out", str(run)).exit_code == 0
+    judged_with = []
+
+    def evaluator(cfg, problems):
+        judged_with.append(cfg)
+        return MarkerEvaluator()
+
+    monkeypatch.setattr(replay_lib, "build_evaluator", evaluator)
+
+    def kloop(*args: str) -> int:
+        try:
+            main([str(a) for a in args])
+        except SystemExit as e:
+            return e.code
+        return 0
+
+    out = tmp_path / "rescored"
+    assert kloop("replay", run, "--rescore", "--size", "small", "-c", "eval.policy=kernelbench",
+                 "--out", out) == 0
+    printed = capsys.readouterr()
+    cfg = judged_with[0]
+    assert cfg.eval.policy == "kernelbench"
+    # The import's own sizes stay; --size small shrinks the rest of each problem.
+    assert cfg.problem_overrides["L3/1"]["batch_size"] == 4
+    assert cfg.problem_overrides["L3/1"]["input_size"] == 512
+    assert cfg.problem_overrides["L3/4"]["batch_size"] == 2
+    assert RunStore.open(out).config_record().config == cfg
+    # Kernels the import never judged get their first verdict; none of them "changed".
+    text = printed.out + printed.err
+    assert "format_error ->" not in text and "differs" not in text
+    assert "3 kernel(s) never judged" in text
+    assert json.loads((out / "replay_report.json").read_text())["first_judged"] == 3
+
+    # -c changes how kernels are judged, nothing else; --size is for --rescore.
+    assert kloop("replay", run, "--rescore", "-c", "strategy.turns=3", "--out", tmp_path / "x") == 2
+    assert "only eval.* and problem_overrides" in "".join(capsys.readouterr())
+    assert kloop("replay", run, "--size", "small", "--out", tmp_path / "y") == 2
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()

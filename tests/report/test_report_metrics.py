@@ -120,6 +120,21 @@ def test_host_clock_and_missing_timing_are_reported(tmp_path):
     assert any("without a speedup" in w for w in r.warnings)
 
 
+def test_a_cpu_run_is_ranked_by_cpu_time_labelled_not_comparable(tmp_path):
+    """On CPU the evaluator records no speedup; the report ranks by the ratio of CPU times
+    instead of calling every problem slow, and says those numbers are not GPU numbers."""
+    run = load_run(write_run(tmp_path / "cpu", ["L3/1", "L3/2"], [
+        T("L3/1", eager=4.0, runtime_ms=41.0, comparable=False),
+        T("L3/2", eager=0.2, runtime_ms=205.0, comparable=False)]))
+    assert all(t.eval.speedup_vs_eager is None for t in run.turns)
+    rows = problem_rows(run)
+    assert [r.speedup_vs_eager for r in rows] == pytest.approx([4.0, 0.2])
+    assert [r.comparable for r in rows] == [False, False]
+    r = build_report([run.path], n_boot=0).runs[0]
+    assert r.metrics.fast(1.0) == 0.5 and r.metrics.geomean_vs_eager.value == pytest.approx(0.8 ** 0.5)
+    assert any("ratios of CPU times vs eager, not comparable with GPU numbers" in w for w in r.warnings)
+
+
 def test_fast_p_against_each_baseline_and_the_fastest(tmp_path):
     run = write_run(tmp_path / "three", ["L3/1", "L3/2", "L3/4", "L3/5"], [
         T("L3/1", eager=3.0, compile=2.0, compile_ro=1.25),  # reduce-overhead is the fastest

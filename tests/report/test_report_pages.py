@@ -90,3 +90,25 @@ def test_bundled_example_run(tmp_path):
     assert result.exit_code == 0, result.output
     md = (out / "report.md").read_text()
     assert "## Summary" in md and (out / "report.html").is_file()
+
+
+def test_plots_label_the_geomean_floor_and_never_repeat_a_speedup_tick(tmp_path, monkeypatch):
+    from agent.report import plots
+    from agent.report.curves import run_curves
+    from agent.report.load import load_run
+    from agent.report.metrics import problem_rows
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path, legend=False: figures.append(fig) or path)
+    run = load_run(write_run(tmp_path / "r", ["L3/1", "L3/2", "L3/4", "L3/5"], [
+        # Within a few percent of 1x: the log axis's own ticks all rounded to `1x`.
+        T("L3/1", eager=0.98, compile=1.03), T("L3/2", eager=1.02, compile=0.97),
+        T("L3/4", eager=1.01, compile=1.0), T("L3/5", eager=0.99, compile=1.02)]))
+    plots.plot_speedups({"r": problem_rows(run)}, tmp_path / "s.png")
+    plots.plot_curves(run_curves(run, "run"), ["r"], tmp_path / "c.png", "geomean")
+    speed, curves = figures
+    speed.canvas.draw()
+    for ax in speed.axes:
+        shown = [t.get_text() for t in ax.get_xticklabels(which="both") if t.get_text()]
+        assert shown and len(shown) == len(set(shown)), shown
+    assert all("max(1, speedup vs eager)" in ax.get_ylabel() for ax in curves.axes[::3])

@@ -148,3 +148,57 @@ def test_seeds_of_a_sweep_are_grouped(tmp_path):
     [group] = report.seed_groups
     assert (group.label, group.seeds, group.runs) == ("base__seq__base__base", [0, 1], [o.cell_id for o in outcomes])
     assert group.metrics.fast(1.5) == 0.5 and group.metrics.correct == 2
+
+
+def test_a_budgets_axis_compares_budgets(tmp_path):
+    path = sweep_file(tmp_path, "  budgets: [{run: {calls: 2}}, {label: big, run: {calls: 9}}]\n")
+    cells = plan(path)
+    assert [c.cell_id for c in cells] == [
+        "base__seq__base__base__run-calls2__seed0", "base__seq__base__base__big__seed0",
+        "base__bon__base__base__run-calls2__seed0", "base__bon__base__base__big__seed0"]
+    assert [c.config.budget.run.calls for c in cells] == [2, 9, 2, 9]
+    assert all(c.axes["budget"] in ("run-calls2", "big") for c in cells)
+    outcomes = run_sweep(path, components=scripted)
+    assert [o.status for o in outcomes] == ["budget", "finished", "budget", "finished"]
+    spent = [RunStore.open(o.path).summary().spend.calls for o in outcomes]
+    assert spent == [2, 8, 2, 8]
+
+
+def test_sweep_progress_one_line_per_cell_piped_and_on_a_terminal(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from agent.run import SweepProgress
+
+    seen = []
+    piped = io.StringIO()
+    with SweepProgress(Console(file=piped, force_terminal=False, width=200)) as progress:
+        def both(p):
+            seen.append(p)
+            progress.update(p)
+        run_sweep(sweep_file(tmp_path), components=scripted, on_cell=both)
+    lines = piped.getvalue().splitlines()
+    # Printed as it happened: both cells waiting, then the first cell's turns one by one, done
+    # before the second starts.
+    assert lines[:2] == [f"[1/2] {SEQ}: waiting", f"[2/2] {BON}: waiting"]
+    assert f"[1/2] {SEQ}: running, 1/8 turns, 0 correct, 1 calls" in lines
+    first_done = lines.index(f"[1/2] {SEQ}: finished, 8/8 turns, 3 correct, 8 calls")
+    assert first_done < lines.index(f"[2/2] {BON}: running, 0/8 turns, 0 correct, 0 calls")
+    assert lines[-1] == f"[2/2] {BON}: finished, 8/8 turns, 1 correct, 8 calls"
+    assert len(lines) == len(set(lines))  # printed on change only
+
+    # On a terminal the same lines are redrawn in place: the last frame holds one per cell.
+    tty = io.StringIO()
+    with SweepProgress(Console(file=tty, force_terminal=True, width=200)) as progress:
+        for p in seen:
+            progress.update(p)
+    frame = tty.getvalue().rsplit("waiting", 1)[-1]
+    assert f"[1/2] {SEQ}: finished, 8/8 turns" in tty.getvalue()
+    assert f"[2/2] {BON}: finished, 8/8 turns, 1 correct, 8 calls" in frame
+    assert "\x1b[" in tty.getvalue()  # cursor movement: redrawn, not appended
+    # Skipped on a second run: one line each, nothing runs.
+    again = []
+    run_sweep(sweep_file(tmp_path), components=scripted, on_cell=again.append)
+    assert [p.line() for p in again if p.state == "skipped"] == [
+        f"[1/2] {SEQ}: skipped (finished earlier)", f"[2/2] {BON}: skipped (finished earlier)"]
