@@ -32,6 +32,7 @@ if [ -n "${KB_PROBLEMS:-}" ]; then  # KernelBench's own eval beside kloop (.kb c
     --json "$OUT/kb.jsonl" 2>"$OUT/kb.err"
   tail -3 "$OUT/kb.err"
 fi
-[ -n "${PYTEST_ARGS:-}" ] && timeout "${PYTEST_LIMIT:-300}" python3 -m pytest $PYTEST_ARGS > "$OUT/pytest.log" 2>&1; tail -15 "$OUT/pytest.log" 2>/dev/null
+[ -n "${PYTEST_ARGS:-}" ] && timeout "${PYTEST_LIMIT:-300}" python3 -m pytest $PYTEST_ARGS \
+  ${PYTEST_K:+-k "$PYTEST_K"} > "$OUT/pytest.log" 2>&1; tail -15 "$OUT/pytest.log" 2>/dev/null
 cd "$OUT" && tar czf all.tgz --exclude=all.tgz . && rm -f ./*.err ./*.txt ./*.log ./*.json
 exit 0
