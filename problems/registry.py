@@ -56,6 +56,10 @@ class PrefixSensitivity(BaseModel):
     window: Literal["last", "ends"]
     """Which steps matter: the last `steps_that_matter`, or that many split between both ends
     (bidirectional)."""
+    truncated_steps: int | None
+    """Steps a run of the model on the end of the sequence alone (the rest dropped, the given
+    initial states kept) needs to pass at `tol`: the attack (None: the parameters are shaped by
+    the sequence length)."""
     sizes: dict[str, int]
     """Module constants overridden for the measurement (empty: full size)."""
     strict_input_scale: float | None = None
