@@ -60,6 +60,9 @@ class PrefixSensitivity(BaseModel):
     """Steps a run of the model on the end of the sequence alone (the rest dropped, the given
     initial states kept) needs to pass at `tol`: the attack (None: the parameters are shaped by
     the sequence length)."""
+    first_half_moves: float
+    """max |a-b| / (1+|b|) between the output and the output with the first half of the
+    sequence replaced by another draw's (compare with `tol`)."""
     sizes: dict[str, int]
     """Module constants overridden for the measurement (empty: full size)."""
     strict_input_scale: float | None = None
@@ -69,6 +72,8 @@ class PrefixSensitivity(BaseModel):
     sequence matters."""
     strict_steps_that_matter: int | None = None
     """Steps that matter at `tol` under that distribution."""
+    strict_first_half_moves: float | None = None
+    """`first_half_moves` under that distribution."""
 
     @property
     def insensitive(self) -> bool:
