@@ -8,8 +8,8 @@ asks only whether the output depends on the input at all; this asks on how much 
 For each problem of `SEQUENCES`, on CPU in fp32, at the sizes of `SIZES` (full size unless a
 forward takes too long there; the batch is what gets reduced, never the sequence), under an input
 distribution (KernelBench's own `get_inputs()`, or strict's: a `noisy_model` build and inputs
-scaled by the problem's `prefix_input_scale`/`prefix_input_shift`), it compares the output of a
-normal trial with the output after
+drawn as `ProblemMeta.prefix.strict_input_scale` * x + `strict_input_shift`; `--scale` and
+`--shift` try another), it compares the output of a normal trial with the output after
   prefix  — steps [0, T-k) of the sequence replaced by another draw's (initial states kept):
             the smallest k on `ladder(T)` where the output stays within the tolerance is the
             number of steps that matter (the last k);
@@ -92,6 +92,17 @@ def ratio(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max(float(((x - y).abs() / (1 + y.abs())).max()) for x, y in zip(a, b, strict=True))
 
 
+def strict_distribution(problem: Problem) -> tuple[float | None, float | None]:
+    """Strict's (input scale, input shift) for this problem at fp32: the whole-sequence
+    distribution where there is one, else the degenerate problem's, else none."""
+    meta = problem.meta
+    if meta.prefix is not None and meta.prefix.strict_input_scale is not None:
+        return meta.prefix.strict_input_scale, meta.prefix.strict_input_shift
+    if meta.degenerate_probe == "scaled_inputs":
+        return meta.degenerate_input_scale, meta.degenerate_input_shift
+    return None, None
+
+
 class Setup:
     """One problem built for one input distribution."""
 
@@ -100,13 +111,8 @@ class Setup:
         self.problem, self.seq = problem, SEQUENCES[problem.number]
         self.axis = self.seq.axis
         self.overrides = SIZES.get(problem.number, {})
-        meta = problem.meta
-        if scale is not None or shift is not None:
-            pass
-        elif strict and meta.prefix is not None:
-            scale, shift = meta.prefix.strict_input_scale, meta.prefix.strict_input_shift
-        elif strict and meta.degenerate_probe == "scaled_inputs":
-            scale, shift = meta.degenerate_input_scale, meta.degenerate_input_shift
+        if scale is None and shift is None and strict:
+            scale, shift = strict_distribution(problem)
         self.scale, self.shift = scale, shift
         self.spec = ProblemSpec(path=str(problem.path), sha256=problem.sha256,
                                 overrides=self.overrides, device="cpu", precision="fp32",
