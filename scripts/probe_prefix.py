@@ -107,10 +107,10 @@ class Setup:
     """One problem built for one input distribution."""
 
     def __init__(self, problem: Problem, strict: bool, scale: float | None = None,
-                 shift: float | None = None):
+                 shift: float | None = None, overrides: dict[str, Any] | None = None):
         self.problem, self.seq = problem, SEQUENCES[problem.number]
         self.axis = self.seq.axis
-        self.overrides = SIZES.get(problem.number, {})
+        self.overrides = SIZES.get(problem.number, {}) if overrides is None else overrides
         if scale is None and shift is None and strict:
             scale, shift = strict_distribution(problem)
         self.scale, self.shift = scale, shift
@@ -167,9 +167,10 @@ def smallest(rungs: list[int], passes) -> tuple[int, dict[int, float]]:
 
 
 def probe(problem: Problem, strict: bool, tol: float, scale: float | None = None,
-          shift: float | None = None) -> dict[str, Any]:
+          shift: float | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One problem's row: steps that matter, the truncated run, the first half's effect."""
     t0 = time.monotonic()
-    s = Setup(problem, strict, scale, shift)
+    s = Setup(problem, strict, scale, shift, overrides)
     normal = s.last(s.inputs)
     T = s.steps
 
