@@ -312,8 +312,8 @@ class EvalRun:
         # depends on the input (scripts/probe_prefix.py checks both).
         if prefix_probed(self):
             scale, shift = meta.prefix.strict_input_scale, meta.prefix.strict_input_shift
-        elif p.degenerate_trials and meta.degenerate_probe == "scaled_inputs" \
-                and is_degenerate(self):
+        elif (p.degenerate_trials and meta.degenerate_probe == "scaled_inputs"
+              and is_degenerate(self)):
             scale, shift = meta.degenerate_input_scale, meta.degenerate_input_shift
         return ProblemSpec(
             path=str(self.problem.path), sha256=self.problem.sha256,

@@ -52,7 +52,8 @@ class PrefixSensitivity(BaseModel):
     steps: int
     """The sequence length measured (the full size's)."""
     steps_that_matter: int
-    """With KernelBench's inputs, replacing every other step leaves the output within `tol`."""
+    """With KernelBench's inputs, the output stays within `tol` when every step before the last
+    `steps_that_matter` is replaced by another draw's."""
     window: Literal["last", "ends"]
     """Which steps matter: the last `steps_that_matter`, or that many split between both ends
     (bidirectional)."""
