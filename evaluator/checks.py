@@ -221,6 +221,24 @@ def degenerate_problem(run: EvalRun) -> None:
         run.record(Flagged(flag="degenerate_no_probe"))
 
 
+def prefix_probed(run: EvalRun) -> bool:
+    """The problem forgets the start of its sequence at this run's tolerance, and this run draws
+    its inputs from the distribution under which the whole sequence matters (measured at
+    `prefix.tol`; a looser tolerance is not covered by that measurement)."""
+    prefix = run.problem.meta.prefix
+    return (prefix is not None and prefix.insensitive and run.policy.whole_input_trials
+            and prefix.strict_input_scale is not None
+            and run.policy.tolerance(run.config.precision) <= prefix.tol * (1 + 1e-9))
+
+
+# Rationale: a recurrence that forgets its start can be computed from its last steps alone
+# (L3/36: the last 32 of 512 LSTM steps); where this run's inputs do not close that, say so.
+def prefix_unprobed(run: EvalRun) -> None:
+    prefix = run.problem.meta.prefix
+    if prefix is not None and prefix.insensitive and not prefix_probed(run):
+        run.record(Flagged(flag="prefix_unprobed"))
+
+
 # Rationale: catalog B1 — plain PyTorch is honest but has no kernel of the candidate's; it is
 # judged on its outputs and flagged (only pretending to have kernels is rejected).
 def torch_only(run: EvalRun) -> None:
@@ -258,8 +276,8 @@ def gpu_conditions(run: EvalRun) -> None:
         run.record(Flagged(flag="gpu_clock_differs"))
 
 
-RESULT_CHECKS: list[ResultCheck] = [degenerate_problem, torch_only, implausible_speedup,
-                                    gpu_conditions]
+RESULT_CHECKS: list[ResultCheck] = [degenerate_problem, prefix_unprobed, torch_only,
+                                    implausible_speedup, gpu_conditions]
 
 
 def result_checks(run: EvalRun) -> None:

@@ -57,6 +57,13 @@ class Policy(BaseModel):
     problem has an input scale that makes it depend (`ProblemMeta.degenerate_input_scale`),
     every input of every call is scaled by it; where only other weights move the output, add
     the reparam trial."""
+    whole_input_trials: bool = True
+    """On sequence problems whose output forgets the start of the sequence at this tolerance
+    (`ProblemMeta.prefix`), every floating input of every call is drawn from the distribution
+    recorded there (`strict_input_scale` * x + `strict_input_shift`), under which the first half
+    of the sequence moves the output beyond the tolerance: a candidate that runs only the last
+    steps fails (scripts/probe_prefix.py, CPU fp32, 2026-12-05). Off: KernelBench's inputs,
+    the result flagged `prefix_unprobed`."""
     reparam_trial: bool = True
     """One probe trial on a second model of each side, built alike under another secret seed
     (`construct.noisy_model`; inside the constructor, so weights an honest candidate packs in
@@ -82,7 +89,8 @@ POLICIES: dict[str, Policy] = {
             name="strict",
             description="Isolated run, the harness's clock, every timed call checked on fresh "
             "secret inputs, models built under secret seeds with noisy constant fills, TF32 off, "
-            "degenerate problems scaled into input dependence, float64 precision check, runtime "
+            "degenerate problems scaled into input dependence, sequence problems drawn so that "
+            "the whole sequence matters, float64 precision check, runtime "
             "anti-cheat rules and input mutation rejected; median for speedups.",
         ),
         # KernelBench main: same tolerances and trial counts, PyTorch's default backend flags,
@@ -98,6 +106,7 @@ POLICIES: dict[str, Policy] = {
             timing_of_record="events_bounded",
             noisy_construction=False,
             degenerate_trials=False,
+            whole_input_trials=False,
             reparam_trial=False,
         ),
     )

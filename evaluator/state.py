@@ -327,11 +327,15 @@ class EvalRun:
     def problem_spec(self) -> ProblemSpec:
         p, meta = self.policy, self.problem.meta
         scale = shift = None
-        if p.degenerate_trials and meta.degenerate_probe == "scaled_inputs":
-            from evaluator.checks import is_degenerate
+        from evaluator.checks import is_degenerate, prefix_probed
 
-            if is_degenerate(self):
-                scale, shift = meta.degenerate_input_scale, meta.degenerate_input_shift
+        # The whole-sequence distribution first: it is also one under which the output
+        # depends on the input (scripts/probe_prefix.py checks both).
+        if prefix_probed(self):
+            scale, shift = meta.prefix.strict_input_scale, meta.prefix.strict_input_shift
+        elif (p.degenerate_trials and meta.degenerate_probe == "scaled_inputs"
+              and is_degenerate(self)):
+            scale, shift = meta.degenerate_input_scale, meta.degenerate_input_shift
         return ProblemSpec(
             path=str(self.problem.path), sha256=self.problem.sha256,
             overrides=self.config.problem_overrides, device=self.child_device,

@@ -41,6 +41,46 @@ def _tol(x: float) -> str:
     return f"{mantissa}e{int(exp)}"
 
 
+class PrefixSensitivity(BaseModel):
+    """How much of a sequence problem's input moves its output beyond a tolerance
+    (scripts/probe_prefix.py, CPU fp32): a recurrence that forgets its start can be computed
+    from its last steps alone."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tol: float
+    steps: int
+    """The sequence length measured (the full size's)."""
+    steps_that_matter: int
+    """With KernelBench's inputs, the output stays within `tol` when every step before the last
+    `steps_that_matter` is replaced by another draw's."""
+    window: Literal["last", "ends"]
+    """Which steps matter: the last `steps_that_matter`, or that many split between both ends
+    (bidirectional)."""
+    truncated_steps: int | None
+    """Steps a run of the model on the end of the sequence alone (the rest dropped, the given
+    initial states kept) needs to pass at `tol`: the attack (None: the parameters are shaped by
+    the sequence length)."""
+    first_half_moves: float
+    """max |a-b| / (1+|b|) between the output and the output with the first half of the
+    sequence replaced by another draw's (compare with `tol`)."""
+    sizes: dict[str, int]
+    """Module constants overridden for the measurement (empty: full size)."""
+    strict_input_scale: float | None = None
+    strict_input_shift: float | None = None
+    """Under a policy with `whole_input_trials`, every floating input x of every call becomes
+    `strict_input_scale * x + strict_input_shift`: the input distribution under which the whole
+    sequence matters."""
+    strict_steps_that_matter: int | None = None
+    """Steps that matter at `tol` under that distribution."""
+    strict_first_half_moves: float | None = None
+    """`first_half_moves` under that distribution."""
+
+    @property
+    def insensitive(self) -> bool:
+        return self.steps_that_matter < self.steps
+
+
 class ProblemMeta(BaseModel):
     """Facts about one problem kept as data (see problems/level3_meta.json)."""
 
@@ -64,6 +104,8 @@ class ProblemMeta(BaseModel):
     tf32_sensitive_at: float | None = None
     """Largest tolerance at which the default-TF32 reference fails against strict fp32
     (None: within 1e-4)."""
+    prefix: PrefixSensitivity | None = None
+    """Sequence problems: how many steps move the output (None: not a sequence problem)."""
     notes: str | None = None
 
     def flags(self) -> list[str]:
@@ -72,6 +114,8 @@ class ProblemMeta(BaseModel):
             out.append(f"degenerate@{_tol(self.degenerate_at)}")
         if self.tf32_sensitive_at is not None:
             out.append(f"tf32@{_tol(self.tf32_sensitive_at)}")
+        if self.prefix is not None and self.prefix.insensitive:
+            out.append(f"prefix_insensitive@{_tol(self.prefix.tol)}")
         return out
 
 

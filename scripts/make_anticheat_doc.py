@@ -14,6 +14,7 @@ from exploit_cases import EXPLOITS, HONEST  # noqa: E402
 
 import evaluator.static  # noqa: E402,F401  (registers the static checks)
 from evaluator.rules import POLICY_NAMES, RULES  # noqa: E402
+from problems.registry import load_problem_set  # noqa: E402
 
 
 def _cell(text: str) -> str:
@@ -86,11 +87,62 @@ def render() -> str:
     for policy in POLICY_NAMES:
         rejecting = [n for n, r in RULES.items() if r.severity(policy) == "reject"]
         out += ["", f"`{policy}` rejects: " + ", ".join(f"`{n}`" for n in rejecting) + "."]
+    out += _whole_input()
     both = [c.id for c in HONEST if c.kernelbench is not None]
     out += ["", f"## Honest candidates ({len(HONEST)}; all must be `correct` under strict, "
             f"{', '.join(both)} under kernelbench too)", ""]
     out += [f"- {c.id}: {_cell(c.why)}" for c in HONEST]
     return "\n".join(out) + "\n"
+
+
+def _whole_input() -> list[str]:
+    """The sequence problems' sensitivity table, from problems/level3_meta.json."""
+    out = ["", "## Problems that measure what they say", "",
+           "A recurrence that forgets its start can be computed from its last steps alone, and "
+           "a candidate doing so is as `correct` as the full recurrence (K12). "
+           "`scripts/probe_prefix.py` measures, per sequence problem, how many steps move the "
+           "output beyond the tolerance: the rest of the sequence replaced by another draw's, "
+           "the output (the last step of a sequence of outputs) compared as `allclose` does; "
+           "and how many steps a run of the model on the end of the sequence alone needs to "
+           "pass. Where fewer steps than the sequence matter the problem is flagged "
+           "`prefix_insensitive@1e-4` (`problem_prefix_insensitive@1e-4` in results). Strict "
+           "(`whole_input_trials`) then draws every floating input of every call, initial "
+           "states included, as scale * x + shift, a distribution under which even the first "
+           "32 steps move the output; kernelbench keeps KernelBench's inputs and flags the "
+           "result `prefix_unprobed`, as strict does where no distribution was found.", "",
+           "Conditions: CPU, fp32, tolerance 1e-4 (both policies' fp32 tolerance), one thread, "
+           "2026-12-05; full size except where the size column says otherwise (only the batch "
+           "shrinks: each sample is its own sequence). \"moves\" is max |a-b|/(1+|b|) with the "
+           "first half of the sequence replaced.", "",
+           "| problem | steps | steps that matter | a truncated run passes on | first half moves "
+           "| strict draws | steps that matter (strict) | first half moves (strict) | size |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for p in load_problem_set():
+        f = p.meta.prefix
+        if f is None:
+            continue
+        matter = f"{f.steps_that_matter}" + (" (both ends)" if f.window == "ends" else "")
+        draws = ("KernelBench's" if not f.insensitive
+                 else "none found" if f.strict_input_scale is None
+                 else f"x*{f.strict_input_scale:g}+{f.strict_input_shift:g}")
+        out.append(
+            f"| {p.id} {p.name} | {f.steps} | {matter} | "
+            f"{f.truncated_steps if f.truncated_steps is not None else 'n/a'} | "
+            f"{f.first_half_moves:.1e} | {draws} | {f.strict_steps_that_matter or '-'} | "
+            f"{f'{f.strict_first_half_moves:.1e}' if f.strict_first_half_moves else '-'} | "
+            f"{', '.join(f'{k}={v}' for k, v in f.sizes.items()) or 'full'} |")
+    out += ["", "Not closed: L3/34, whose tanh recurrence forgets at a rate its weights set (a "
+            "windowed candidate computes each output from the 8 steps before it); fp16 and bf16 "
+            "runs (the distributions were measured at 1e-4, not at 1e-2: flagged "
+            "`prefix_unprobed`); a candidate that runs the first layer on every step and the "
+            "upper layers only on the last steps (the input distribution reaches the first "
+            "layer only; measured once, same conditions): L3/36 passes with layers 2-6 on the "
+            "last 64 of 512 steps under both distributions (2.5e-08 KernelBench's, 5.1e-08 "
+            "strict's; the last 32: 1.7e-05 strict's), L3/40 with layers 2-6 on the last 64 "
+            "under KernelBench's (2.8e-08) but only on the last 256 under strict's (6.0e-06; "
+            "128: 1.6e-03). Not measured: deep non-recurrent stacks (their early layers' "
+            "inputs, a share of the batch), beyond the degeneracy check."]
+    return out
 
 
 def main() -> None:
