@@ -232,7 +232,13 @@ def feedback_vars(state: EpisodeState, result: EvalResult | None, fault: ModelFa
         "tool_mode": tool_mode,
         "bound": (bound_of(cost_of(state.spec.problem), result, precision) if result is not None
                   else Bound(None)),
+        "below_clock_resolution": below_clock_resolution(result),
     }
+
+
+def below_clock_resolution(result: EvalResult | None) -> bool:
+    """Whether the evaluator flagged the model's time as below its clock's resolution."""
+    return result is not None and any(f.startswith("below_clock_resolution") for f in result.flags)
 
 
 def feedback_template(result: EvalResult | None) -> str:
