@@ -135,6 +135,7 @@ def run_agent_episode(spec: EpisodeSpec, env: EpisodeEnv, done: list[TurnRecord]
             spend=Spend.of_reply(reply).model_copy(
                 update={"eval_s": out.eval_s, "wall_s": time.monotonic() - clock}),
             started_at=turn_start, finished_at=utcnow())
+        rec.best_decision = state.decide(rec)
         env.sink.append_turn(rec)
         state.add(rec)
         if env.on_turn is not None:

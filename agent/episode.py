@@ -18,9 +18,9 @@ from agent.errors import InfraFault
 from agent.models.base import Address, Message, ModelReply, ToolSpec
 from agent.prompts import PromptSet
 from agent.protocols import Evaluator, Model
-from agent.records import BestKernel, CallRecord, ModelFaultInfo, TurnRecord, TurnRef
+from agent.records import BestDecision, BestKernel, CallRecord, ModelFaultInfo, TurnRecord, TurnRef
 from agent.report.bound import Bound, bound_of
-from agent.tally import best_turn
+from agent.tally import decide, replaces, speedup_interval
 from evaluator.config import Comparison
 from evaluator.result import EvalResult
 from problems.cost import cost_of
@@ -110,6 +110,7 @@ def best_of(rec: TurnRecord) -> BestKernel:
         speedup_vs_compile=ev.speedup_vs_compile,
         speedup_vs_best=ev.speedup_vs_best,
         best_baseline=ev.best_baseline,
+        speedup_interval=speedup_interval(ev),
         comparable=bool(ev.timing and ev.timing.comparable),
     )
 
@@ -131,9 +132,15 @@ class EpisodeState:
         self.own.append(rec)
         self.spend = self.spend + rec.spend
         self.consecutive_faults = self.consecutive_faults + 1 if rec.fault else 0
-        best = best_turn([rec] if self._best_turn is None else [self._best_turn, rec])
-        if best is not None and best is not self._best_turn:
-            self._best_turn, self.best = best, best_of(best)
+        if rec.eval is None or not rec.eval.correct or rec.code is None:
+            return
+        if self._best_turn is None or replaces(self._best_turn, rec):
+            self._best_turn, self.best = rec, best_of(rec)
+
+    def decide(self, rec: TurnRecord) -> BestDecision | None:
+        """Whether `rec` (a turn not yet added) replaces the episode's best kernel, as its turn
+        record keeps it (`TurnRecord.best_decision`)."""
+        return decide(self._best_turn, rec)
 
     @property
     def trajectory(self) -> list[TurnRecord]:
@@ -225,7 +232,13 @@ def feedback_vars(state: EpisodeState, result: EvalResult | None, fault: ModelFa
         "tool_mode": tool_mode,
         "bound": (bound_of(cost_of(state.spec.problem), result, precision) if result is not None
                   else Bound(None)),
+        "below_clock_resolution": below_clock_resolution(result),
     }
+
+
+def below_clock_resolution(result: EvalResult | None) -> bool:
+    """Whether the evaluator flagged the model's time as below its clock's resolution."""
+    return result is not None and any(f.startswith("below_clock_resolution") for f in result.flags)
 
 
 def feedback_template(result: EvalResult | None) -> str:

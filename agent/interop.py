@@ -14,7 +14,7 @@ What an imported turn holds (nothing is invented):
 - `reply.raw = {"kloop_import": {...}}`: where the file came from (the marker reports look for).
 - `eval = None` until rescored (reported as `unevaluated`); the episode stops with `max_turns`.
 
-Export writes, for each problem, the best kernel (correct, lowest runtime) as sample 0 in the
+Export writes, for each problem, the best kernel (`agent.tally.best_turn`) as sample 0 in the
 same layout, or with `all_kernels` every kernel of the run, plus `kloop_export.json`.
 """
 

@@ -17,6 +17,7 @@ import prompts as prompts_package
 from agent.ncu_hints import hint, stalls_text
 from evaluator.precheck import source_with_constants
 from evaluator.resources import bare_name
+from evaluator.result import SpeedupInterval
 from kloop.errors import KloopError
 
 PACKAGED_DIR = Path(prompts_package.__file__).resolve().parent
@@ -41,6 +42,15 @@ def fmt_ms(value: float | None) -> str:
 
 def fmt_x(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
+
+
+def fmt_ci(interval: SpeedupInterval | None) -> str:
+    """The words that follow a speedup with an interval over the paired rounds (empty without
+    one): `, 95 % interval 1.18-1.29 over 10 rounds`."""
+    if interval is None:
+        return ""
+    return (f", {round(100 * interval.level, 1):g} % interval {interval.low:.2f}-{interval.high:.2f} "
+            f"over {interval.rounds} rounds")
 
 
 def fmt_num(value: float | None, digits: int = 1) -> str:
@@ -93,7 +103,7 @@ class PromptSet:
             lstrip_blocks=True,
             autoescape=False,
         )
-        self.env.filters.update(clip=clip, ms=fmt_ms, x=fmt_x, num=fmt_num, nbytes=fmt_bytes,
+        self.env.filters.update(clip=clip, ms=fmt_ms, x=fmt_x, ci=fmt_ci, num=fmt_num, nbytes=fmt_bytes,
                                 bare_name=bare_name, stalls=stalls_text, ncu_hint=hint,
                                 with_sizes=source_with_constants)
 

@@ -13,9 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.budget import Spend
 from agent.models.base import Message, ModelReply, ToolCall
-from evaluator.result import BaselineName, ErrorInfo, EvalResult
+from evaluator.result import BaselineName, ErrorInfo, EvalResult, SpeedupInterval
 
 TRAJECTORY_SCHEMA_VERSION = 1
+DECISION_SCHEMA_VERSION = 1
 
 StopReason = Literal["max_turns", "solved", "budget", "format_errors", "infra_error", "submitted"]
 """`submitted`: a tool-using agent gave its final answer (`strategy.kind: agent`)."""
@@ -76,6 +77,32 @@ class SummaryCall(_Record):
     fault: ModelFaultInfo | None = None
 
 
+class BestDecision(_Record):
+    """Whether a correct kernel replaced the best one so far (`agent.tally.challenge`), kept on
+    the turn that offered it. With both speedup intervals (paired timing) the challenger must
+    beat the incumbent beyond the noise: its interval's low end above the incumbent's high end.
+    Intervals that overlap are too close to call: `agent.tally.settle_close_call` decides, and
+    today keeps the incumbent. A side without an interval (CPU, records from before paired
+    timing) falls back to the point rule: the lower median runtime wins."""
+
+    schema_version: int = DECISION_SCHEMA_VERSION
+    kind: Literal["best_decision"] = "best_decision"
+    outcome: Literal["replaced", "kept", "kept_too_close"]
+    """replaced: the challenger is the new best; kept: it is not faster (slower beyond the
+    noise, or not faster by the point rule); kept_too_close: the intervals overlap."""
+    rule: Literal["interval", "point"]
+    incumbent: TurnRef
+    challenger: TurnRef
+    baseline: BaselineName | None = None
+    """Which speedup's intervals were compared (the interval rule)."""
+    incumbent_interval: SpeedupInterval | None = None
+    challenger_interval: SpeedupInterval | None = None
+    incumbent_runtime_ms: float | None = None
+    challenger_runtime_ms: float | None = None
+    detail: str
+    """The decision in words, e.g. `kept: too close to call`."""
+
+
 class TurnRecord(_Record):
     """One query → extract → evaluate → feedback step, appended to `turns.jsonl`."""
 
@@ -114,6 +141,10 @@ class TurnRecord(_Record):
     eval: EvalResult | None = None
     feedback: str
     """What the model is shown next: the verdict; for a tool step, the tool's result."""
+    best_decision: BestDecision | None = None
+    """A correct kernel judged against the episode's best so far: whether it replaced it, and
+    why; None where there was nothing to compare (no kernel, not correct, or the first correct
+    one of its episode). Resume honours it, so a decision is made once."""
     tool: ToolCall | None = None
     """The tool call this step ran (`strategy.kind: agent`): one per step, the first of the
     reply's; None for a turn of the turn loop, and for a step whose reply called no tool."""
@@ -173,7 +204,8 @@ class CallRecord(_Record):
 
 
 class BestKernel(_Record):
-    """The correct kernel with the lowest median runtime."""
+    """The best correct kernel (`agent.tally.best_turn`): the first, replaced by each later one
+    that beats it beyond the noise (`BestDecision`)."""
 
     turn: int
     kernel_path: str
@@ -184,6 +216,8 @@ class BestKernel(_Record):
     speedup_vs_best: float | None = None
     """Against the fastest baseline measured (`EvalResult.best_baseline`)."""
     best_baseline: BaselineName | None = None
+    speedup_interval: SpeedupInterval | None = None
+    """The 95 % interval of `speedup_vs_eager` over the paired rounds; None without one."""
     comparable: bool
     """False when runtimes come from a host clock (CPU): the pick is by runtime all the same."""
 

@@ -182,6 +182,7 @@ def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
                 rec.spend = Spend(eval_s=seconds)
             rec.feedback = prompts.render(feedback_template(rec.eval),
                                           **feedback_vars(state, rec.eval, rec.fault, cfg.agent))
+            rec.best_decision = state.decide(rec)
             store.append_turn(rec)
             state.add(rec)
             runner_turns.setdefault(rec.episode_key, []).append(rec)

@@ -61,6 +61,7 @@ class Runner:
         self.finished: dict[str, EpisodeRecord] = {}
         self.records: list[EpisodeRecord] = []
         self.best: dict[str, TurnRecord] = {}
+        self._by_problem: dict[str, list[TurnRecord]] = {}
         self.skipped = 0
         self._prefixes: dict[str, list[TurnRecord]] = {}
         """Each started episode's inherited context, so its turns can parent a beam child."""
@@ -94,7 +95,8 @@ class Runner:
     def _load_existing(self) -> None:
         for rec in self.store.turns():
             self.turns.setdefault(rec.episode_key, []).append(rec)
-            self._note_best(rec, write=False)
+            self._by_problem.setdefault(rec.problem_id, []).append(rec)
+        self.best = {pid: b for pid, ts in self._by_problem.items() if (b := best_turn(ts)) is not None}
         for ep in self.store.episodes():
             self.records.append(ep)
             if ep.stop_reason == "infra_error":
@@ -115,13 +117,17 @@ class Runner:
             spent = spent.model_copy(update={"wall_s": (last - first).total_seconds()})
         return spent
 
-    def _note_best(self, rec: TurnRecord, write: bool = True) -> None:
+    def _note_best(self, rec: TurnRecord) -> None:
+        # Over all of the problem's turns, not the best so far and `rec`: the rule keeps the
+        # incumbent on a close call, so the best depends on the order kernels are compared in,
+        # and episodes running side by side finish out of that order (`agent.tally.best_turn`).
+        self._by_problem.setdefault(rec.problem_id, []).append(rec)
         current = self.best.get(rec.problem_id)
-        best = best_turn([rec] if current is None else [current, rec])
+        best = best_turn(self._by_problem[rec.problem_id])
         if best is None or best is current:
             return
         self.best[rec.problem_id] = best
-        if write and best.code is not None:
+        if best.code is not None:
             self.store.write_best(best.problem_stem, best.code)
 
     def _on_turn(self, rec: TurnRecord) -> None:

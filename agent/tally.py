@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from agent.budget import Spend
-from agent.records import CallRecord, EpisodeRecord, TurnRecord
-from evaluator.result import EvalResult
+from agent.records import BestDecision, CallRecord, EpisodeRecord, TurnRecord, TurnRef
+from evaluator.result import BaselineName, EvalResult, SpeedupInterval
 
 # How far a kernel got, best first: beam search keeps the furthest when none is correct yet.
 STATUS_RANK = {"correct": 0, "incorrect": 1, "not_run": 2, "rejected": 3, "timeout": 4,
@@ -34,10 +34,94 @@ def host_speedup(ev: EvalResult | None) -> float | None:
     return ev.eager.median_ms / ev.timing.median_ms
 
 
+INTERVAL_BASELINE: BaselineName = "eager"
+"""The speedup whose interval ranks kernels: eager is timed in every paired round (a compiled
+baseline may fail and be left out), and it is the speedup the tree search values."""
+
+
+def speedup_interval(ev: EvalResult | None) -> SpeedupInterval | None:
+    """The interval of a result's speedup vs eager over the paired rounds, or None (CPU,
+    records from before paired timing)."""
+    return ev.speedup_ci.get(INTERVAL_BASELINE) if ev is not None else None
+
+
+def _ref(rec: TurnRecord) -> TurnRef:
+    return TurnRef(episode_key=rec.episode_key, turn=rec.turn)
+
+
+def _eligible(rec: TurnRecord) -> bool:
+    return rec.eval is not None and rec.eval.correct and rec.code is not None
+
+
+def _runtime(rec: TurnRecord) -> float | None:
+    return rec.eval.runtime_ms if rec.eval is not None else None
+
+
+def challenge(incumbent: TurnRecord, challenger: TurnRecord) -> BestDecision:
+    """Whether a correct `challenger` replaces the correct `incumbent` as the best kernel: with
+    both intervals, only if it beats it beyond the noise (its low end above the incumbent's high
+    end); overlapping intervals go to `settle_close_call`. Without both, the lower median runtime
+    wins (the earlier kernel among equals)."""
+    a, b = speedup_interval(incumbent.eval), speedup_interval(challenger.eval)
+    facts = dict(incumbent=_ref(incumbent), challenger=_ref(challenger),
+                 incumbent_runtime_ms=_runtime(incumbent), challenger_runtime_ms=_runtime(challenger))
+    if a is not None and b is not None:
+        facts |= dict(rule="interval", baseline=INTERVAL_BASELINE, incumbent_interval=a,
+                      challenger_interval=b)
+        if b.low > a.high:
+            return BestDecision(outcome="replaced", detail="replaced: faster beyond the noise", **facts)
+        if b.high < a.low:
+            return BestDecision(outcome="kept", detail="kept: slower beyond the noise", **facts)
+        return settle_close_call(incumbent, challenger)
+    ra, rb = facts["incumbent_runtime_ms"], facts["challenger_runtime_ms"]
+    faster = rb is not None and (ra is None or rb < ra)
+    return BestDecision(outcome="replaced" if faster else "kept", rule="point",
+                        detail=f"{'replaced' if faster else 'kept'}: point rule (lower median "
+                               "runtime; a side has no speedup interval)", **facts)
+
+
+def settle_close_call(incumbent: TurnRecord, challenger: TurnRecord) -> BestDecision:
+    """Decide between two kernels whose speedup intervals overlap: today the incumbent stays
+    ("kept: too close to call"), since the evaluator offers no head-to-head measurement yet.
+
+    This is the one place a head-to-head paired re-measurement of the two kernels goes (both
+    timed in the same device-lock hold, round by round): its verdict and the rounds it ran
+    belong in the returned record, and its seconds in the run's eval seconds."""
+    a, b = speedup_interval(incumbent.eval), speedup_interval(challenger.eval)
+    return BestDecision(outcome="kept_too_close", rule="interval", baseline=INTERVAL_BASELINE,
+                        incumbent=_ref(incumbent), challenger=_ref(challenger),
+                        incumbent_interval=a, challenger_interval=b,
+                        incumbent_runtime_ms=_runtime(incumbent),
+                        challenger_runtime_ms=_runtime(challenger),
+                        detail="kept: too close to call")
+
+
+def replaces(incumbent: TurnRecord, challenger: TurnRecord) -> bool:
+    """Whether `challenger` takes the incumbent's place: its recorded decision where it was
+    judged against this very incumbent (a decision is made once), else `challenge`."""
+    recorded = challenger.best_decision
+    if recorded is not None and recorded.incumbent == _ref(incumbent):
+        return recorded.outcome == "replaced"
+    return challenge(incumbent, challenger).outcome == "replaced"
+
+
+def decide(incumbent: TurnRecord | None, challenger: TurnRecord) -> BestDecision | None:
+    """The decision to record on `challenger`'s turn; None where there is nothing to compare
+    (it is no correct kernel, or there is no incumbent yet)."""
+    if incumbent is None or not _eligible(challenger):
+        return None
+    return challenge(incumbent, challenger)
+
+
 def best_turn(turns: Iterable[TurnRecord]) -> TurnRecord | None:
-    """The correct kernel with the lowest median runtime (the earliest among equals), or None."""
-    correct = [t for t in turns if t.eval is not None and t.eval.correct and t.code is not None]
-    return min(correct, key=rank_key) if correct else None
+    """The best correct kernel, or None: the first one (in episode and turn order), replaced by
+    each later one that beats the best so far (`replaces`). Without speedup intervals this is
+    the lowest median runtime, the earliest among equals."""
+    best = None
+    for t in sorted(filter(_eligible, turns), key=lambda t: (t.episode, t.turn, t.episode_key)):
+        if best is None or replaces(best, t):
+            best = t
+    return best
 
 
 def best_per_problem(turns: Iterable[TurnRecord]) -> dict[str, TurnRecord]:

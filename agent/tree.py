@@ -18,17 +18,22 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict
 
 from agent.records import NodeAddress, TurnRecord, TurnRef
-from agent.tally import STATUS_RANK, best_turn, host_speedup
+from agent.tally import STATUS_RANK, best_turn, host_speedup, speedup_interval
+from evaluator.result import SpeedupInterval
 
 
 def node_value(rec: TurnRecord) -> float:
     """How promising a node is, in [0, 1): a correct kernel 0.5 + s/(1+s)/2 for its speedup s vs
-    eager (0.75 at 1x; on CPU the ratio of host-clock times, `agent.tally.host_speedup`; 1x
-    assumed where none was measured); a failed one by how far it got, from 0.3 (wrong output)
-    down to 0 (no code), in steps of 0.05 (`agent.tally.STATUS_RANK`)."""
+    eager (0.75 at 1x), where s is the low end of the speedup's interval over the paired rounds
+    (a pessimistic value: a kernel whose speedup is mostly noise is not chased), else the point
+    speedup (on CPU the ratio of host-clock times, `agent.tally.host_speedup`; 1x assumed where
+    none was measured); a failed one by how far it got, from 0.3 (wrong output) down to 0 (no
+    code), in steps of 0.05 (`agent.tally.STATUS_RANK`)."""
     ev = rec.eval
     if ev is not None and ev.correct:
-        s = ev.speedup_vs_eager if ev.speedup_vs_eager is not None else host_speedup(ev)
+        ci = speedup_interval(ev)
+        s = ci.low if ci is not None else ev.speedup_vs_eager
+        s = s if s is not None else host_speedup(ev)
         s = 1.0 if s is None else s
         return 0.5 + 0.5 * s / (1.0 + s)
     worst = max(STATUS_RANK.values())
@@ -67,6 +72,8 @@ class TreeRow(BaseModel):
     """`EPISODE:TURN`, the address `--fork-at` takes."""
     status: str
     speedup_vs_eager: float | None
+    speedup_ci: SpeedupInterval | None = None
+    """The interval of `speedup_vs_eager` over the paired rounds; None without one."""
     comparable: bool = True
     """False: `speedup_vs_eager` is a ratio of CPU times (`agent.tally.host_speedup`)."""
     value: float
@@ -161,7 +168,8 @@ class Tree:
             speed = ev.speedup_vs_eager if ev is not None and host is None else host
             out.append(TreeRow(
                 prefix=lead + ("└─ " if last else "├─ "), node=str(node.address),
-                status=node.rec.status, speedup_vs_eager=speed, comparable=host is None,
+                status=node.rec.status, speedup_vs_eager=speed, speedup_ci=speedup_interval(ev),
+                comparable=host is None,
                 value=round(node_value(node.rec), 4), children=len(node.children),
                 best=node.rec is best, origin=self.origin.get(id(node))))
             for i, child in enumerate(node.children):
@@ -187,6 +195,7 @@ def draw(rows: list[TreeRow], title: str) -> list[str]:
     lines = [title]
     for r in rows:
         speed = f" {r.speedup_vs_eager:.3g}x" if r.speedup_vs_eager is not None else ""
+        speed += f" [{r.speedup_ci.low:.3g}, {r.speedup_ci.high:.3g}]" if speed and r.speedup_ci else ""
         speed += " (CPU time, not comparable)" if speed and not r.comparable else ""
         mark = "  <- best" if r.best else ""
         # A fork keeps its source's episode numbers: say which source node a root continues,

@@ -133,6 +133,9 @@ def _run_warnings(run: RunData, m: Metrics) -> list[str]:
     if m.host_clock:
         out.append(f"{m.host_clock} best kernel(s) timed with a host clock (CPU): their speedups are "
                    "ratios of CPU times vs eager, not comparable with GPU numbers")
+    if m.below_clock_resolution:
+        out.append(f"{m.below_clock_resolution} best kernel(s) flagged below_clock_resolution: their models "
+                   "run below the clock's resolution, so their speedups are dominated by serving overhead")
     if m.not_run:
         out.append(f"{m.not_run} problem(s) could not run here (not_run: CUDA code without a GPU); "
                    "rescore on a GPU")

@@ -13,7 +13,9 @@ Two scopes:
 At each point: fast_p (vs eager and vs torch.compile) over ALL problems of the set, and the
 geomean over all problems of each problem's best speedup so far, where a problem with no
 correct kernel, or only slower ones, counts 1.0x (the user keeps PyTorch): this makes the
-curve monotone. The summary's geomean over correct problems is in the metrics, not here.
+curve monotone. The summary's geomean over correct problems is in the metrics, not here. As in
+the metrics, fast_p tests the low end of a speedup's interval over paired rounds where it has
+one (the best low end so far), else its point estimate.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from agent.budget import Spend
 from agent.report.load import RunData
 from agent.report.metrics import P_VALUES
 from agent.tally import host_speedup
+from evaluator.result import BaselineName, EvalResult
 
 Scope = Literal["problem", "run"]
 AXES: dict[str, str] = {
@@ -95,6 +98,14 @@ class _Event:
     correct: bool = False
     eager: float | None = None
     compile: float | None = None
+    eager_low: float | None = None
+    """What fast_p tests: the low end of the speedup's interval, else the speedup itself."""
+    compile_low: float | None = None
+
+
+def _low(ev: EvalResult, baseline: BaselineName, point: float | None) -> float | None:
+    ci = ev.speedup_ci.get(baseline)
+    return ci.low if ci is not None and point is not None else point
 
 
 def _events(run: RunData) -> list[_Event]:
@@ -104,8 +115,9 @@ def _events(run: RunData) -> list[_Event]:
         ok = ev is not None and ev.correct
         host = host_speedup(ev)
         eager = host if host is not None else ev.speedup_vs_eager if ok else None
-        out.append(_Event(t.finished_at, t.problem_id, t.spend, 1, ok,
-                          eager, ev.speedup_vs_compile if ok else None))
+        compile = ev.speedup_vs_compile if ok else None
+        lows = (_low(ev, "eager", eager), _low(ev, "compile", compile)) if ok else (None, None)
+        out.append(_Event(t.finished_at, t.problem_id, t.spend, 1, ok, eager, compile, *lows))
     for e in run.episodes:
         if e.unrecorded_spend != Spend():
             out.append(_Event(e.finished_at, e.problem_id, e.unrecorded_spend, 0))
@@ -131,19 +143,19 @@ class _Tally:
 
     def __init__(self, problems: list[str]):
         self.n = len(problems)
-        self.state = {p: (False, 1.0, 1.0) for p in problems}
+        self.state = {p: (False, 1.0, 1.0, 1.0, 1.0) for p in problems}
         self.correct = 0
         self.fast_e = [0] * len(P_VALUES)
         self.fast_c = [0] * len(P_VALUES)
         self.log_e = 0.0
         self.log_c = 0.0
 
-    def _apply(self, state: tuple[bool, float, float], sign: int) -> None:
-        ok, e, c = state
+    def _apply(self, state: tuple[bool, float, float, float, float], sign: int) -> None:
+        ok, e, c, e_low, c_low = state
         self.correct += sign * ok
         for i, p in enumerate(P_VALUES):
-            self.fast_e[i] += sign * (ok and (p == 0 or e > p))
-            self.fast_c[i] += sign * (ok and (p == 0 or c > p))
+            self.fast_e[i] += sign * (ok and (p == 0 or e_low > p))
+            self.fast_c[i] += sign * (ok and (p == 0 or c_low > p))
         self.log_e += sign * math.log(max(1.0, e))
         self.log_c += sign * math.log(max(1.0, c))
 
@@ -151,11 +163,15 @@ class _Tally:
         if ev.problem not in self.state or not ev.correct:
             return
         old = self.state[ev.problem]
-        ok, e, c = old
-        # Best so far: a speedup never measured stays "unknown" (nan compares False for p > 0).
-        new_e = max(e if ok else -math.inf, ev.eager if ev.eager is not None else -math.inf)
-        new_c = max(c if ok else -math.inf, ev.compile if ev.compile is not None else -math.inf)
-        new = (True, new_e if new_e > -math.inf else math.nan, new_c if new_c > -math.inf else math.nan)
+        ok = old[0]
+
+        def best(held: float, seen: float | None) -> float:
+            # Best so far: a speedup never measured stays "unknown" (nan compares False for p > 0).
+            top = max(held if ok and not math.isnan(held) else -math.inf,
+                      seen if seen is not None else -math.inf)
+            return top if top > -math.inf else math.nan
+        new = (True, *(best(h, s) for h, s in zip(old[1:], (ev.eager, ev.compile, ev.eager_low,
+                                                              ev.compile_low), strict=True)))
         if new == old:
             return
         self._apply(old, -1)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from agent.report.build import Report, RunReport
 from agent.report.curves import AXES, MatchedBudget
 from agent.report.metrics import P_VALUES, VS, Counts, Estimate, Metrics, ProblemRow
+from evaluator.result import SpeedupInterval
 
 _P1 = P_VALUES.index(1.0)
 MAX_SIDE_BY_SIDE = 8
@@ -69,6 +70,12 @@ def speed(e: Estimate | float | None, ci: bool = True) -> str:
         return "-"
     text = f"{e.value:.3g}x"
     return text + (f" [{e.lo:.3g}, {e.hi:.3g}]" if ci and e.lo is not None and e.hi is not None else "")
+
+
+def speed_ci(x: float | None, ci: SpeedupInterval | None) -> str:
+    """A measured speedup with its interval over paired rounds, where it has one."""
+    text = speed(x)
+    return text + (f" [{ci.low:.3g}, {ci.high:.3g}]" if x is not None and ci is not None else "")
 
 
 def fraction(x: float | None) -> str:
@@ -183,8 +190,11 @@ def _side_by_side(doc: Document, runs: list[RunReport]) -> None:
     def cell(row: ProblemRow | None) -> str:
         if row is None:
             return "-"
-        return speed(row.speedup_vs_eager) if row.correct and row.speedup_vs_eager else row.status
-    doc.add(Heading("Per problem, side by side"), Para("Best speedup vs eager, or the furthest status reached."),
+        if row.correct and row.speedup_vs_eager:
+            return speed_ci(row.speedup_vs_eager, row.speedup_ci.get("eager"))
+        return row.status
+    doc.add(Heading("Per problem, side by side"), Para("Best speedup vs eager [its 95 % interval over paired rounds, where measured], or the "
+                 "furthest status reached."),
             Table(["problem"] + [r.label for r in runs],
                   [[pid] + [cell(cells.get((r.label, pid))) for r in runs] for pid in order]))
 
@@ -195,9 +205,11 @@ def _problem_table(r: RunReport) -> Table:
         cost = "-" if r.imported else f"${p.spend.cost_usd:.4f}"
         where = f"ep {p.best_episode} turn {p.best_turn}" if p.best_turn is not None else "-"
         name = p.problem_id + (" (degenerate)" if p.degenerate else "")
-        best = speed(p.speedup_vs_best) + (f" ({p.best_baseline})" if p.best_baseline else "")
-        rows.append([name, p.stem, p.status, speed(p.speedup_vs_eager), speed(p.speedup_vs_compile),
-                     speed(p.speedup_vs_compile_ro), best, fraction(p.sol_fraction), where, str(p.turns),
+        best = speed_ci(p.speedup_vs_best, p.speedup_ci.get("best")) + (
+            f" ({p.best_baseline})" if p.best_baseline else "")
+        rows.append([name, p.stem, p.status, speed_ci(p.speedup_vs_eager, p.speedup_ci.get("eager")),
+                     speed_ci(p.speedup_vs_compile, p.speedup_ci.get("compile")),
+                     speed_ci(p.speedup_vs_compile_ro, p.speedup_ci.get("compile_ro")), best, fraction(p.sol_fraction), where, str(p.turns),
                      str(p.episodes), cost, "-" if r.imported else _num(p.spend.total_tokens),
                      ", ".join(p.flags) or "-"])
     return Table(["problem", "name", "status", "vs eager", "vs compile", "vs compile_ro", "vs best", "of SOL",
@@ -210,10 +222,12 @@ def _tree_blocks(r: RunReport) -> list[Block]:
     out: list[Block] = []
     for pid, rows in r.trees.items():
         out += [Para(f"Search tree of {pid}: every turn is a node under the turn it continues; "
-                     "value is what the UCT score starts from; `--fork-at EPISODE:TURN` continues any node."),
+                     "value is what the UCT score starts from (from the low end of the speedup's interval, "
+                     "where it has one); `--fork-at EPISODE:TURN` continues any node."),
                 Table(["node", "status", "vs eager", "value", "children"],
                       [[row.prefix.replace(" ", "\u00a0") + row.node + (" (best)" if row.best else ""), row.status,
-                        speed(row.speedup_vs_eager), f"{row.value:.2f}", str(row.children)] for row in rows])]
+                        speed_ci(row.speedup_vs_eager, row.speedup_ci), f"{row.value:.2f}", str(row.children)]
+                       for row in rows])]
     return out
 
 
@@ -267,14 +281,20 @@ def build(report: Report, images: dict[str, str]) -> Document:
             Para("fast_p: share of ALL problems of the set whose best kernel is correct with speedup strictly "
                  "above p (KernelBench's definition; problems without a record count as failures), against "
                  "PyTorch eager, torch.compile, torch.compile(mode=\"reduce-overhead\") (compile_ro, CUDA "
-                 "graphs) and the fastest of those the kernel's evaluation measured (best). Geomean and "
-                 "median are over correct problems only. Best kernel: the correct one with the lowest runtime "
-                 "over every episode and turn of the run."))
+                 "graphs) and the fastest of those the kernel's evaluation measured (best). A speedup with a "
+                 "95 % interval over paired rounds counts only when the interval's low end clears p; one "
+                 "without (CPU, records from before paired timing) by its point estimate. Speedups in the "
+                 "tables show their interval as [low, high] where they have one. Geomean and median are "
+                 "over correct problems only, from point estimates. Best kernel: the first correct one, "
+                 "replaced by each later one whose speedup interval lies wholly above the best's (beats it "
+                 "beyond the noise); without intervals, the lowest runtime over every episode and turn of "
+                 "the run."))
     notes = _notes(report)
     if notes:
         doc.add(Heading("Notes"), Bullets(notes))
     doc.add(Heading("Summary"), Table(_SUMMARY_HEADER, [_summary_row(r.label, r.metrics) for r in runs]),
             Heading("fast_p", 3), _fast_p_table([(r.label, r.metrics) for r in runs]),
+            Bullets([f"{r.label}: {r.metrics.fast_sentence(1.0)}" for r in runs]),
             Heading("Spend", 3), _spend_table(runs), Heading("Configuration", 3), _config_table(runs))
     _degenerate(doc, report)
     _seeds(doc, report)

@@ -1,12 +1,16 @@
 """Per-problem outcomes of a run and the metrics over them, with bootstrap confidence intervals.
 
 Definitions (KernelBench's where it has one):
-- A problem's best kernel is its correct kernel with the lowest median runtime over every
-  episode and turn of the run (ties: the earliest), as in `summary.json` and `best/`.
+- A problem's best kernel is `agent.tally.best_turn` over every episode and turn of the run, as
+  in `summary.json` and `best/`: a later kernel replaces it only when it beats it beyond the
+  noise (without speedup intervals: the lowest median runtime, the earliest among equals).
 - fast_p = (problems whose best kernel is correct AND has speedup strictly above p) / (ALL
   problems of the run's set). A problem with no record counts as not correct; a speedup of
   exactly 1.0 is not fast_1.0. fast_0 is the correctness rate: a correct kernel whose speedup
-  was not measured (CPU without a baseline) counts for p = 0 only.
+  was not measured (CPU without a baseline) counts for p = 0 only. A speedup with an interval
+  over paired rounds (`EvalResult.speedup_ci`) counts only when the interval's low end is above
+  p (it clears p beyond the noise); one without (CPU, records from before paired timing) by its
+  point estimate (`fast_rule` says which rule a figure used).
 - geomean and median speedups are over correct problems with a measured speedup.
 - faster_than_compile: among correct problems with a torch.compile speedup, the share above 1.
 - Baselines: fast_p and geomeans are kept against eager, torch.compile, torch.compile
@@ -32,7 +36,7 @@ from agent.report.bound import bound_of
 from agent.report.load import RunData
 from agent.tally import best_turn, host_speedup, total_spend
 from evaluator.baselines import best_of
-from evaluator.result import BaselineName, EvalResult
+from evaluator.result import BaselineName, EvalResult, SpeedupInterval
 
 P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 _STATUS_ORDER = ("correct", "incorrect", "not_run", "rejected", "timeout", "runtime_error",
@@ -64,6 +68,12 @@ class ProblemRow(_Record):
     speedup_vs_compile_ro: float | None = None
     speedup_vs_best: float | None = None
     best_baseline: BaselineName | None = None
+    speedup_ci: dict[str, SpeedupInterval] = Field(default_factory=dict)
+    """The interval over paired rounds of each speedup that has one, by `VS` name (`best`: the
+    interval of the fastest baseline's)."""
+    below_clock_resolution: bool = False
+    """The best kernel was flagged `below_clock_resolution`: its speedup is dominated by the
+    clock's serving overhead."""
     runtime_ms: float | None = None
     comparable: bool | None = None
     """False when the best kernel was timed with a host clock (CPU)."""
@@ -120,7 +130,8 @@ def problem_rows(run: RunData) -> list[ProblemRow]:
                 correct=True,
                 runtime_ms=ev.runtime_ms, comparable=ev.timing.comparable if ev.timing else None,
                 custom_share=share, best_episode=best.episode, best_turn=best.turn,
-                kernel_path=best.kernel_path, code_sha256=best.code_sha256, flags=list(ev.flags)))
+                kernel_path=best.kernel_path, code_sha256=best.code_sha256, flags=list(ev.flags),
+                below_clock_resolution=any(f.startswith("below_clock_resolution") for f in ev.flags)))
         rows.append(row)
     return rows
 
@@ -135,9 +146,12 @@ def _speedups(ev: EvalResult) -> dict:
     if best == (None, None):  # recorded before the best was, or nothing to compare
         best = best_of({"eager": ev.speedup_vs_eager, "compile": ev.speedup_vs_compile,
                         "compile_ro": ev.speedup_vs_compile_ro})
+    ci: dict[str, SpeedupInterval] = dict(ev.speedup_ci)
+    if best[0] is not None and best[0] in ev.speedup_ci:
+        ci["best"] = ev.speedup_ci[best[0]]
     return dict(speedup_vs_eager=ev.speedup_vs_eager, speedup_vs_compile=ev.speedup_vs_compile,
                 speedup_vs_compile_ro=ev.speedup_vs_compile_ro, best_baseline=best[0],
-                speedup_vs_best=best[1])
+                speedup_vs_best=best[1], speedup_ci=ci)
 
 
 def _device_of(ev: EvalResult) -> str:
@@ -242,12 +256,42 @@ class Metrics(_Record):
     """Likewise for torch.compile reduce-overhead (not asked for, failed, or before it existed)."""
     host_clock: int = 0
     """Correct best kernels timed with a host clock: their speedups are not GPU numbers."""
+    with_interval: int = 0
+    """Correct best kernels whose speedup vs eager has an interval over paired rounds: fast_p
+    counts them by its low end."""
+    point_only: int = 0
+    """Correct best kernels with a speedup vs eager but no interval: fast_p counts them by the
+    point estimate."""
+    interval_level: float | None = None
+    """The level of those intervals (0.95); None where there are none."""
+    below_clock_resolution: int = 0
+    """Correct best kernels flagged `below_clock_resolution`."""
     not_run: int = 0
     unevaluated: int = 0
     missing: int = 0
 
     def fast(self, p: float, vs: str = "eager") -> float | None:
         return next(f for f in self.fast_p if f.p == p).vs(vs).value
+
+    def fast_rule(self, p: float = 1.0) -> str:
+        """Which rule the fast_p figures vs eager used, in words, e.g. `a speedup counts only when its
+        95 % interval clears 1.0`."""
+        level = f"{round(100 * self.interval_level, 1):g} %" if self.interval_level else ""
+        interval = f"a speedup counts only when its {level} interval clears {p:.1f}"
+        point = f"its point estimate is above {p:.1f}"
+        if not self.with_interval:
+            return f"no speedup has an interval over paired rounds: a speedup counts when {point}"
+        if not self.point_only:
+            return interval
+        return f"{interval}; where it has none ({self.point_only} kernel(s)), when {point}"
+
+    def fast_sentence(self, p: float = 1.0) -> str:
+        """fast_p vs eager as a count, with its rule beside it: `fast_1.0 vs eager: 3/5 (a
+        speedup counts only when its 95 % interval clears 1.0)`."""
+        value = self.fast(p)
+        figure = "-" if value is None else (f"{round(value * self.problems):d}/{self.problems}"
+                                            if self.seeds == 1 else f"{value:.2f}")
+        return f"fast_{p:.1f} vs eager: {figure} ({self.fast_rule(p)})"
 
 
 # -- the statistics, vectorised over (replicates, seeds, problems) -----------------------------
@@ -263,7 +307,7 @@ def _nanmean(x: np.ndarray, axis: int) -> np.ndarray:
 
 def _fast(key: str, p: float) -> Stat:
     def stat(a: Arrays) -> np.ndarray:
-        hit = a["correct"] if p == 0 else a["correct"] & (a[key] > p)
+        hit = a["correct"] if p == 0 else a["correct"] & (a[f"{key}_low"] > p)
         return hit.mean(axis=-1).mean(axis=-1)
     return stat
 
@@ -299,7 +343,16 @@ def _arrays(table: list[list[ProblemRow]]) -> Arrays:
     for vs in VS:
         out[vs] = np.array([[speed(r, getattr(r, f"speedup_vs_{vs}")) for r in rows] for rows in table],
                            dtype=float).reshape(len(table), -1)
+        out[f"{vs}_low"] = np.array([[speed(r, _low(r, vs)) for r in rows] for rows in table],
+                                    dtype=float).reshape(len(table), -1)
     return out
+
+
+def _low(r: ProblemRow, vs: str) -> float | None:
+    """What fast_p tests against p: the low end of the speedup's interval, else its point."""
+    point = getattr(r, f"speedup_vs_{vs}")
+    ci = r.speedup_ci.get(vs)
+    return ci.low if ci is not None and point is not None else point
 
 
 def _estimate(stat: Stat, point: Arrays, boot: Arrays | None) -> Estimate:
@@ -344,6 +397,7 @@ def compute_metrics(runs_rows: list[list[ProblemRow]], n_boot: int = 1000, seed:
     est = lambda stat: _estimate(stat, point, boot) if n else Estimate(value=None)  # noqa: E731
     flat = [r for rows in table for r in rows]
     shares = [r.custom_share for r in flat if r.correct and r.custom_share is not None]
+    timed = [r for r in flat if r.correct and r.speedup_vs_eager is not None]
     return Metrics(
         problems=n, seeds=k, correct=sum(r.correct for r in flat) / k if k else 0.0,
         correctness=est(_fast("eager", 0.0)),
@@ -357,6 +411,11 @@ def compute_metrics(runs_rows: list[list[ProblemRow]], n_boot: int = 1000, seed:
         correct_no_compile=sum(1 for r in flat if r.correct and r.speedup_vs_compile is None),
         correct_no_compile_ro=sum(1 for r in flat if r.correct and r.speedup_vs_compile_ro is None),
         host_clock=sum(1 for r in flat if r.correct and r.comparable is False),
+        with_interval=sum(1 for r in timed if "eager" in r.speedup_ci),
+        point_only=sum(1 for r in timed if "eager" not in r.speedup_ci),
+        interval_level=max((r.speedup_ci["eager"].level for r in timed if "eager" in r.speedup_ci),
+                           default=None),
+        below_clock_resolution=sum(1 for r in flat if r.correct and r.below_clock_resolution),
         not_run=sum(1 for r in flat if r.status == "not_run"),
         unevaluated=sum(1 for r in flat if r.status == "unevaluated"),
         missing=sum(1 for r in flat if r.status == "missing"),

@@ -115,7 +115,9 @@ def plot_fast_p(metrics: dict[str, Metrics], path: Path) -> Path:
             ax.errorbar(ps, ys, yerr=err, marker="o", markersize=3, capsize=2, color=colors[label],
                         label=label, linewidth=1)
         cpu = vs != "compile" and any(m.host_clock for m in metrics.values())
-        ax.set_title(f"fast_p vs {names[vs]}" + ("\n(CPU times: not comparable)" if cpu else ""),
+        rule = ("\n(a speedup counts when its interval's low end clears p)"
+                if any(m.with_interval for m in metrics.values()) else "")
+        ax.set_title(f"fast_p vs {names[vs]}" + rule + ("\n(CPU times: not comparable)" if cpu else ""),
                      fontsize=9)
         ax.set_xlabel("p (speedup threshold)", fontsize=8)
         ax.set_xticks(list(P_VALUES))
@@ -149,11 +151,19 @@ def plot_speedups(rows: dict[str, list[ProblemRow]], path: Path) -> Path:
     for ax, vs in zip(axes, ("eager", "compile"), strict=True):
         any_dot = False
         for y, label in enumerate(labels):
-            vals = [r.speedup_vs_eager if vs == "eager" else r.speedup_vs_compile for r in rows[label]
-                    if r.correct]
-            vals = [v for v in vals if v is not None and v > 0]
-            if vals:
+            dots = [(v, r.speedup_ci.get(vs)) for r in rows[label] if r.correct
+                    for v in [r.speedup_vs_eager if vs == "eager" else r.speedup_vs_compile]
+                    if v is not None and v > 0]
+            if dots:
+                vals = [v for v, _ in dots]
                 ax.scatter(vals, [y] * len(vals), s=14, color=colors[label], alpha=0.7)
+                # The interval over paired rounds, where measured: a bar through the dot.
+                bars = [(v, ci) for v, ci in dots if ci is not None]
+                if bars:
+                    ax.errorbar([v for v, _ in bars], [y] * len(bars), fmt="none", ecolor=colors[label],
+                                alpha=0.7, capsize=2, linewidth=1,
+                                xerr=[[max(0.0, v - ci.low) for v, ci in bars],
+                                      [max(0.0, ci.high - v) for v, ci in bars]])
                 any_dot = True
         if not any_dot:
             correct = any(r.correct for rs in rows.values() for r in rs)
@@ -170,8 +180,10 @@ def plot_speedups(rows: dict[str, list[ProblemRow]], path: Path) -> Path:
                                 for v in [r.speedup_vs_eager if vs == "eager" else r.speedup_vs_compile]
                                 if v is not None and v > 0])
         cpu = any(r.correct and r.comparable is False for rs in rows.values() for r in rs)
+        bars = any(vs in r.speedup_ci for rs in rows.values() for r in rs if r.correct)
         ax.set_title(f"best speedup vs {'torch.compile' if vs == 'compile' else 'eager'} (correct "
-                     "only, x)" + ("\n(CPU times: not comparable)" if cpu else ""), fontsize=9)
+                     "only, x)" + (", bars: 95 % interval" if bars else "")
+                     + ("\n(CPU times: not comparable)" if cpu else ""), fontsize=9)
         ax.tick_params(labelsize=7)
     axes[0].set_yticks(range(len(labels)))  # (a no-data panel cleared its own ticks only)
     axes[0].set_yticklabels(labels, fontsize=7)

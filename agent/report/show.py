@@ -54,10 +54,17 @@ def verdict_table(ev: EvalResult) -> Table:
                                f"torch.compile {_ms(ev.compiled.median_ms if ev.compiled else None)}, "
                                f"reduce-overhead {_ms(ev.compiled_ro.median_ms if ev.compiled_ro else None)}")
     if ev.speedup_vs_eager is not None or ev.speedup_vs_compile is not None:
-        fmt = lambda v: "-" if v is None else f"{v:.3g}x"  # noqa: E731
-        best = f"; {fmt(ev.speedup_vs_best)} vs the fastest ({ev.best_baseline})" if ev.best_baseline else ""
-        t.add_row("speedup", f"{fmt(ev.speedup_vs_eager)} vs eager, {fmt(ev.speedup_vs_compile)} vs compile, "
-                             f"{fmt(ev.speedup_vs_compile_ro)} vs compile_ro{best}")
+        def fmt(v: float | None, baseline: str | None) -> str:
+            ci = ev.speedup_ci.get(baseline) if baseline else None
+            return "-" if v is None else f"{v:.3g}x" + (f" [{ci.low:.3g}, {ci.high:.3g}]" if ci else "")
+        best = (f"; {fmt(ev.speedup_vs_best, ev.best_baseline)} vs the fastest ({ev.best_baseline})"
+                if ev.best_baseline else "")
+        level = next((round(100 * ci.level, 1) for ci in ev.speedup_ci.values()), None)
+        rounds = (f" (intervals: {level:g} %, over {ev.paired.rounds} paired rounds)"
+                  if ev.paired is not None and level is not None else "")
+        t.add_row("speedup", f"{fmt(ev.speedup_vs_eager, 'eager')} vs eager, "
+                             f"{fmt(ev.speedup_vs_compile, 'compile')} vs compile, "
+                             f"{fmt(ev.speedup_vs_compile_ro, 'compile_ro')} vs compile_ro{best}{rounds}")
     if ev.profile is not None:
         share = ev.profile.custom_share
         t.add_row("custom kernels", "none in the profile" if share is None else f"{share:.0%} of device time")

@@ -174,6 +174,7 @@ class KernelEnv(gymnasium.Env):
             kernel_path=f"kernels/{spec.problem.stem}/{spec.episode}-{turn}.py" if code else None,
             eval=result, feedback=feedback, spend=Spend(eval_s=eval_s),
             started_at=pending.started_at, finished_at=utcnow())
+        rec.best_decision = state.decide(rec)
         if self.sink is not None:
             self.sink.append_turn(rec)
         state.add(rec)

@@ -4,7 +4,8 @@ The FakeEvaluator stands in for the GPU evaluator only; the loop, store, prompts
 under test are the real ones. Markers in a candidate's source pick the verdict:
 SYNTAX → compile_error, CRASH → runtime_error, HANG → timeout, BUG → incorrect,
 CHEAT → rejected, CUDA_ONLY → not_run, INFRA → the evaluator itself fails (EvalInfraError);
-anything else is correct, with `# runtime_ms=X` setting the measured median (default 1.0).
+anything else is correct, with `# runtime_ms=X` setting the measured median (default 1.0) and
+`# ci=LOW,HIGH` giving its speedup vs eager a 95 % interval over 10 paired rounds.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from evaluator.result import (
     ErrorInfo,
     EvalResult,
     OutputDiff,
+    PairedSummary,
     ProfileSummary,
+    SpeedupInterval,
     TimingStats,
     Violation,
     WorstElement,
@@ -41,10 +44,21 @@ def timing(ms: float, comparable: bool = True) -> TimingStats:
                        comparable=comparable)
 
 
-def kernel(body: str = "", runtime_ms: float | None = None) -> str:
-    """A candidate module; `body` carries markers."""
+def kernel(body: str = "", runtime_ms: float | None = None,
+           ci: tuple[float, float] | None = None) -> str:
+    """A candidate module; `body` carries markers (`ci`: its speedup interval vs eager)."""
     marker = f"# runtime_ms={runtime_ms}\n" if runtime_ms is not None else ""
+    marker += f"# ci={ci[0]},{ci[1]}\n" if ci is not None else ""
     return f"import torch\n{marker}{body}\n\nclass ModelNew(torch.nn.Module):\n    pass\n"
+
+
+def with_interval(result: EvalResult, low: float, high: float, rounds: int = 10,
+                  baseline: str = "eager") -> EvalResult:
+    """`result` as paired timing records it: its speedup vs `baseline` with a 95 % interval over
+    `rounds` paired rounds."""
+    ci = {**result.speedup_ci, baseline: SpeedupInterval(low=low, high=high, level=0.95, rounds=rounds)}
+    paired = PairedSummary(rounds=rounds, calls_per_round=1, handshake_ms=0.01, baselines=list(ci))
+    return result.model_copy(update={"speedup_ci": ci, "paired": paired})
 
 
 def reply(code: str, words: str = "Here is my kernel.") -> str:
@@ -105,7 +119,7 @@ class FakeEvaluator:
         trials = [CorrectnessTrial(trial=i, passed=True) for i in range(5)]
         profile = ProfileSummary(activity="cuda", total_ms=ms, custom_share=0.9,
                                  text="fused_kernel  90%\naten::addmm  10%")
-        return EvalResult(
+        result = EvalResult(
             status="correct", stage_reached="done", correctness=trials,
             timing=timing(ms, self.comparable), eager=timing(EAGER_MS, self.comparable),
             # A host clock gives no speedup (the evaluator's rule), only the two timings.
@@ -114,6 +128,9 @@ class FakeEvaluator:
             best_baseline="eager" if self.comparable else None,
             has_custom_kernel=True, profile=profile, **base,
         )
+        if (ci := re.search(r"# ci=([0-9.]+),([0-9.]+)", source)) is not None:
+            result = with_interval(result, float(ci.group(1)), float(ci.group(2)))
+        return result
 
 
 def make_config(**layer):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jinja2
 import pytest
-from agent_fakes import FakeEvaluator, kernel, timing
+from agent_fakes import FakeEvaluator, kernel, timing, with_interval
 
 from agent.budget import Spend
 from agent.config import AgentConfig
@@ -114,6 +114,35 @@ def test_gpu_feedback_states_the_share_of_speed_of_light():
     for update in ({"device": "cpu", "env": None}, {"env": h200.model_copy(update={"device_name": "X"})},
                    {"env": h200, "problem_overrides": {"batch_size": 2}}):
         assert "speed of light" not in render_feedback(turn_with(result.model_copy(update=update)))
+
+
+def test_feedback_gives_each_speedup_its_interval_over_the_paired_rounds():
+    result = FakeEvaluator().evaluate(PROBLEM, kernel(runtime_ms=1.6260163)).model_copy(update={
+        "compiled": timing(1.0), "speedup_vs_compile": 0.615, "speedup_vs_best": 0.615,
+        "best_baseline": "compile"})
+    result = with_interval(with_interval(result, 1.18, 1.29), 0.6, 0.63, baseline="compile")
+    text = render_feedback(turn_with(result))
+    assert "PyTorch eager 2 ms (speedup 1.23x, 95 % interval 1.18-1.29 over 10 rounds)" in text
+    assert "torch.compile 1 ms (speedup 0.61x, 95 % interval 0.60-0.63 over 10 rounds)" in text
+    assert "fastest baseline: torch.compile (speedup 0.61x, 95 % interval 0.60-0.63 over 10 rounds)" in text
+    # Without an interval (no paired rounds, or an older record) the point estimate alone.
+    plain = render_feedback(turn_with(FakeEvaluator().evaluate(PROBLEM, kernel(runtime_ms=0.5))))
+    assert "(speedup 4.00x)" in plain and "interval" not in plain
+    # The tool-using agent's results say the same.
+    profiled = PromptSet().render("tool_profile", result=result.model_copy(update={"profile": None}),
+                                  judged_at=None)
+    assert "(1.23x vs PyTorch eager, 95 % interval 1.18-1.29 over 10 rounds)" in profiled
+
+
+def test_feedback_says_when_the_model_runs_below_the_clocks_resolution():
+    result = FakeEvaluator().evaluate(PROBLEM, kernel(runtime_ms=0.5))
+    assert "resolution" not in render_feedback(turn_with(result))
+    flagged = result.model_copy(update={"flags": [
+        "below_clock_resolution: a median under 5x the handshake (0.012 ms)"]})
+    text = render_feedback(turn_with(flagged))
+    assert ("This model runs below the clock's resolution: each call's serving overhead is a large "
+            "share of its measured time, so this speedup is dominated by that overhead") in text
+    assert "Make each launch do more work or fuse more of the model into fewer kernels." in text
 
 
 def test_format_error_feedback():

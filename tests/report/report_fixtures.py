@@ -22,7 +22,9 @@ from evaluator.result import (
     CorrectnessTrial,
     EnvInfo,
     EvalResult,
+    PairedSummary,
     ProfileSummary,
+    SpeedupInterval,
     TimingStats,
     Violation,
 )
@@ -42,10 +44,12 @@ def eval_result(problem: Problem, status: str = "correct", eager: float | None =
                 compile: float | None = None, runtime_ms: float = 1.0, flags: tuple[str, ...] = (),
                 rule: str | None = None, custom_share: float | None = 0.9, comparable: bool = True,
                 source: str = "", gpu: str | None = None, compile_ro: float | None = None,
-                best_recorded: bool = True) -> EvalResult:
+                best_recorded: bool = True,
+                ci: dict[str, tuple[float, float]] | None = None) -> EvalResult:
     """A real EvalResult; for `correct`, baselines are derived so the speedups are exactly as given,
     and the best of them is recorded as the evaluator records it (`best_recorded=False`: a result
-    from before it was)."""
+    from before it was); `ci`: (low, high) of a speedup's 95 % interval over 10 paired rounds, by
+    baseline, as paired timing records it."""
     base = dict(evaluator_version="test-1", problem_id=problem.id, problem_sha256=problem.sha256,
                 candidate_sha256=hashlib.sha256(source.encode()).hexdigest(), policy="strict",
                 device="cuda:0" if comparable else "cpu", backend="triton", started_at=T0.isoformat(),
@@ -59,7 +63,11 @@ def eval_result(problem: Problem, status: str = "correct", eager: float | None =
         # A host clock (CPU) gives no speedup, as the evaluator records it: the timings stay.
         speedups = (eager, compile, compile_ro) if comparable else (None, None, None)
         best = best if comparable else (None, None)
+        intervals = {b: SpeedupInterval(low=lo, high=hi, level=0.95, rounds=10) for b, (lo, hi) in (ci or {}).items()}
+        paired = PairedSummary(rounds=10, calls_per_round=1, handshake_ms=0.01, baselines=list(intervals)) \
+            if intervals else None
         return EvalResult(
+            speedup_ci=intervals, paired=paired,
             status="correct", stage_reached="done", timing=timing(runtime_ms, comparable),
             eager=timing(runtime_ms * eager, comparable) if eager is not None else None,
             compiled=timing(runtime_ms * compile, comparable) if compile is not None else None,
@@ -104,6 +112,8 @@ class T:
     """Speedup vs torch.compile reduce-overhead."""
     best_recorded: bool = True
     """False: a result written before the best baseline was recorded."""
+    ci: dict[str, tuple[float, float]] | None = None
+    """(low, high) of each speedup's interval over paired rounds, by baseline; None: no paired rounds."""
 
 
 def write_run(root: Path, problems: list[str], turns: list[T], seed: int = 0,
@@ -136,7 +146,7 @@ def write_run(root: Path, problems: list[str], turns: list[T], seed: int = 0,
                                                     spec.runtime_ms, spec.flags, spec.rule,
                                                     comparable=spec.comparable, source=code or "",
                                                     gpu=spec.gpu, compile_ro=spec.compile_ro,
-                                                    best_recorded=spec.best_recorded),
+                                                    best_recorded=spec.best_recorded, ci=spec.ci),
             feedback=f"FEEDBACK for turn {turn}: {spec.status}",
             spend=Spend(calls=1, input_tokens=reply.usage.input_tokens, output_tokens=reply.usage.output_tokens,
                         cost_usd=spec.cost, eval_s=spec.eval_s, wall_s=spec.wall_s),
