@@ -178,7 +178,7 @@ class ExecutorConfig(_Config):
     with this process (the driver). Neither choice changes an episode's key or a verdict."""
 
     kind: Literal["local", "ray"] = "local"
-    """local (default) or ray (`pip install "kloop[ray]"`)."""
+    """local (default) or ray (`pip install -e ".[ray]"` in a kloop clone)."""
     address: str | None = None
     """Ray only: the cluster to join, `auto` (the one this machine is part of), `HOST:PORT` or
     `ray://HOST:PORT`; None starts a Ray instance on this machine alone."""

@@ -231,7 +231,8 @@ def export(run_dir: Path, out: Path, fmt: Literal["messages", "parquet"],
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise ExportError('--format parquet needs pyarrow: pip install "kloop[export]"') from None
+        raise ExportError('--format parquet needs pyarrow: pip install -e ".[export]" '
+                          'in the kloop clone') from None
     rows = [json.loads(r.model_dump_json()) for r in records]
     pq.write_table(pa.Table.from_pylist(rows), out)
     return len(records)

@@ -9,7 +9,7 @@ handshake, the handshake, the worker's own event median); then, in this process,
 model is timed the KernelBench way (CUDA events around each call, L2 flushed, 100 calls; seed-42
 build, so it is KernelBench's own number). Printed side by side with their ratio. The
 `kernelbench` policy's eager baseline mean is compared with KernelBench's event mean the same
-way (the issue asks for agreement within 3 % on L3/1 and L3/4). `fair sp` is the speedup of the
+way (the target: agreement within 3 % on L3/1 and L3/4). `fair sp` is the speedup of the
 same code when the eager baseline is measured as a candidate (`eager_baseline_from: candidate`):
 1.000 is fair. `tf/plain` is the median with `l2_flush: trusted` (the harness's flusher process
 flushes too) over the median without, and `tf sp` that run's speedup of the same code.

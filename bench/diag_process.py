@@ -50,8 +50,8 @@ def _kloop_diag(model, x):
               if l.split(":")[0] in ("Uid", "NoNewPrivs", "Seccomp", "Threads", "VmLck", "VmPin",
                                      "Cpus_allowed_list", "Speculation_Store_Bypass",
                                      "SpeculationIndirectBranch")}
-    # Session 20's hypotheses for a candidate's calls costing more outside their events than
-    # the reference worker's: a thread left at SCHED_IDLE after the build ahead, outputs not
+    # Hypotheses (H200 runs of 2026-12-03, e20ddab and 811916a) for a candidate's calls
+    # costing more outside their events than the reference worker's: a thread left at SCHED_IDLE after the build ahead, outputs not
     # page-locked (VmPin/VmLck, RLIMIT_MEMLOCK), a cgroup of its own.
     _names = {0: "OTHER", 1: "FIFO", 2: "RR", 3: "BATCH", 5: "IDLE"}
     sched = {}

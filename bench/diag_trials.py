@@ -3,8 +3,8 @@
     python bench/diag_trials.py [--only L3/1,L3/4] [--repeats 2] [--device cuda]
 
 The same code (the reference as `ModelNew`) times 2-5 % slower by its own CUDA events in the
-candidate process than in the reference worker (GPU_VALIDATION.md, sessions 4-6). The candidate
-process runs the correctness trials first (more forwards, perturbed copies of the model,
+candidate process than in the reference worker (bench/clock.py on the H200, 2026-12-01,
+771c910 to 6feb02e). The candidate process runs the correctness trials first (more forwards, perturbed copies of the model,
 torch.save of outputs); the reference worker does not. Here each model is evaluated with the
 trials and, in this bench only, with the candidate job's trial list emptied (the served calls
 are still checked), alternating, `--repeats` times each (bench/same_code_ab.py prints the

@@ -11,7 +11,7 @@ build cache saves, and how repeatable the timings are. No targets; it prints num
    their CVs, the within-run CV, and the SM clock and temperature around each timing.
 
 `--json F` also writes the figures (`FIGURES`) for `bench/acceptance.py`, which reads them
-beside `bench/throughput.py --json`'s against issue 11's targets.
+beside `bench/throughput.py --json`'s against the throughput targets.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ FIXED_SET = [
     ("L3/1", "mlp_cuda_relu.py", MLP_MEDIUM),
     ("L3/43", "attention_cuda.py", {}),
     ("L3/8", "resnet_block_bn_relu_cuda.py", {}),
-    ("L3/4", "lenet_cuda_relu.py", {}),  # the issue's cached end-to-end figure is L3/4's
+    ("L3/4", "lenet_cuda_relu.py", {}),  # the cached end-to-end target is L3/4's
 ]
 CUDA_SOURCES = ["mlp_cuda_relu.py", "attention_cuda.py", "resnet_block_bn_relu_cuda.py"]
 # The same three as the CUDA prompt now asks for them: a torch-free `.cu` (kernels, raw-pointer
@@ -210,7 +210,7 @@ def _p90(xs: list[float]) -> float:
 
 
 CV_SETS = {
-    # The issue's target is for models of 1 ms and more: L3/1 at batch 1024 is ~1.8 ms on the
+    # The spread target is for models of 1 ms and more: L3/1 at batch 1024 is ~1.8 ms on the
     # H200 (bench/clock.py), and a Triton candidate needs no 35 s CUDA build first.
     "mlp-b1024": ("L3/1", "mlp_triton.py", {"batch_size": 1024, **{
         k: v for k, v in MLP_MEDIUM.items() if k != "batch_size"}}),

@@ -2,7 +2,7 @@
 
     python bench/first_trial.py [--repeats 2]
 
-On the H200 (session 9) the first trial was most of a Triton candidate's time under the
+On the H200 (2026-12-02 at 6b3972f) the first trial was most of a Triton candidate's time under the
 exclusive device lock, with or without the JIT warm-up. It runs the candidate's first call
 under torch.profiler (launch counting) and compiles its Triton kernels. This times the parts in
 a fresh process each (fresh Triton cache, the children's TEARDOWN_CUPTI): CUDA init, the first

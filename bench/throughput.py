@@ -1,4 +1,4 @@
-"""Evaluator throughput on a fixed batch of fresh candidates (the throughput issue's benchmark).
+"""Evaluator throughput on a fixed batch of fresh candidates (`bench/acceptance.py` reads it).
 
     python bench/throughput.py [--device cuda] [--concurrency 4] [--kloop-root PATH] [--json F]
                                [--compare FIELD=A,B] [--first N] [--warm-baselines]
@@ -32,7 +32,7 @@ can warm and the next one time the batch in full.
 `--sizes full` judges the 25 Triton candidates at their problems' own sizes (as a run does)
 instead of the examples' small ones, where an evaluation is nearly all fixed costs and the GPU
 idles whatever the harness does. `--cuda-form lean` swaps the three CUDA candidates for the
-same kernels in the form the CUDA prompt asks for since session 21 (a torch-free `.cu`, built
+same kernels in the form the CUDA prompt asks for since e01758c (a torch-free `.cu`, built
 lean in ~10 s instead of ~40 s).
 """
 
@@ -71,7 +71,7 @@ def batch(sizes: str = "examples", cuda_form: str = "torch") -> list[dict]:
     """[{label, problem, source, overrides}] (read from this repo only). `sizes`: the Triton
     candidates at the examples' small sizes (`examples`) or at their problems' own (`full`).
     `cuda_form`: the three CUDA candidates as the batch was fixed (`torch`: their `.cu` uses
-    torch's API, built the plain way) or in the form the CUDA prompt asks for since session 21
+    torch's API, built the plain way) or in the form the CUDA prompt asks for since e01758c
     (`lean`: the same kernels in a torch-free `.cu`, the wrappers in `cpp_sources`)."""
     sys.path[:0] = [str(REPO)]
     from agent.demo.kernels import SIZES, source
@@ -99,7 +99,7 @@ def warm_baselines(items: list[dict], device: str, concurrency: int, cache: Path
     """Steady state before the clock starts: every problem configuration's baselines timed (or
     found) in the batch's cache by its reference stage alone (`build_baselines`, as `kloop
     baseline` leaves them for a long run), which also brings the template process up. Judging
-    each reference as a candidate as well, as this did until session 19, added ~100 timed calls
+    each reference as a candidate as well, as this did before 362da27, added ~100 timed calls
     per problem under the device lock and changed nothing the batch then finds. Returns the
     seconds it took."""
     from concurrent.futures import ThreadPoolExecutor
@@ -280,14 +280,14 @@ def report(name: str, res: dict, n: int) -> dict:
         print(f"{'held excl.':16} {statistics.median(held):7.2f} {_pct(held, 0.9):7.2f} "
               f"{len(held):3}   sum {total:.1f} s of {res['wall_s']:.1f} s wall: at most "
               f"{n / total * 3600:.0f} per GPU-hour while the lock is the queue")
-        # Who held it: in session 19 two full-size candidates held 69 % of the batch's wall.
+        # Who held it: on the H200 at c8554dc two full-size candidates held 69 % of the wall.
         for h, r in sorted((hr for hr in holds if hr[0] > 0), key=lambda hr: -hr[0])[:3]:
             inner = sorted(((k, v) for k, v in r["stages"].items() if k in LOCKED and v >= 0.05),
                            key=lambda kv: -kv[1])
             print(f"  longest hold: {r['label']} {h:.1f} s ({h / total:.0%} of the holds): "
                   + ", ".join(f"{k} {v:.1f}" for k, v in inner[:4]))
     # A candidate built ahead that had to be built again under the lock pays twice; the first
-    # reason says why (it named the torch.cuda query behind every such retry in session 17).
+    # reason says why (on the H200 at c121bf3 it named the torch.cuda query behind each retry).
     again = [f for r in rows for f in r.get("flags", []) if f.startswith("constructed_under_lock")]
     if again:
         print(f"built again under the lock: {len(again)} of {n}; first: {again[0][:300]}")

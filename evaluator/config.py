@@ -226,10 +226,11 @@ class EvalConfig(BaseModel):
     Off by default: on the H200 it bought nothing (16 Triton candidates, 8 at once: 0.90x
     candidates per GPU-hour with it; `correctness` under the exclusive lock stayed 4-6 s,
     although the candidate child compiled no kernel: it was the profiler's import of
-    torch._dynamo, now done once in the template process; GPU_VALIDATION.md, sessions 8-9).
-    Measured again without those seconds (session 10): the exclusive hold of a Triton candidate
+    torch._dynamo, now done once in the template process; 2026-12-02 at e5f40a6). Measured
+    again without those seconds (2026-12-02 at cd28d2f): the exclusive hold of a Triton candidate
     2.54 -> 1.85 s, but 1.02x candidates per GPU-hour on a batch whose first baselines set the
-    pace; next: the steady state (`bench/throughput.py --warm-baselines`)."""
+    pace; in the steady state (25 Triton candidates, baselines warmed, 2026-12-02 at 66bfb0d)
+    0.97x: its shared holds block timings as long as it saves."""
     jit_prime: Literal["auto", "on", "off"] = "off"
     """Before the candidate child, compile the candidate's Triton kernels for the evaluation's
     GPU in a child that has no GPU and holds no lock (`stages.prime_pass`,
@@ -239,8 +240,8 @@ class EvalConfig(BaseModel):
     where the candidate needs data or a device the prime stops and the candidate child compiles
     the rest; nothing the prime does is judged. `auto`: on a GPU, for Triton sources; `on`: on a
     CPU too (for sm_90; the interpreter does not use it: tests). Off by default: on the H200
-    (session 16, full size) `first_trial` stayed 0.65-0.85 s with it, as without it (0.64 s),
-    and the side-by-side throughput run is still to do."""
+    (2026-12-03 at 7b8c643, full size) `first_trial` stayed 0.65-0.85 s with it, as without it
+    (0.64 s at 0040c85); not yet measured side by side."""
     cuda_init: Literal["before_lock", "under_lock"] = "under_lock"
     """When a GPU child creates its CUDA context: `under_lock`, at its first use of the device,
     with the device lock held; or `before_lock`, in trusted code after its start and before it
@@ -248,8 +249,8 @@ class EvalConfig(BaseModel):
     driver work is not spent holding the lock. A child whose early creation fails carries on
     and meets the failure at that first use, under the lock, as before. Off by default: on the
     H200 it bought little (reference hold -0.1-0.2 s, candidate hold unchanged, of ~3.9 s per
-    candidate; GPU_VALIDATION.md, session 11), and whether a context made beside a timing moves
-    that timing is what `bench/init_interference.py` measures."""
+    candidate; 2026-12-02 at 2340c51), and contexts made beside a timing widen its tail (p90
+    +12 % for a 2.7 ms matmul, `bench/init_interference.py`, 2026-12-02 at 5dace4a)."""
     construct_at: Literal["auto", "before_lock", "under_lock"] = "auto"
     """Where the candidate child imports the candidate and builds `ModelNew` (and the reparam
     trial's second model): `under_lock`, after the harness took the device lock for it; or
@@ -265,7 +266,7 @@ class EvalConfig(BaseModel):
     uncover and restore (root with SYS_ADMIN, SYS_CHROOT, SYS_PTRACE and SYS_NICE, and the
     template process), else `under_lock`. On the H200 at full size (10 Triton candidates,
     L3/1 and L3/4, 8 at once): 522 vs 413 candidates per GPU-hour side by side (1.26x), GPU busy
-    51 % vs 39 %, `load` under the lock 0.19 s p50 vs 1.89 (GPU_VALIDATION.md, session 17)."""
+    51 % vs 39 %, `load` under the lock 0.19 s p50 vs 1.89 (2026-12-03 at 1b2062d)."""
     template_process: bool = True
     """Start reference, candidate and compile children as forks of a template process that has
     imported torch and kloop's worker modules but never touched the device (Linux; elsewhere,
@@ -281,7 +282,7 @@ class EvalConfig(BaseModel):
     """`on`: a `load_inline` `.cu` whose own text uses nothing of torch is built with the
     standard and CUDA headers `<torch/types.h>` includes in place of it (`evaluator.build.lean`
     has the rule; the same device code; on the H200 host a torch-free candidate's cold build
-    33.1 -> 9.0 s beside plain `load_inline`, GPU_VALIDATION.md, session 21); anything else, or
+    33.1 -> 9.0 s beside plain `load_inline`, 2026-12-04 at 16f8da0); anything else, or
     a lean build that fails, is built the plain way. The CUDA prompt asks for such a `.cu`
     (kernels and raw-pointer launchers; the `torch::Tensor` wrappers in `cpp_sources`).
     `off`: every `.cu` the plain way."""

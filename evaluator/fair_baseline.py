@@ -1,7 +1,7 @@
 """The eager baseline measured the way candidates are (`eager_baseline_from: candidate`).
 
 On the H200 the same code timed 3-4 % slower in a candidate process than in the reference
-worker with its own CUDA events, and 2x at 0.1 ms (GPU_VALIDATION.md, sessions 4-5): the
+worker with its own CUDA events, and 2x at 0.1 ms (bench/clock.py, 2026-12-01 at 771c910 and 9be831f): the
 reference worker only serves calls, while a candidate process runs the trials first and is
 judged between its timed calls. Whatever the cause, a speedup whose two sides are measured by
 different procedures carries it. With this option the eager baseline is the reference's own

@@ -54,7 +54,7 @@ BACKGROUND_ENV = "KLOOP_BACKGROUND"
 run SCHED_IDLE and cannot leave it, so they get no CPU time a timed process wants."""
 NO_USERNS_ENV = "KLOOP_NO_USERNS"
 """Set (to anything) in a non-root harness's environment: do not contain children in user
-namespaces (they then run uncontained and flagged, as before session 7)."""
+namespaces (they then run uncontained, as on a host that forbids user namespaces)."""
 FORCE_USERNS_ENV = "KLOOP_FORCE_USERNS"
 """Set in a root harness's environment (with `sandbox_uid: null`): contain children the way a
 non-root harness does, in a user namespace (how the CPU tests exercise that path as root)."""

@@ -68,7 +68,7 @@ _TABLE = (
     _static("timing_or_comparison_tampering",
             "Reassigning or wrapping torch/time/triton functions (Event, synchronize, "
             "perf_counter, allclose, testing…) can fake timings or comparisons (catalog T3). "
-            "Once the clock of record runs in a trusted process (issue 10, item 2) a patched "
+            "Since the clock of record runs in a trusted process, a patched "
             "timer no longer changes the recorded numbers; still rejected, because the same "
             "patch blinds the in-process probes (launch counts, ghost replay, flag snapshots) "
             "that no trusted check replaces."),
@@ -88,8 +88,8 @@ _TABLE = (
     _static("reference_model",
             "Subclassing or calling the reference `Model` returns PyTorch's own result with no "
             "kernel of the candidate's (catalog B1, B3); importing `evaluator` or `problems` "
-            "reaches the harness's probes and the reference from inside the candidate (issue "
-            "10, class 2c), which nothing at run time observes."),
+            "reaches the harness's probes and the reference from inside the candidate, which "
+            "nothing at run time observes."),
     _static("identity_keyed_cache",
             "A persistent table keyed by tensor identity or raw data pointer that stores "
             "something other than scalars can memoise outputs (catalog C4). Flag only: every "

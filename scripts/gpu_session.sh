@@ -68,7 +68,7 @@ for s in "$@"; do
               ${BUILD_PAIRS:+--compile-pairs} ${BUILD_SOURCES:+--sources "$BUILD_SOURCES"} \
               ${BUILD_AT_ONCE:+--compile-at-once "$BUILD_AT_ONCE"} --headers "${BUILD_HEADERS:-as-is}" \
               ${BUILD_PLAIN:+--plain-cuda} --json "$OUT/builds.json" ;;
-    # Issue 11's targets against the figures the throughput, builds and stages steps wrote.
+    # The throughput targets (bench/acceptance.py) against the figures the throughput, builds and stages steps wrote.
     acceptance) step acceptance 30 python3 bench/acceptance.py --throughput "$OUT/throughput.json" \
                   --evaluator "$OUT/builds.json" --evaluator "$OUT/stages.json"
                 cat "$OUT/acceptance.log" ;;

@@ -46,7 +46,8 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise EvalInfraError('the ray executor needs Ray: pip install "kloop[ray]"') from None
+        raise EvalInfraError('the ray executor needs Ray: pip install -e ".[ray]" '
+                             'in the kloop clone') from None
     return ray
 
 

@@ -1,5 +1,6 @@
 """RL training on kernel writing: `KernelEnv`, a gymnasium environment over the turn loop
-(agent/rl/env.py, `pip install "kloop[rl]"`), and the reward it pays (agent/rl/reward.py)."""
+(agent/rl/env.py, `pip install -e ".[rl]"` in a kloop clone), and the reward it pays
+(agent/rl/reward.py)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ try:
     import gymnasium
     from gymnasium import spaces
 except ImportError as e:  # an optional extra: say how to get it
-    raise KloopError('KernelEnv needs gymnasium: pip install "kloop[rl]"') from e
+    raise KloopError('KernelEnv needs gymnasium: pip install -e ".[rl]" in the kloop clone') from e
 
 from agent.budget import Meter, Spend
 from agent.config import AgentConfig, Limits

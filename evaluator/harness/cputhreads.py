@@ -6,7 +6,7 @@ of a candidate the harness compares the last output with the reference's (a para
 large output); the reference worker's calls are only stored. On a 16-core GPU host the
 harness's spinning team then competes for the CPU with the worker that launches the next timed
 call, and a forward's launches land on its own CUDA events and on the trusted clock. On the
-H200 (bench/diag_threads.py, GPU_VALIDATION.md session 8) the candidate's own event median over
+H200 (bench/diag_threads.py, 2026-12-02 at e5f40a6) the candidate's own event median over
 the reference worker's, for the same code, went from 1.07 to 0.99 (L3/1 at batch 1024, 1.8 ms)
 and from 1.06-1.08 to 1.00-1.05 (L3/4), the same-code speedup at batch 1024 from 0.85-0.91 to
 0.98-1.06. At L3/1's full size (3.9 ms) both settings read 1.03-1.04: a smaller gap remains
@@ -18,8 +18,8 @@ GPU, outlast the spinning of any team left from before). The probe trials' full 
 before it with every thread (one thread made a 64 MiB comparison 1.4 s on the CI host; outputs
 reach 4 GiB); the timed calls' test is one `torch.isclose` (`ExpectedStore.passes`, 3.7 ms for
 4 MiB on one thread). The H200 figures above are from e5f40a6, which had the whole evaluation
-on one thread; this placement (the loop only) kept them there in session 9 (0.995 vs 0.982 at
-L3/1 batch 1024, 0.966 vs 1.112 at L3/4).
+on one thread; this placement (the loop only) kept them there (2026-12-02 at 6b3972f: 0.995 vs
+0.982 at L3/1 batch 1024, 0.966 vs 1.112 at L3/4).
 OpenMP's thread count is per thread (a Python thread that already ran a parallel op keeps its
 own), so the loop's thread sets its own and puts the caller's back afterwards.
 """

@@ -37,8 +37,8 @@ def prepare_budget(meminfo: str | None = None) -> int:
     take at most half), at least 4 GiB (what it always was) and at most 16. At
     full sizes what does not fit is made under the lock: with 4 GiB, L3/1's 2.7 GB second model
     was built under it in both the reference worker and the candidate child (their holds 6-9 s
-    on the H200, session 17). Children of one evaluation do not prepare at once (its reference
-    worker is gone before its candidate child starts). `meminfo`: /proc/meminfo's text."""
+    on the H200, 2026-12-03 at 1b2062d). Children of one evaluation do not prepare at once (its
+    reference worker is gone before its candidate child starts). `meminfo`: /proc/meminfo's text."""
     try:
         text = meminfo if meminfo is not None else Path("/proc/meminfo").read_text()
         kib = next(int(line.split()[1]) for line in text.splitlines()

@@ -122,8 +122,8 @@ def _import_cpp_extension() -> None:
     that imports a candidate), imported here with `torch.cuda.is_available` answering True: at
     import it asks only to word a log line (`_find_cuda_home`), and the real question would
     initialise the driver. In a child built ahead that first query, made while its device is
-    hidden, would leave torch sure there is no GPU for the rest of its life (H200, session 17:
-    every candidate built ahead was judged again under the lock)."""
+    hidden, would leave torch sure there is no GPU for the rest of its life (on the H200,
+    2026-12-03 at 5f9de52: every candidate built ahead was judged again under the lock)."""
     import torch
 
     real = torch.cuda.is_available

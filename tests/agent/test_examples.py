@@ -1,8 +1,11 @@
-"""The experiment and sweep files of docs/experiments.md: committed, shown whole, valid."""
+"""The experiment and sweep files of the README and docs/experiments.md: committed, shown whole,
+valid."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from agent.config import load_config
 from agent.models.base import Usage
@@ -13,10 +16,11 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 
 
-def test_the_doc_shows_each_example_file_whole():
-    doc = (REPO / "docs" / "experiments.md").read_text()
+@pytest.mark.parametrize("doc", ["README.md", "docs/experiments.md"])
+def test_the_doc_shows_each_example_file_whole(doc):
+    text = (REPO / doc).read_text()
     for name in ("experiment.yaml", "sweep.yaml"):
-        assert f"```yaml\n{(EXAMPLES / name).read_text().rstrip()}\n```" in doc, name
+        assert f"```yaml\n{(EXAMPLES / name).read_text().rstrip()}\n```" in text, name
 
 
 def test_the_experiment_loads_and_prices_a_model_missing_from_the_table():

@@ -1,4 +1,4 @@
-"""bench/acceptance.py reads issue 11's four figures from the benchmarks' JSON and meets a target
+"""bench/acceptance.py reads the four throughput figures from the benchmarks' JSON and meets a target
 only with a figure measured: a missing step, a failed candidate or a slow build is not met."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _run(throughput: Path, *evaluator: Path) -> tuple[int, str]:
 def test_every_target_met_exits_zero_and_reads_the_checkout_not_the_baseline(tmp_path):
     rc, out = _run(*_figures(tmp_path))
     assert rc == 0, out
-    assert "issue 11 targets: all met" in out
+    assert "throughput targets: all met" in out
     assert "873.00" in out and "176" not in out  # the baseline pass is the comparison only
     assert "plain load_inline 30.7 s" in out  # the prompted form's build, beside plain
 

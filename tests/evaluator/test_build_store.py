@@ -1,4 +1,4 @@
-"""The build store candidates cannot write (issue 10, item 4): children build privately, the
+"""The build store candidates cannot write: children build privately, the
 harness installs what they built under the hash of the candidate file and stages verified,
 read-only copies for that file only. Each attack here is the cheapest we found against one part
 of the defence; every child below is confined as a real one is (no capabilities when root).

@@ -74,7 +74,8 @@ def test_kernelbench_divides_bounded_events_on_the_gpu(cache_dir):
         assert ev.mean_ms >= t.mean_ms + (t.handshake_ms or 0) - ev.bound_ms - 1e-9
     # The bound comes from the reference worker's own calls, so few of them fall outside it.
     # A candidate child's calls cost more outside their events (why is not measured): on the H200
-    # 95 of its 100 calls were raised (session 20), a bias against the candidate, never for it.
+    # 95 of its 100 calls were raised (2026-12-03 at e20ddab), a bias against the candidate,
+    # never for it.
     assert r.eager.events.raised + r.eager.events.lowered < r.eager.n_trials // 2, r.eager.events
     assert r.speedup_vs_eager == pytest.approx(r.eager.events.mean_ms / r.timing.events.mean_ms)
 

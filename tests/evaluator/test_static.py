@@ -256,7 +256,7 @@ def test_local_rebinding_and_unrelated_attributes_do_not_fire():
     assert _rules(snippet) == {"shape_keyed_cache"}
 
 
-# ---- issue 10: false positives narrowed, and the cheapest attack past each narrowing -------
+# ---- false positives narrowed, and the cheapest attack past each narrowing ----------------
 
 LOCKED_BLOCK_SIZE = """
 import threading
