@@ -31,6 +31,7 @@ from evaluator.result import (
     CorrectnessTrial,
     EnvInfo,
     ErrorInfo,
+    HeadToHead,
     PairedSummary,
     PrecisionCheck,
     ProfileSummary,
@@ -114,13 +115,17 @@ class Precision(_Finding):
     """From a timed call (counted in `precision_calls`), not the first probe trial."""
 
 
+class Compared(_Finding):
+    head_to_head: HeadToHead
+
+
 class Paired(_Finding):
     summary: PairedSummary
     intervals: dict[BaselineName, SpeedupInterval]
 
 
 Finding = (Decided | Entered | Reached | Flagged | Violated | Judged | Noted | Failed | Measured
-           | Built | Profiled | Observed | Precision | Paired)
+           | Built | Profiled | Observed | Precision | Paired | Compared)
 
 
 def violated(*violations: Violation) -> list[Violated]:
@@ -167,6 +172,8 @@ def fold(run: EvalRun, f: Finding) -> None:
         # The first check stands unless a later one fails: the result shows a failure.
         if run.precision is None or (run.precision.ok and not f.check.ok):
             run.precision = f.check
+    elif isinstance(f, Compared):
+        run.head_to_head = f.head_to_head
     elif isinstance(f, Paired):
         run.paired, run.speedup_ci = f.summary, dict(f.intervals)
     else:  # pragma: no cover - a new kind of finding without a rule

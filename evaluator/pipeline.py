@@ -53,6 +53,21 @@ def evaluate(problem: Problem | str, candidate_source: str,
     return finish(run)
 
 
+def head_to_head(problem: Problem | str, challenger: str, incumbent: str,
+                 config: EvalConfig | None = None) -> EvalResult:
+    """Evaluate `challenger` as `evaluate` does, with `incumbent` timed beside it in the same
+    paired rounds (`evaluator.headtohead`): the result's `head_to_head` says which is faster,
+    with an interval. Charge its wall time (`stage_seconds`) as any evaluation's."""
+    run = start(problem, challenger, config or EvalConfig())
+    run.incumbent = incumbent
+    try:
+        run_stages(run, STAGES)
+    except BaseException:
+        run.cleanup()
+        raise
+    return finish(run)
+
+
 def start(problem: Problem | str, candidate_source: str, config: EvalConfig) -> EvalRun:
     if isinstance(problem, str):
         problem = get_problem(problem)

@@ -333,6 +333,20 @@ class PairedSummary(_Record):
     overhead is a large share of every call (flag `below_clock_resolution`)."""
 
 
+class HeadToHead(_Record):
+    """The challenger timed against an incumbent in the same rounds (`evaluator.headtohead`)."""
+
+    ratio: float | None
+    """The incumbent's time over the challenger's, on the speedups' clock and statistic: above
+    1 the challenger is faster. None: the comparison was void (see `note`)."""
+    low: float | None = None
+    high: float | None = None
+    level: float = 0.95
+    rounds: int = 0
+    incumbent_sha256: str
+    note: str | None = None
+
+
 class EvalResult(_Record):
     schema_version: int = EVAL_SCHEMA_VERSION
     evaluator_version: str
@@ -371,6 +385,8 @@ class EvalResult(_Record):
     """Each speedup's 95 % bootstrap interval over the paired rounds; empty where the speedup
     was not measured in paired rounds."""
     paired: PairedSummary | None = None
+    head_to_head: HeadToHead | None = None
+    """Set when this evaluation was asked to time an incumbent beside it."""
     precision_calls: int = 0
     """Timed calls (chosen in secret) whose outputs were also checked against float64; each must
     pass `precision_below_fp32`'s test, like the first probe trial."""

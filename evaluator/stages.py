@@ -269,6 +269,10 @@ def candidate_stage(run: EvalRun) -> None:
         prime_pass(run, job)
     if wants_warmup(run):
         warmup_pass(run, job)
+    if run.incumbent is not None:
+        from evaluator.headtohead import start_incumbent
+
+        start_incumbent(run, job, _candidate_env(run))
     ahead = construct_ahead(run)
     judged = None
     if ahead:
@@ -313,7 +317,7 @@ def _candidate_child(run: EvalRun, job: CandidateJob) -> tuple[bool, ChildOutcom
     with run.timed("candidate"), run.on_device(
             "candidate", job, run.root / "cand",
             ["load", "correctness", "timing", "profile", "compile"], _candidate_env(run),
-            serves=True) as child:
+            serves=True, mask=[run.root / "inc"] if run.incumbent is not None else None) as child:
         if job.construct_ahead and (why := _retry(child)) is not None:
             child.kill("retry")
             return why

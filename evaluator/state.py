@@ -41,6 +41,7 @@ from evaluator.result import (
     EnvInfo,
     ErrorInfo,
     EvalResult,
+    HeadToHead,
     PairedSummary,
     PrecisionCheck,
     ProfileSummary,
@@ -166,6 +167,10 @@ class EvalRun:
     calls are interleaved with its baselines' (`evaluator.harness.paired`)."""
     paired: PairedSummary | None = None
     speedup_ci: dict[str, SpeedupInterval] = field(default_factory=dict)
+    incumbent: str | None = None
+    """The source timed against this candidate in the same rounds (`evaluator.headtohead`)."""
+    incumbent_child: Child | None = None
+    head_to_head: HeadToHead | None = None
     precision_calls: int = 0
     """Timed calls whose output was checked against float64 (`harness.timed`)."""
     _mark: tuple[str, float] | None = None
@@ -272,7 +277,8 @@ class EvalRun:
     @contextlib.contextmanager
     def on_device(self, mode, job, workdir: Path, stages: list[str],
                   extra_env: dict[str, str] | None = None, serves: bool = False,
-                  shared: bool = False, keep: bool = False) -> Iterator[Child]:
+                  shared: bool = False, keep: bool = False,
+                  mask: list[Path] | None = None) -> Iterator[Child]:
         """A child that uses the device. Its start and imports run outside the device lock; the
         lock is taken when the child says it is ready (its time limits stand still meanwhile),
         and given back only once the child is gone: the device work of two children never
@@ -286,7 +292,7 @@ class EvalRun:
         lock = self.gpu_lock(shared)
         with contextlib.ExitStack() as held:  # outside the child's block: kept till it is gone
             spawned = time.monotonic()
-            made = self.spawn(mode, job, workdir, stages, extra_env, serves=serves)
+            made = self.spawn(mode, job, workdir, stages, extra_env, serves=serves, mask=mask)
             scope = contextlib.nullcontext(self.kept.enter_context(made)) if keep else made
             with scope as child:
                 if child.wait_ready() and child.retry is None:
@@ -358,7 +364,7 @@ class EvalRun:
 
     def spawn(self, mode, job, workdir: Path, stages: list[str],
               extra_env: dict[str, str] | None = None, device: str | None = None,
-              serves: bool = False) -> Child:
+              serves: bool = False, mask: list[Path] | None = None) -> Child:
         c = self.config
         timeouts = {"startup": c.timeouts.startup}
         if mode == "reference":  # it builds models and draws trial inputs before it is ready
@@ -405,11 +411,12 @@ class EvalRun:
         # (a world-writable dir), and leave a note there for a later evaluation.
         userns = bool(contain or hide) and isolation.userns_works() and \
             (isolation.force_userns() or not isolation.can_change_uid())
-        mask, writable = [], []
+        extra_mask, mask, writable = list(mask or []), [], []
         if contain:
             mask = [self.root / "ref", isolation.private_dir(c.cache_dir)]
             if mode != "candidate":
                 mask.append(self.root / "cand")
+            mask += extra_mask
             writable = list(c.child_writable)
         confine = Confinement(
             hide=hide, keep=str(self.root) if contain else None, own_pids=contain,
@@ -503,6 +510,7 @@ class EvalRun:
             speedup_vs_best=best.speedup, best_baseline=best.name,
             speedup_clock=self.speedup_clock(),
             speedup_ci={b: i for b, i in self.speedup_ci.items() if vs.get(b) is not None},
+            head_to_head=self.head_to_head if self.status == "correct" else None,
             paired=self.paired, precision_calls=self.precision_calls,
             profile=self.profile,
             precision=self.precision,

@@ -80,18 +80,20 @@ def split_rounds(n_calls: int, rounds: int = ROUNDS) -> list[list[int]]:
 
 def run_paired(sides: list[Side], seeds: list[int], *, warmup_calls: int, warmup_ms: float,
                prep: bool, flush_device: str | None, gpu: str | None, budget_s: float,
-               on_output: OnOutput, rounds: int = ROUNDS) -> PairedServed:
+               on_output: OnOutput, rounds: int = ROUNDS,
+               checks: dict[str, OnOutput] | None = None) -> PairedServed:
     """Time every side on every round's seeds; `on_output(i, r)` judges the candidate's call on
-    `seeds[i]` (False stops everything). A baseline whose call fails is dropped, the rest go
-    on; a broken candidate channel raises `ChannelBroken`, a broken reference channel drops
-    every baseline."""
+    `seeds[i]` (False stops everything); `checks[name](i, r)` judges another side's (False
+    drops that side). A baseline whose call fails is dropped, the rest go on; a broken
+    candidate channel raises `ChannelBroken`, a broken reference channel drops every
+    baseline."""
     with one_cpu_thread(), cores.timing_thread():
         return _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_s,
-                    on_output, rounds)
+                    on_output, rounds, checks or {})
 
 
 def _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_s, on_output,
-         rounds) -> PairedServed:
+         rounds, checks) -> PairedServed:
     deadline = time.monotonic() + budget_s
     out = PairedServed()
     flush = flusher(flush_device).flush if flush_device is not None else None
@@ -150,6 +152,9 @@ def _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_
                     out.rounds.setdefault(side.name, []).append(r)
                     if side.name == "candidate" and (not on_output(i, res) or res.status != OK):
                         return out
+                    if side.name in checks and not checks[side.name](i, res):
+                        drop(side, f"its output of timed call {i} was wrong")
+                        break
                 if side in live and side.channel.layout is not None:
                     side.channel.rest(deadline)  # the next side may be the other process
     finally:

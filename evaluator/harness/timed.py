@@ -13,6 +13,7 @@ from evaluator.harness.paired import PairedServed, Side, per_call, run_paired, s
 from evaluator.harness.precision import precision_on_call
 from evaluator.harness.served import CallPlan, run_plan, timing_stats
 from evaluator.outcome import (
+    Compared,
     Decided,
     Entered,
     Failed,
@@ -27,6 +28,7 @@ from evaluator.protocol import ROLES, Control, FlagMsg
 from evaluator.result import (
     CorrectnessTrial,
     ErrorInfo,
+    HeadToHead,
     OutputDiff,
     PairedSummary,
     SpeedupInterval,
@@ -95,16 +97,27 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
             precision_on_call(run, i, got.tensors(), *ref.served64[i])
         return True
 
+    def incumbent_ok(i: int, r: CallResult) -> bool:
+        return r.status == OK and r.output is not None and (
+            store.passes(i, r.output, tol) or all(d.ok for d in store.compare(i, r.output, tol)))
+
     t = run.timing_spec()
     parked = run.ref_child if ref.parked else None
     cpu0 = procwatch.cpu_seconds(child.proc.pid)
     try:
         if parked is not None:
+            sides = _sides(run, child, parked)
+            if (inc := run.incumbent_child) is not None:
+                assert inc.calls is not None
+                inc.calls.set_layout(layout)
+                inc.calls.spin = not run.on_cpu
+                inc.send(Control(next="serve", data=layout.model_dump_json()))
+                sides.insert(1, Side("incumbent", inc.calls))
             paired = run_paired(
-                _sides(run, child, parked), seeds, warmup_calls=t.warmup_calls,
+                sides, seeds, warmup_calls=t.warmup_calls,
                 warmup_ms=t.warmup_ms, prep=t.l2_flush, flush_device=t.l2_flusher, gpu=t.gpu,
                 budget_s=run.config.timeouts.timing + run.config.timeouts.baselines,
-                on_output=on_output)
+                on_output=on_output, checks={"incumbent": incumbent_ok})
         else:
             plan = CallPlan(seeds=seeds, warmup_calls=t.warmup_calls, warmup_ms=t.warmup_ms,
                             prep=t.l2_flush, flusher=t.l2_flusher, gpu=t.gpu)
@@ -123,6 +136,9 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
         return
     finally:
         child.calls.stop()
+        if run.incumbent_child is not None:  # its part is over: nothing of it is judged after
+            run.incumbent_child.kill("decided")
+            run.incumbent_child = None
         if parked is not None:
             release_reference(run)
     if failed:
@@ -201,6 +217,8 @@ def _record_paired(run: EvalRun, paired: PairedServed, n_seeds: int) -> None:
         if ci is not None:
             rounds = len(set(paired.rounds["candidate"]) & set(paired.rounds[name]))
             intervals[name] = SpeedupInterval(low=ci[0], high=ci[1], level=0.95, rounds=rounds)
+    if run.incumbent is not None:
+        run.record(Compared(head_to_head=_head_to_head(run, paired, c, hs, clock, stat)))
     eager = measured.get("eager")
     multiple = eager.median_ms / hs if eager is not None and hs else None
     run.record(Paired(summary=PairedSummary(
@@ -213,6 +231,31 @@ def _record_paired(run: EvalRun, paired: PairedServed, n_seeds: int) -> None:
             (eager is not None and eager.median_ms < RESOLUTION_MULTIPLE * hs)):
         run.record(Flagged(flag=f"below_clock_resolution: a median under {RESOLUTION_MULTIPLE:g}x "
                                 f"the serving overhead of {hs:.3f} ms"))
+
+
+def _head_to_head(run: EvalRun, paired: PairedServed, c: Any, hs: float | None, clock: str,
+                  stat: str) -> HeadToHead:
+    """The incumbent's time over the challenger's, from the same rounds, on the speedups' clock
+    and statistic, with its interval; void (ratio None) where the incumbent did not serve every
+    round or served a wrong output."""
+    import hashlib
+
+    import numpy as np
+
+    ref = run.reference
+    assert ref is not None and run.incumbent is not None
+    sha = hashlib.sha256(run.incumbent.encode()).hexdigest()
+    inc = paired.sides.get("incumbent")
+    if inc is None or len(inc.wall_ms) != len(paired.sides["candidate"].wall_ms):
+        why = paired.dropped.get("incumbent", "it did not serve (see the flags)")
+        return HeadToHead(ratio=None, incumbent_sha256=sha, note=f"void: {why}")
+    i = per_call(inc, hs, clock, ref.event_bound_ms)
+    f = np.median if stat == "median" else np.mean
+    ratio = float(f(i) / f(c)) if f(c) > 0 else None
+    ci = speedup_interval(c, paired.rounds["candidate"], i, paired.rounds["incumbent"], stat)
+    return HeadToHead(ratio=ratio, low=ci[0] if ci else None, high=ci[1] if ci else None,
+                      rounds=paired.n_rounds, incumbent_sha256=sha,
+                      note="host clock: not comparable with GPU numbers" if run.on_cpu else None)
 
 
 def _cpu_use(run: EvalRun, child: Any, cpu0: float | None, wall_s: float) -> None:

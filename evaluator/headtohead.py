@@ -1,0 +1,63 @@
+"""Two candidates timed against each other in one hold of the device: the head-to-head.
+
+When a search must decide between a new kernel and the best so far and their speedup intervals
+overlap, dividing two numbers measured in two evaluations does not settle it. `head_to_head`
+judges the challenger as any evaluation does, and serves the incumbent beside it in a second
+candidate child: the incumbent's calls join the paired rounds (`harness.paired`) as one more
+side, on the same seeds, checked against the same expected outputs. The result's
+`head_to_head` is the incumbent's time over the challenger's with its interval over rounds
+(above 1: the challenger is faster).
+
+The incumbent is hostile code like the challenger: its child is contained the same way, and each
+child's directory is covered in the other's mount namespace. It serves no probe trials (it was
+judged before), so every one of its timed outputs is checked, and a wrong one voids the
+comparison. Its CUDA builds come from the build store, filed by its own evaluation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from typing import TYPE_CHECKING
+
+from evaluator.build import buildstore
+from evaluator.isolation import write_new
+from evaluator.outcome import Flagged
+from evaluator.protocol import AwaitMsg, CandidateJob, ErrorMsg
+
+if TYPE_CHECKING:
+    from evaluator.state import EvalRun
+
+STAGES = ["load", "correctness", "timing", "profile", "compile"]
+
+
+def start_incumbent(run: EvalRun, job: CandidateJob, env: dict[str, str]) -> None:
+    """Start the incumbent's child, under the lock for its load and off it once it waits to
+    serve (kept in `run.kept`); `run.incumbent_child` is set when it is ready to serve, and a
+    flag says why not otherwise."""
+    assert run.incumbent is not None
+    inc = run.root / "inc"
+    inc.mkdir(exist_ok=True)
+    write_new(inc / "candidate.py", run.incumbent)
+    sha = hashlib.sha256(run.incumbent.encode()).hexdigest()
+    buildstore.Store(run.config.cache_dir, sha, run.sandbox).stage(inc / "ext", inc / "checks")
+    fills = None
+    if job.fills_path is not None:  # strict's construction fills, in its own dir
+        fills = str(inc / "fills_main.pt")
+        shutil.copyfile(job.fills_path, fills)
+    inc_job = job.model_copy(update={
+        "candidate_path": str(inc / "candidate.py"), "trials": [], "build_dir": str(inc / "ext"),
+        "fills_path": fills, "construct_ahead": False, "profile": False, "ncu": False})
+    with run.on_device("candidate", inc_job, inc, STAGES, env, serves=True, keep=True,
+                       mask=[run.root / "cand"]) as child:
+        for msg in child.messages():
+            if isinstance(msg, AwaitMsg):
+                run.incumbent_child = child
+                return
+            if isinstance(msg, ErrorMsg):
+                why = f"{msg.error.type}: {msg.error.message[:200]}"
+                run.record(Flagged(flag=f"head_to_head_unavailable: the incumbent failed to "
+                                        f"load ({why})"))
+                child.kill("decided")
+                return
+    run.record(Flagged(flag="head_to_head_unavailable: the incumbent ended before it served"))

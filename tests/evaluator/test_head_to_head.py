@@ -1,0 +1,52 @@
+"""Two candidates timed against each other in the same paired rounds (`evaluator.headtohead`),
+on CPU: the reference's own code as the challenger, and an incumbent that does the same work and
+sleeps 50 ms more per call, or returns a wrong output."""
+
+from __future__ import annotations
+
+import pytest
+
+from evaluator.config import EvalConfig
+from evaluator.fair_baseline import honest_source
+from evaluator.pipeline import head_to_head
+from evaluator.precheck import small_overrides
+from problems.registry import get_problem
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    p = get_problem("L3/1")
+    src = honest_source(p.path.read_text())
+    cfg = EvalConfig(device="cpu", policy="kernelbench", problem_overrides=small_overrides(p.source))
+    return p, src, cfg
+
+
+def _sleepy(src: str) -> str:
+    out = src.replace("import torch\n", "import time\nimport torch\n", 1).replace(
+        "    def forward(self, x):\n", "    def forward(self, x):\n        time.sleep(0.05)\n", 1)
+    assert out != src
+    return out
+
+
+def test_a_slower_incumbent_reads_slower_with_an_interval_that_excludes_a_tie(mlp):
+    p, src, cfg = mlp
+    r = head_to_head(p, src, _sleepy(src), cfg)
+    h = r.head_to_head
+    assert r.status == "correct" and h is not None and h.ratio is not None
+    assert h.ratio > 5 and h.low is not None and h.low > 1.0 and h.rounds == 5
+    # The other way round, the challenger is the slow one.
+    r = head_to_head(p, _sleepy(src), src, cfg)
+    assert r.head_to_head is not None and r.head_to_head.high is not None
+    assert r.head_to_head.high < 1.0
+
+
+def test_an_incumbent_with_a_wrong_output_voids_the_comparison_not_the_verdict(mlp):
+    p, src, cfg = mlp
+    wrong = src.replace("return self.network(x)", "return self.network(x) + 1")
+    assert wrong != src
+    r = head_to_head(p, src, wrong, cfg)
+    assert r.status == "correct"
+    assert r.head_to_head is not None and r.head_to_head.ratio is None
+    assert "wrong" in (r.head_to_head.note or "")
