@@ -17,7 +17,14 @@ import time
 from typing import Protocol
 
 from agent.budget import Meter, Spend
-from agent.episode import EpisodeEnv, EpisodeSpec, EpisodeState, ask_logged, sha256_text
+from agent.episode import (
+    EpisodeEnv,
+    EpisodeSpec,
+    EpisodeState,
+    ask_logged,
+    decide_best,
+    sha256_text,
+)
 from agent.episode import opening as turn_opening
 from agent.errors import InfraFault
 from agent.loop import check_stop
@@ -135,7 +142,7 @@ def run_agent_episode(spec: EpisodeSpec, env: EpisodeEnv, done: list[TurnRecord]
             spend=Spend.of_reply(reply).model_copy(
                 update={"eval_s": out.eval_s, "wall_s": time.monotonic() - clock}),
             started_at=turn_start, finished_at=utcnow())
-        rec.best_decision = state.decide(rec)
+        decide_best(state, rec, env.evaluator, meter)
         env.sink.append_turn(rec)
         state.add(rec)
         if env.on_turn is not None:

@@ -101,6 +101,17 @@ class LocalEvaluator:
         except Exception as e:  # the evaluator reports candidate faults as results: this is ours
             raise _infra_error(problem, e) from e
 
+    def head_to_head(self, problem: Problem, challenger: str, incumbent: str) -> EvalResult:
+        """`challenger` judged again with `incumbent` timed beside it in the same paired rounds
+        (`evaluator.pipeline.head_to_head`): for a close call between two kernels."""
+        from evaluator.pipeline import head_to_head
+
+        config = self.configs.get(problem.id, self.base)
+        try:
+            return head_to_head(problem, challenger, incumbent, config)
+        except Exception as e:
+            raise _infra_error(problem, e) from e
+
     @contextlib.contextmanager
     def batch(self, concurrency: int) -> Iterator[Submit]:
         """Many candidates through the evaluator's one queue (`evaluator.scheduler`):

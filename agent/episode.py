@@ -7,6 +7,7 @@ from the turns on disk, which is how resume continues an interrupted episode.
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from agent.prompts import PromptSet
 from agent.protocols import Evaluator, Model
 from agent.records import BestDecision, BestKernel, CallRecord, ModelFaultInfo, TurnRecord, TurnRef
 from agent.report.bound import Bound, bound_of
-from agent.tally import decide, replaces, speedup_interval
+from agent.tally import Measure, decide, replaces, speedup_interval
 from evaluator.config import Comparison
 from evaluator.result import EvalResult
 from problems.cost import cost_of
@@ -137,10 +138,11 @@ class EpisodeState:
         if self._best_turn is None or replaces(self._best_turn, rec):
             self._best_turn, self.best = rec, best_of(rec)
 
-    def decide(self, rec: TurnRecord) -> BestDecision | None:
+    def decide(self, rec: TurnRecord, measure: Measure | None = None) -> BestDecision | None:
         """Whether `rec` (a turn not yet added) replaces the episode's best kernel, as its turn
-        record keeps it (`TurnRecord.best_decision`)."""
-        return decide(self._best_turn, rec)
+        record keeps it (`TurnRecord.best_decision`); `measure`: a head-to-head for a close
+        call (`agent.tally.settle_close_call`)."""
+        return decide(self._best_turn, rec, measure)
 
     @property
     def trajectory(self) -> list[TurnRecord]:
@@ -243,3 +245,31 @@ def below_clock_resolution(result: EvalResult | None) -> bool:
 
 def feedback_template(result: EvalResult | None) -> str:
     return "feedback_format_error" if result is None else f"feedback_{result.status}"
+
+
+def head_to_head_of(evaluator: Evaluator, problem: Problem) -> Measure | None:
+    """The evaluator's head-to-head (`evaluator.pipeline.head_to_head`) for a close call, where
+    it offers one: the challenger judged again with the incumbent timed beside it in the same
+    paired rounds. An evaluator fault leaves the call unsettled (the incumbent stays)."""
+    compare = getattr(evaluator, "head_to_head", None)
+    if compare is None:
+        return None
+
+    def measure(incumbent: TurnRecord, challenger: TurnRecord):
+        start = time.monotonic()
+        try:
+            result = compare(problem, challenger.code, incumbent.code)
+        except InfraFault:
+            return None, time.monotonic() - start
+        return result.head_to_head, time.monotonic() - start
+    return measure
+
+
+def decide_best(state: EpisodeState, rec: TurnRecord, evaluator: Evaluator, meter: Meter) -> None:
+    """Record on `rec` whether it replaces the episode's best kernel; a head-to-head that
+    settled a close call is charged to the turn's and the run's eval seconds."""
+    rec.best_decision = state.decide(rec, head_to_head_of(evaluator, state.spec.problem))
+    extra = rec.best_decision.head_to_head_s if rec.best_decision is not None else None
+    if extra:
+        meter.charge(Spend(eval_s=extra))
+        rec.spend = rec.spend + Spend(eval_s=extra)

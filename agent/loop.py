@@ -19,6 +19,7 @@ from agent.episode import (
     EpisodeSpec,
     EpisodeState,
     ask_logged,
+    decide_best,
     feedback_template,
     feedback_vars,
     opening,
@@ -113,7 +114,7 @@ def run_episode(spec: EpisodeSpec, env: EpisodeEnv, done: list[TurnRecord] | Non
             code_sha256=sha256_text(code) if code is not None else None,
             kernel_path=env.sink.kernel_relpath(spec.problem.stem, spec.episode, turn) if code else None,
             eval=result, feedback=feedback, spend=spend, started_at=turn_start, finished_at=utcnow())
-        rec.best_decision = state.decide(rec)
+        decide_best(state, rec, env.evaluator, meter)
         env.sink.append_turn(rec)
         state.add(rec)
         log.info("%s episode %d turn %d: %s", spec.problem.id, spec.episode, rec.turn, rec.status)

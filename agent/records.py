@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.budget import Spend
 from agent.models.base import Message, ModelReply, ToolCall
-from evaluator.result import BaselineName, ErrorInfo, EvalResult, SpeedupInterval
+from evaluator.result import BaselineName, ErrorInfo, EvalResult, HeadToHead, SpeedupInterval
 
 TRAJECTORY_SCHEMA_VERSION = 1
 DECISION_SCHEMA_VERSION = 1
@@ -99,6 +99,10 @@ class BestDecision(_Record):
     challenger_interval: SpeedupInterval | None = None
     incumbent_runtime_ms: float | None = None
     challenger_runtime_ms: float | None = None
+    head_to_head: HeadToHead | None = None
+    """The two kernels timed in the same paired rounds, where the intervals were too close."""
+    head_to_head_s: float | None = None
+    """Its wall seconds (charged to the run's eval seconds)."""
     detail: str
     """The decision in words, e.g. `kept: too close to call`."""
 

@@ -3,12 +3,12 @@ replay and the reports alike (they used to keep a copy each, and the copies drif
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from agent.budget import Spend
 from agent.records import BestDecision, CallRecord, EpisodeRecord, TurnRecord, TurnRef
-from evaluator.result import BaselineName, EvalResult, SpeedupInterval
+from evaluator.result import BaselineName, EvalResult, HeadToHead, SpeedupInterval
 
 # How far a kernel got, best first: beam search keeps the furthest when none is correct yet.
 STATUS_RANK = {"correct": 0, "incorrect": 1, "not_run": 2, "rejected": 3, "timeout": 4,
@@ -57,7 +57,13 @@ def _runtime(rec: TurnRecord) -> float | None:
     return rec.eval.runtime_ms if rec.eval is not None else None
 
 
-def challenge(incumbent: TurnRecord, challenger: TurnRecord) -> BestDecision:
+Measure = Callable[[TurnRecord, TurnRecord], "tuple[HeadToHead | None, float]"]
+"""Times a challenger against the incumbent in the same paired rounds (`evaluator.headtohead`):
+the comparison (None: could not be made) and the seconds it took."""
+
+
+def challenge(incumbent: TurnRecord, challenger: TurnRecord,
+              measure: Measure | None = None) -> BestDecision:
     """Whether a correct `challenger` replaces the correct `incumbent` as the best kernel: with
     both intervals, only if it beats it beyond the noise (its low end above the incumbent's high
     end); overlapping intervals go to `settle_close_call`. Without both, the lower median runtime
@@ -72,7 +78,7 @@ def challenge(incumbent: TurnRecord, challenger: TurnRecord) -> BestDecision:
             return BestDecision(outcome="replaced", detail="replaced: faster beyond the noise", **facts)
         if b.high < a.low:
             return BestDecision(outcome="kept", detail="kept: slower beyond the noise", **facts)
-        return settle_close_call(incumbent, challenger)
+        return settle_close_call(incumbent, challenger, measure)
     ra, rb = facts["incumbent_runtime_ms"], facts["challenger_runtime_ms"]
     faster = rb is not None and (ra is None or rb < ra)
     return BestDecision(outcome="replaced" if faster else "kept", rule="point",
@@ -80,20 +86,31 @@ def challenge(incumbent: TurnRecord, challenger: TurnRecord) -> BestDecision:
                                "runtime; a side has no speedup interval)", **facts)
 
 
-def settle_close_call(incumbent: TurnRecord, challenger: TurnRecord) -> BestDecision:
-    """Decide between two kernels whose speedup intervals overlap: today the incumbent stays
-    ("kept: too close to call"), since the evaluator offers no head-to-head measurement yet.
-
-    This is the one place a head-to-head paired re-measurement of the two kernels goes (both
-    timed in the same device-lock hold, round by round): its verdict and the rounds it ran
-    belong in the returned record, and its seconds in the run's eval seconds."""
+def settle_close_call(incumbent: TurnRecord, challenger: TurnRecord,
+                      measure: Measure | None = None) -> BestDecision:
+    """Decide between two kernels whose speedup intervals overlap: with `measure` (an evaluator
+    that times two candidates in the same paired rounds), the head-to-head decides, beyond its
+    own noise; without one, or when it is void or still too close, the incumbent stays ("kept:
+    too close to call"). The head-to-head and its seconds are kept on the decision; the loop
+    charges the seconds to the run's eval seconds."""
     a, b = speedup_interval(incumbent.eval), speedup_interval(challenger.eval)
-    return BestDecision(outcome="kept_too_close", rule="interval", baseline=INTERVAL_BASELINE,
-                        incumbent=_ref(incumbent), challenger=_ref(challenger),
-                        incumbent_interval=a, challenger_interval=b,
-                        incumbent_runtime_ms=_runtime(incumbent),
-                        challenger_runtime_ms=_runtime(challenger),
-                        detail="kept: too close to call")
+    facts = dict(rule="interval", baseline=INTERVAL_BASELINE, incumbent=_ref(incumbent),
+                 challenger=_ref(challenger), incumbent_interval=a, challenger_interval=b,
+                 incumbent_runtime_ms=_runtime(incumbent),
+                 challenger_runtime_ms=_runtime(challenger))
+    if measure is None:
+        return BestDecision(outcome="kept_too_close", detail="kept: too close to call", **facts)
+    h2h, seconds = measure(incumbent, challenger)
+    facts |= dict(head_to_head=h2h, head_to_head_s=round(seconds, 3))
+    if h2h is not None and h2h.low is not None and h2h.low > 1.0:
+        return BestDecision(outcome="replaced", detail=f"replaced: faster head to head "
+                            f"({h2h.ratio:.3f}x, interval {h2h.low:.3f}-{h2h.high:.3f})", **facts)
+    if h2h is not None and h2h.high is not None and h2h.high < 1.0:
+        return BestDecision(outcome="kept", detail=f"kept: slower head to head "
+                            f"({h2h.ratio:.3f}x, interval {h2h.low:.3f}-{h2h.high:.3f})", **facts)
+    why = "void" if h2h is None or h2h.ratio is None else "too close"
+    return BestDecision(outcome="kept_too_close",
+                        detail=f"kept: too close to call (head to head {why})", **facts)
 
 
 def replaces(incumbent: TurnRecord, challenger: TurnRecord) -> bool:
@@ -105,12 +122,13 @@ def replaces(incumbent: TurnRecord, challenger: TurnRecord) -> bool:
     return challenge(incumbent, challenger).outcome == "replaced"
 
 
-def decide(incumbent: TurnRecord | None, challenger: TurnRecord) -> BestDecision | None:
+def decide(incumbent: TurnRecord | None, challenger: TurnRecord,
+           measure: Measure | None = None) -> BestDecision | None:
     """The decision to record on `challenger`'s turn; None where there is nothing to compare
     (it is no correct kernel, or there is no incumbent yet)."""
     if incumbent is None or not _eligible(challenger):
         return None
-    return challenge(incumbent, challenger)
+    return challenge(incumbent, challenger, measure)
 
 
 def best_turn(turns: Iterable[TurnRecord]) -> TurnRecord | None:

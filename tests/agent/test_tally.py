@@ -116,3 +116,44 @@ def test_tree_values_use_the_low_end_of_the_interval_and_the_drawing_shows_it():
     assert "1:1 correct 2x [1.2, 2.8] (value 0.77)" in lines[1]
     # Overlapping intervals: the first stays the best.
     assert lines[1].endswith("<- best") and not lines[2].endswith("<- best")
+
+
+class HeadToHeadEvaluator(FakeEvaluator):
+    """A fake evaluator that also offers a head-to-head; `ratio` and `interval` are what it
+    measures (the incumbent's time over the challenger's)."""
+
+    def __init__(self, ratio: float, interval: tuple[float, float]):
+        super().__init__()
+        self.ratio, self.interval, self.compared = ratio, interval, []
+
+    def head_to_head(self, problem, challenger, incumbent):
+        from evaluator.result import HeadToHead
+
+        self.compared.append((challenger, incumbent))
+        result = self.evaluate(problem, challenger)
+        return result.model_copy(update={"head_to_head": HeadToHead(
+            ratio=self.ratio, low=self.interval[0], high=self.interval[1], rounds=10,
+            incumbent_sha256="h")})
+
+
+def test_a_close_call_is_settled_head_to_head_and_its_seconds_are_charged(tmp_path):
+    bodies = [kernel(runtime_ms=1.0, ci=(1.9, 2.1)), kernel(runtime_ms=0.9090909, ci=(2.05, 2.35))]
+    wins = HeadToHeadEvaluator(ratio=1.08, interval=(1.05, 1.11))
+    runner, _ = make_runner(tmp_path / "a", [reply(b) for b in bodies], evaluator=wins,
+                            strategy={"turns": 2})
+    runner.run(load_problems(runner.cfg))
+    turns = runner.store.turns()
+    d = turns[1].best_decision
+    assert d.outcome == "replaced" and d.head_to_head.ratio == 1.08 and "head to head" in d.detail
+    assert wins.compared == [(turns[1].code, turns[0].code)]  # challenger first, then incumbent
+    assert d.head_to_head_s is not None and turns[1].spend.eval_s >= d.head_to_head_s
+    assert best_turn(turns) is turns[1]
+    # The same close call where the head-to-head is itself too close keeps the incumbent.
+    tie = HeadToHeadEvaluator(ratio=1.01, interval=(0.98, 1.04))
+    runner, _ = make_runner(tmp_path / "b", [reply(b) for b in bodies], evaluator=tie,
+                            strategy={"turns": 2})
+    runner.run(load_problems(runner.cfg))
+    turns = runner.store.turns()
+    assert turns[1].best_decision.outcome == "kept_too_close"
+    assert turns[1].best_decision.detail == "kept: too close to call (head to head too close)"
+    assert best_turn(turns) is turns[0]
