@@ -38,6 +38,16 @@ SHARED_FIXTURES = {
 }
 
 
+def pytest_runtest_setup(item):
+    """Under --dist loadgroup, xdist marks a grouped test's group in its node id, which is how its
+    scheduler learns of it; a pytest that ignores that mark (9.2.0 with xdist 3.8) spreads the
+    groups silently and sets up each shared fixture in every worker: fail such tests instead."""
+    if getattr(item.config.option, "loadgroup", False) and \
+            item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+        pytest.fail("pytest-xdist lost this test's xdist_group under this pytest "
+                    f"{pytest.__version__}: install one that the dev extra allows", pytrace=False)
+
+
 def _xdist_group(item) -> str | None:
     info = getattr(item, "_fixtureinfo", None)
     for name in sorted(SHARED_FIXTURES & set(getattr(item, "fixturenames", ()))):
