@@ -154,6 +154,33 @@ def test_a_holder_that_dies_gives_the_lock_back(tmp_path, shared):
     _acquires_in_another_process("cuda:0", lock_dir)
 
 
+def test_threads_of_one_process_follow_the_same_rules():
+    spans: dict[str, tuple[float, float]] = {}
+    release = threading.Event()
+
+    def hold(name: str, shared: bool, seconds: float) -> None:
+        with device_lock("cuda:7", None, shared=shared):
+            start = time.time()
+            if name == "s1":
+                release.wait(30)
+            time.sleep(seconds)
+        spans[name] = (start, time.time())
+
+    threads = []
+    for args in [("s1", True, 0.0), ("s2", True, 0.3), ("x", False, 0.2), ("s3", True, 0.1)]:
+        t = threading.Thread(target=hold, args=args)
+        t.start()
+        threads.append(t)
+        time.sleep(0.3)  # each asks after the one before is holding or blocked
+    release.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert _overlap(spans["s1"], spans["s2"]), spans
+    for s in ("s1", "s2", "s3"):
+        assert not _overlap(spans["x"], spans[s]), spans
+    assert spans["x"][1] <= spans["s3"][0] + 0.01, spans
+
+
 def test_cpu_is_never_locked(tmp_path):
     # The same device name on a GPU is locked (the contrast that makes the check below mean
     # something), "cpu" never is: not within one process, not across processes.
