@@ -19,8 +19,12 @@ DEVICE ?= auto
 record-examples: $(PY)
 	$(PY) -m agent.demo.examples record --device $(DEVICE)
 
+# Tests run on TEST_WORKERS processes (pytest-xdist; CI has 2 cores). A test is sent to any free
+# worker, except those marked xdist_group, which share an expensive fixture and stay together.
+# --durations lists the slowest tests, so the log shows where the time goes.
+TEST_WORKERS ?= 2
 test: $(PY)
-	$(PY) -m pytest -m "not gpu" -q
+	$(PY) -m pytest -m "not gpu" -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # On a GPU machine with kloop installed: runs only the tests that need CUDA.
 test-gpu:

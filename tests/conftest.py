@@ -1,6 +1,6 @@
-"""Shared pytest setup: the `gpu` marker needs a CUDA device; `api` tests need --run-api.
-Fixtures more than one suite uses: `drop_box`, and `pch_store` (a real precompiled-header store,
-built once per session)."""
+"""Shared pytest setup: the `gpu` marker needs a CUDA device; `api` tests need --run-api; tests
+that share an expensive fixture stay in one pytest-xdist worker. Fixtures more than one suite
+uses: `drop_box`, and `pch_store` (a real precompiled-header store, built once per session)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,49 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+# Module- and session-scoped fixtures that cost a minute or more of CPU (evaluations, builds, a Ray
+# cluster). pytest-xdist (`make test`: --dist loadgroup) sends every other test to any free
+# worker, where such a fixture would be set up once per worker that runs one of its tests: the
+# tests that take one are put in one xdist_group instead, so it is set up once per run.
+# What the workers share and do not split: the host's temp dir, so sandbox uid leases and work
+# dirs stay exclusive across them as across any two kloop processes on a host.
+SHARED_FIXTURES = {
+    "_pch_store_built",  # session: builds the PCH of torch's headers (pch_store)
+    "honest",  # test_honest_candidates: every honest candidate evaluated
+    "results",  # test_anticheat, test_broken_candidates: every case evaluated
+    "runs",  # test_compile_triton: evaluations of Triton candidates
+    "facts",  # test_lean_build: what torch's headers include
+    "check_cache",  # test_compile_nvcc: a check cache the second check must hit
+    "cluster",  # test_ray_executor: a three-node Ray cluster
+}
+
+
+def pytest_runtest_setup(item):
+    """Under --dist loadgroup, xdist marks a grouped test's group in its node id, which is how its
+    scheduler learns of it; a pytest that ignores that mark (9.2.0 with xdist 3.8) spreads the
+    groups silently and sets up each shared fixture in every worker: fail such tests instead."""
+    if getattr(item.config.option, "loadgroup", False) and \
+            item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+        pytest.fail("pytest-xdist lost this test's xdist_group under this pytest "
+                    f"{pytest.__version__}: install one that the dev extra allows", pytrace=False)
+
+
+def _xdist_group(item) -> str | None:
+    info = getattr(item, "_fixtureinfo", None)
+    for name in sorted(SHARED_FIXTURES & set(getattr(item, "fixturenames", ()))):
+        defs = info.name2fixturedefs.get(name) if info is not None else None
+        if defs and defs[-1].scope == "session":
+            return name
+        return f"{item.module.__name__}.{name}"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = _xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     has_cuda = _has_cuda()
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device (run `make test-gpu` on a GPU machine)")
     skip_api = pytest.mark.skip(reason="calls a real LLM API; pass --run-api")

@@ -38,13 +38,43 @@ def render_feedback(rec: TurnRecord, agent: AgentConfig | None = None) -> str:
     return PromptSet().render(feedback_template(rec.eval), **feedback_vars(state, rec.eval, rec.fault, agent))
 
 
+# For each outcome, the verdict in the first line and what the model needs from that result
+# record (the fake evaluator's records, see agent_fakes) to act on it.
+SHOWN = {
+    "compile_error": ("compile error", ["did not compile (triton, sm_90)",
+                                        "candidate.py:2:5: error: invalid syntax (x2)",
+                                        "Fix the errors."]),
+    "runtime_error": ("runtime error", ["failed while running forward",
+                                        "RuntimeError: index out of range in kernel",
+                                        'File "candidate.py", line 7, in forward']),
+    "timeout": ("timeout", ["ran past the time limit at stage `correctness`",
+                            "Timeout: correctness stage ran past 300 s"]),
+    "incorrect": ("wrong result", ["does not match the reference in 5 of 5 checks",
+                                   "max abs error 0.5, max rel error 2, 12.5% of elements",
+                                   "worst elements: [3, 7] expected 0.25 got 0.75",
+                                   "Other failing checks:", "Find the bug."]),
+    "rejected": ("rejected", ["refused by the evaluator's rules (policy `strict`)",
+                              "rule `output_cache` (line 3): caches outputs across calls"]),
+    "not_run": ("compiled, not run", ["passed the compile check (sm_90 (compile check only))",
+                                      "could not be run on this machine (cuda:0)"]),
+    "correct": ("correct", ["matches the reference in all 5 checks",
+                            "Median runtime 1 ms over 10 runs; PyTorch eager 2 ms (speedup 2.00x).",
+                            "Make it faster while keeping it correct."]),
+}
+
+
 @pytest.mark.parametrize("status", sorted(MARKERS))
-def test_feedback_renders_for_every_outcome(status):
-    result = FakeEvaluator().evaluate(PROBLEM, kernel(MARKERS[status]))
-    assert result.status == status
-    text = render_feedback(turn_with(result))
-    assert text.startswith("Turn 1 of 4: ")
+def test_feedback_renders_what_each_outcome_needs(status):
+    verdict, details = SHOWN[status]
+    text = render_feedback(turn_with(FakeEvaluator().evaluate(PROBLEM, kernel(MARKERS[status]))))
+    assert text.startswith(f"Turn 1 of 4: {verdict}.\n"), text
+    for detail in details:
+        assert detail in text, (detail, text)
     assert "3 turns left" in text
+    # No other outcome's verdict line or details leak into this one's feedback.
+    for other, (_, other_details) in SHOWN.items():
+        if other != status:
+            assert not any(d in text for d in other_details if d not in details), (other, text)
 
 
 def test_feedback_uses_every_optional_field():

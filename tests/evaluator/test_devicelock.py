@@ -93,6 +93,41 @@ def test_a_waiting_exclusive_holder_lets_no_new_shared_holder_in(tmp_path):
     assert spans["x"][1] <= spans["s2"][0] + 0.01, spans
 
 
+_ACQUIRE = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from evaluator.devicelock import device_lock
+    device, lock_dir = sys.argv[1:3]
+    with device_lock(device, Path(lock_dir) if lock_dir != "-" else None):
+        pass
+""")
+
+
+def _acquires_in_another_process(device: str, lock_dir: Path, within_s: float = 20) -> None:
+    """Fails with a message, not a hang, when another process cannot get `device` exclusively
+    within `within_s` (a process start and one flock: well under a second on a quiet machine)."""
+    p = subprocess.Popen([sys.executable, "-c", _ACQUIRE, device, str(lock_dir)])
+    try:
+        assert p.wait(timeout=within_s) == 0
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        pytest.fail(f"{device} in {lock_dir} stayed locked for {within_s:g} s")
+
+
+def _acquires_in_another_thread(device: str, within_s: float = 10) -> bool:
+    """Whether a thread of this process gets `device` (no lock dir) within `within_s`; one that
+    does not stays blocked until the caller lets go."""
+    got = threading.Event()
+
+    def take() -> None:
+        with device_lock(device, None):
+            got.set()
+
+    threading.Thread(target=take, daemon=True).start()
+    return got.wait(within_s)
+
+
 @pytest.mark.parametrize("shared", [True, False])
 def test_a_holder_that_dies_gives_the_lock_back(tmp_path, shared):
     lock_dir = tmp_path / "locks"
@@ -102,12 +137,21 @@ def test_a_holder_that_dies_gives_the_lock_back(tmp_path, shared):
     while not (tmp_path / "dead.in").exists():
         assert time.time() < deadline and p.poll() is None
         time.sleep(0.05)
+    # While it lives, nobody else gets the device exclusively (else the check below shows
+    # nothing)...
+    blocked = subprocess.Popen([sys.executable, "-c", _ACQUIRE, "cuda:0", str(lock_dir)])
+    with pytest.raises(subprocess.TimeoutExpired):
+        blocked.wait(timeout=3)
+    # ...and once it is killed, the one that waited gets it, and so does a newcomer.
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
-    t0 = time.time()
-    with device_lock("cuda:0", lock_dir):
-        pass
-    assert time.time() - t0 < 5
+    try:
+        assert blocked.wait(timeout=20) == 0, "the waiting holder failed"
+    except subprocess.TimeoutExpired:
+        blocked.kill()
+        blocked.wait()
+        pytest.fail("the lock of a killed holder was not given back within 20 s")
+    _acquires_in_another_process("cuda:0", lock_dir)
 
 
 def test_threads_of_one_process_follow_the_same_rules():
@@ -137,6 +181,12 @@ def test_threads_of_one_process_follow_the_same_rules():
     assert spans["x"][1] <= spans["s3"][0] + 0.01, spans
 
 
-def test_cpu_is_never_locked():
-    with device_lock("cpu", None), device_lock("cpu", None):
-        pass
+def test_cpu_is_never_locked(tmp_path):
+    # The same device name on a GPU is locked (the contrast that makes the check below mean
+    # something), "cpu" never is: not within one process, not across processes.
+    with device_lock("cuda:5", None):
+        assert not _acquires_in_another_thread("cuda:5", within_s=0.5)
+    with device_lock("cpu", None):
+        assert _acquires_in_another_thread("cpu"), "a second holder of cpu had to wait"
+    with device_lock("cpu", tmp_path / "locks"):
+        _acquires_in_another_process("cpu", tmp_path / "locks")

@@ -182,10 +182,36 @@ def test_rule_fires_on_bad_snippet(rule, snippet):
     assert RULES[rule].rationale in v.message
 
 
-def test_every_rule_has_a_bad_snippet_and_a_rationale():
+def test_every_rule_has_a_bad_snippet_and_its_reason_reaches_the_model():
+    """A model whose kernel is rejected reads why in its feedback: the rule's own rationale (each
+    rule has one of its own), opening and close, beside the rule's name and line."""
+    from agent.config import AgentConfig
+    from agent.episode import EpisodeSpec, EpisodeState, feedback_template, feedback_vars
+    from agent.prompts import PromptSet
+    from evaluator.result import EvalResult
+    from problems.registry import get_problem
+
     assert set(BAD) == set(RULES)
-    for r in RULES.values():
-        assert len(r.rationale) > 40 and r.rationale.endswith(".")
+    reasons = [r.rationale for r in rules.RULES.values()]
+    assert len(set(reasons)) == len(reasons), "two rules give the same reason"
+    problem = get_problem("L3/1")
+    for name, snippets in BAD.items():
+        v = next(v for v in static_violations(snippets[0]) if v.rule == name)
+        result = EvalResult(
+            status="rejected", stage_reached="static", violations=[v], evaluator_version="t",
+            problem_id=problem.id, problem_sha256=problem.sha256, candidate_sha256="c",
+            policy="strict", device="cpu", backend="triton", started_at="t")
+        state = EpisodeState(EpisodeSpec(problem=problem, key="k", episode=0, sample=0,
+                                         max_turns=2))
+        text = PromptSet().render(feedback_template(result),
+                                  **feedback_vars(state, result, None, AgentConfig()))
+        kind = "rule" if v.severity == "reject" else "note"
+        line = next((ln for ln in text.splitlines() if ln.startswith(f"- {kind} `{name}` (line ")),
+                    None)
+        assert line is not None, (name, text)
+        shown = text[text.index(line):]
+        reason = RULES[name].rationale
+        assert reason[:80] in shown and reason[-80:] in shown, (name, text)
 
 
 # Honest candidates written for the evaluator-core tests (checked when present).
