@@ -35,6 +35,7 @@ SHARED_FIXTURES = {
     "facts",  # test_lean_build: what torch's headers include
     "check_cache",  # test_compile_nvcc: a check cache the second check must hit
     "cluster",  # test_ray_executor: a three-node Ray cluster
+    "paired_run",  # test_paired: two workers timed in paired rounds
 }
 
 
