@@ -31,7 +31,7 @@ import sysconfig
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -557,17 +557,24 @@ def foreground(pid: int) -> str | None:
     """SCHED_OTHER again for every thread of `pid`, a child `_background` put at SCHED_IDLE
     (the harness holds the device lock for it now). Leaving SCHED_IDLE needs CAP_SYS_NICE
     here, as the child cannot do it itself: None when done, else why not."""
+    return each_thread(pid, lambda tid: os.sched_setscheduler(tid, os.SCHED_OTHER,
+                                                              os.sched_param(0)))
+
+
+def each_thread(pid: int, apply: Callable[[int], object]) -> str | None:
+    """`apply(tid)` for every thread of `pid` (one that ended meanwhile is skipped); None when
+    done, else why not."""
     try:
         tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
     except OSError as e:
         return f"its threads cannot be listed: {e}"
     for tid in tids:
         try:
-            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+            apply(tid)
         except ProcessLookupError:  # a thread that ended meanwhile
             continue
         except OSError as e:
-            return f"SCHED_OTHER for thread {tid}: {e}"
+            return f"thread {tid}: {e}"
     return None
 
 

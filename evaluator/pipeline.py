@@ -44,7 +44,10 @@ def evaluate(problem: Problem | str, candidate_source: str,
     Candidate faults (compile errors, crashes, hangs, wrong outputs) come back as the result's
     status. Faults of the evaluator or the reference itself raise (`ReferenceFailure`, ...).
     """
-    run = start(problem, candidate_source, config or EvalConfig())
+    return _run_all(start(problem, candidate_source, config or EvalConfig()))
+
+
+def _run_all(run: EvalRun) -> EvalResult:
     try:
         run_stages(run, STAGES)
     except BaseException:
@@ -60,12 +63,7 @@ def head_to_head(problem: Problem | str, challenger: str, incumbent: str,
     with an interval. Charge its wall time (`stage_seconds`) as any evaluation's."""
     run = start(problem, challenger, config or EvalConfig())
     run.incumbent = incumbent
-    try:
-        run_stages(run, STAGES)
-    except BaseException:
-        run.cleanup()
-        raise
-    return finish(run)
+    return _run_all(run)
 
 
 def start(problem: Problem | str, candidate_source: str, config: EvalConfig) -> EvalRun:

@@ -55,18 +55,9 @@ def place(pid: int, cores: frozenset[int] | None) -> str | None:
     None when done (or nothing to do), else why not."""
     if not cores:
         return None
-    try:
-        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError as e:
-        return f"its threads cannot be listed: {e}"
-    for tid in tids:
-        try:
-            os.sched_setaffinity(tid, cores)
-        except ProcessLookupError:
-            continue
-        except OSError as e:
-            return f"thread {tid}: {e}"
-    return None
+    from evaluator.isolation import each_thread
+
+    return each_thread(pid, lambda tid: os.sched_setaffinity(tid, cores))
 
 
 @contextlib.contextmanager
