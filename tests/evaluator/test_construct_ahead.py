@@ -14,6 +14,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -73,14 +74,19 @@ def test_a_child_not_kept_from_the_device_builds_under_the_lock_and_says_so(tmp_
 
     from evaluator.fair_baseline import honest_source
     from evaluator.pipeline import evaluate
+    from evaluator.sandbox import KLOOP_ROOT
     from problems.registry import get_problem
 
-    uncoverable = tmp_path / "a-dir"
-    uncoverable.mkdir()
+    # Beside kloop's own files, which every child sees: under /tmp (tmp_path) the host view
+    # hides the whole directory, and a path the child cannot see at all it is kept from.
+    uncoverable = Path(tempfile.mkdtemp(prefix=".uncoverable-", dir=KLOOP_ROOT))
     source = honest_source(get_problem("L3/1").path.read_text())
     config = cpu_config(tmp_path / "cache", construct_at="before_lock",
                         hidden_from_builds=[str(uncoverable)])
-    r = evaluate("L3/1", source, config)
+    try:
+        r = evaluate("L3/1", source, config)
+    finally:
+        uncoverable.rmdir()
     assert r.status == "correct", r.error
     assert [f for f in r.flags if f.startswith("construct_before_lock_unavailable")] == [
         "construct_before_lock_unavailable: the child was not kept from the device, so it "
