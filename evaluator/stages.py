@@ -14,6 +14,7 @@ import logging
 import re
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -61,9 +62,15 @@ from evaluator.state import EvalRun, cuda_arch_list
 
 log = logging.getLogger(__name__)
 
+_AST_LOCK = threading.Lock()
+"""One static stage at a time in this process: CPython 3.11's `ast` constructors keep a
+recursion depth that is not safe across threads (`SystemError: AST constructor recursion depth
+mismatch`, seen in a batch of CPU evaluations on 2026-12-05); the stage takes milliseconds."""
+
+
 def static_stage(run: EvalRun) -> None:
     """Parse (never execute) the source, detect its backend, run the static rules."""
-    with run.timed("static"):
+    with run.timed("static"), _AST_LOCK:
         _static(run)
 
 
