@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Any
 from evaluator import procwatch
 from evaluator.checks import violate
 from evaluator.harness.clock import CallResult, ChannelBroken
-from evaluator.harness.paired import PairedServed, Side, per_call, run_paired, speedup_interval
+from evaluator.harness.paired import (
+    PairedServed,
+    Side,
+    own_handshake,
+    per_call,
+    run_paired,
+    speedup_interval,
+)
 from evaluator.harness.precision import precision_on_call
 from evaluator.harness.served import CallPlan, run_plan, timing_stats
 from evaluator.outcome import (
@@ -113,6 +120,7 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
                 inc.calls.spin = not run.on_cpu
                 inc.send(Control(next="serve", data=layout.model_dump_json()))
                 sides.insert(1, Side("incumbent", inc.calls))
+                sides.append(Side("incumbent_null", inc.calls, null=True))
             paired = run_paired(
                 sides, seeds, warmup_calls=t.warmup_calls,
                 warmup_ms=t.warmup_ms, prep=t.l2_flush, flush_device=t.l2_flusher, gpu=t.gpu,
@@ -162,10 +170,10 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
 
 def _sides(run: EvalRun, child: Any, parked: Any) -> list[Side]:
     """The candidate, each baseline the reference worker served without failing (or has from
-    the cache), and the reference worker's null calls."""
+    the cache), and both processes' null calls."""
     ref = run.reference
     assert ref is not None
-    sides = [Side("candidate", child.calls)]
+    sides = [Side("candidate", child.calls), Side("candidate_null", child.calls, null=True)]
     for name in ref.paired_roles:
         sides.append(Side(name, parked.calls, role=ROLES[name]))
     sides.append(Side("null", parked.calls, null=True))
@@ -173,8 +181,9 @@ def _sides(run: EvalRun, child: Any, parked: Any) -> list[Side]:
 
 
 def _record_paired(run: EvalRun, paired: PairedServed, n_seeds: int) -> None:
-    """The numbers of record from the rounds: every side net of the reference worker's fastest
-    null call of these rounds, each speedup with its interval over the rounds."""
+    """The numbers of record from the rounds, each speedup with its interval over the rounds.
+    A baseline's calls are net of the reference worker's fastest null call of these rounds, a
+    candidate's of the fastest of those and its own process's (`own_handshake`)."""
     from evaluator.state import speedup_clock  # the clock rule lives with the speedups
 
     ref = run.reference
@@ -185,21 +194,22 @@ def _record_paired(run: EvalRun, paired: PairedServed, n_seeds: int) -> None:
         return
     hs = nulls.handshake_ms() if nulls is not None else ref.handshake_ms
     null_ms = nulls.null_median_ms() if nulls is not None else ref.null_call_ms
+    hs_cand = own_handshake(hs, paired.sides.get("candidate_null"))
     on_cuda = not run.on_cpu
 
-    def stats(name: str) -> TimingStats | None:
+    def stats(name: str, handshake: float | None) -> TimingStats | None:
         served = paired.sides.get(name)
         if served is None or not served.wall_ms:
             return None
-        return timing_stats(served, hs, on_cuda=on_cuda, null_call_ms=null_ms,
+        return timing_stats(served, handshake, on_cuda=on_cuda, null_call_ms=null_ms,
                             calibrated_overhead_ms=ref.calibrated_overhead_ms,
                             event_bound=ref.event_bound_ms)
 
-    timing = stats("candidate")
+    timing = stats("candidate", hs_cand)
     run.record(Measured(what="timing", stats=timing))
     measured: dict[str, TimingStats] = {}
     for name in ref.paired_roles:
-        st = stats(name)
+        st = stats(name, hs)
         if st is None:
             why = paired.dropped.get(name, "not timed")
             run.record(Flagged(flag=f"paired_baseline_dropped: {name}: {why}"))
@@ -208,7 +218,7 @@ def _record_paired(run: EvalRun, paired: PairedServed, n_seeds: int) -> None:
         run.record(Measured(what=_FIELDS[name], stats=measured[name]))  # type: ignore[arg-type]
     clock = speedup_clock(run.policy, timing, measured.get("eager")) or "harness"
     stat = run.policy.speedup_stat
-    c = per_call(cand, hs, clock, ref.event_bound_ms)
+    c = per_call(cand, hs_cand, clock, ref.event_bound_ms)
     intervals = {}
     for name in measured:
         b = paired.sides[name]
@@ -249,7 +259,8 @@ def _head_to_head(run: EvalRun, paired: PairedServed, c: Any, hs: float | None, 
     if inc is None or len(inc.wall_ms) != len(paired.sides["candidate"].wall_ms):
         why = paired.dropped.get("incumbent", "it did not serve (see the flags)")
         return HeadToHead(ratio=None, incumbent_sha256=sha, note=f"void: {why}")
-    i = per_call(inc, hs, clock, ref.event_bound_ms)
+    i = per_call(inc, own_handshake(hs, paired.sides.get("incumbent_null")), clock,
+                 ref.event_bound_ms)
     f = np.median if stat == "median" else np.mean
     ratio = float(f(i) / f(c)) if f(c) > 0 else None
     ci = speedup_interval(c, paired.rounds["candidate"], i, paired.rounds["incumbent"], stat)

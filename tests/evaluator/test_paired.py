@@ -15,7 +15,15 @@ import pytest
 import torch
 
 from evaluator.harness.clock import CallChannel
-from evaluator.harness.paired import Side, per_call, run_paired, speedup_interval, split_rounds
+from evaluator.harness.paired import (
+    NULLS_PER_ROUND,
+    Side,
+    own_handshake,
+    per_call,
+    run_paired,
+    speedup_interval,
+    split_rounds,
+)
 from evaluator.worker.serve import OK, ServeLayout
 
 LAYOUT = ServeLayout.of([([16], "torch.float32")])
@@ -95,7 +103,7 @@ def _run(fail_after: int = 0, rounds: int = 6, n: int = 12):
         return r.status == OK and torch.allclose(r.output.whole(0), _expected(seeds[i]))
 
     sides = [Side("candidate", cand), Side("eager", ref, role=0), Side("compile", ref, role=1),
-             Side("null", ref, null=True)]
+             Side("null", ref, null=True), Side("candidate_null", cand, null=True)]
     try:
         out = run_paired(sides, seeds, warmup_calls=1, warmup_ms=0.0, prep=True,
                          flush_device=None, gpu=None, budget_s=120.0, on_output=on_output,
@@ -142,11 +150,18 @@ def test_the_order_of_sides_is_drawn_again_each_round(paired_run):
     assert len(set(firsts)) > 1, firsts
 
 
-def test_no_null_call_goes_to_the_candidate_and_the_handshake_is_the_references(paired_run):
-    out, log, _, _ = paired_run
-    assert not [e for e in log if e[0].startswith("cand") and e[2]]
-    nulls = out.sides["null"]
-    assert len(nulls.null_ms) == 12 and out.sides["null"].handshake_ms() == min(nulls.null_ms)
+def test_each_process_serves_its_null_calls_each_round_and_the_candidates_floor_is_the_lower(
+        paired_run):
+    out, log, _, seeds = paired_run
+    for side, who in (("null", "ref"), ("candidate_null", "cand")):
+        nulls = out.sides[side]
+        assert len(nulls.null_ms) == out.n_rounds * NULLS_PER_ROUND
+        assert sorted(set(out.rounds[side])) == list(range(out.n_rounds))
+        assert len([e for e in log if e[0].startswith(who) and e[2]]) == len(nulls.null_ms)
+    ref_hs = out.sides["null"].handshake_ms()
+    own = out.sides["candidate_null"].handshake_ms()
+    assert own_handshake(ref_hs, out.sides["candidate_null"]) == min(ref_hs, own)
+    assert own_handshake(ref_hs, None) == ref_hs
 
 
 def test_speedups_come_out_near_the_work_ratio_with_intervals_that_hold_them(paired_run):

@@ -51,7 +51,12 @@ def test_a_thread_joined_inside_every_call_is_seen_from_outside(helper):
     proc.communicate("exit\n", timeout=60)
     assert seen.samples > 10
     # Once every call has returned the helper is gone; sampled during the calls, it is not.
-    assert seen.max_threads == (2 if helper else 1), seen
+    # A joined thread's task can linger in /proc for a moment after `join` returns, beside the
+    # next call's new one: three at most.
+    if helper:
+        assert 2 <= seen.max_threads <= 3, seen
+    else:
+        assert seen.max_threads == 1, seen
     assert seen.cpu_s is not None and seen.cpu_s >= 0.3, seen  # 300 calls of 2 ms busy work
 
 

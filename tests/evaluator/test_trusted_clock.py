@@ -231,14 +231,18 @@ def test_a_worker_that_finishes_its_output_after_answering_never_passes():
 
 def test_a_handshake_measured_under_load_never_takes_a_call_below_its_work(tmp_path,
                                                                            monkeypatch):
-    """The reference's null calls ran while the host was busy (modelled: its handshake reads
-    15 ms): taking that off a candidate's 20 ms calls would record 5 ms of work that took 20.
-    The candidate's own session's null calls bound the handshake, so the record stays at 20
-    less the serving path's jitter: the fastest of three null calls is a lower bound of a call's
-    cost only to within that jitter (a CI host read 19.994 ms; unbounded it would read ~5)."""
+    """The reference's null calls ran while the host was busy (modelled: each reads 15 ms more,
+    in its own stage and in the paired rounds): taking that off a candidate's 20 ms calls would
+    record 5 ms of work that took 20. The candidate process's own null calls of the same rounds
+    bound what comes off its calls, so the record stays at 20 less the serving path's jitter:
+    the fastest null call is a lower bound of a call's cost only to within that jitter (a CI
+    host read 19.994 ms; unbounded it would read ~5)."""
+    import dataclasses
+
     from eval_helpers import candidate, cpu_config
 
     from evaluator import stages
+    from evaluator.harness import timed
     from evaluator.pipeline import evaluate
 
     real = stages.collect_reference
@@ -248,11 +252,32 @@ def test_a_handshake_measured_under_load_never_takes_a_call_below_its_work(tmp_p
         out.handshake_ms = 15.0
         return out
 
+    class BusyNulls:
+        """The reference worker's channel, its null calls read 15 ms slower."""
+
+        def __init__(self, channel):
+            self._channel = channel
+
+        def __getattr__(self, name):
+            return getattr(self._channel, name)
+
+        def call(self, seed, deadline, null=False, role=0):
+            r = self._channel.call(seed, deadline, null=null, role=role)
+            return dataclasses.replace(r, wall_ms=r.wall_ms + 15.0) if null else r
+
+    real_sides = timed._sides
+
+    def busy_rounds(run, child, parked):
+        return [dataclasses.replace(s, channel=BusyNulls(s.channel)) if s.name == "null" else s
+                for s in real_sides(run, child, parked)]
+
     monkeypatch.setattr(stages, "collect_reference", busy_host)
+    monkeypatch.setattr(timed, "_sides", busy_rounds)
     source = "import time\n" + candidate("mlp_torch.py").replace(
         "    def forward(self, x):", "    def forward(self, x):\n        time.sleep(0.02)", 1)
     r = evaluate("L3/1", source, cpu_config(tmp_path / "cache", cpu_timing_trials=3))
     assert r.status == "correct", (r.error, r.violations)
+    assert r.paired is not None and r.paired.handshake_ms >= 15.0  # the busy reference's floor
     t = r.timing
     assert t is not None and t.handshake_ms is not None and t.handshake_ms < 15.0
     assert t.min_ms >= 20.0 - HANDSHAKE_JITTER_MS, t
