@@ -12,8 +12,8 @@ import time
 
 from pydantic import BaseModel, ConfigDict
 
-from agent.config import Limits
-from agent.models.base import ModelReply
+from kloop.agent.config import Limits
+from kloop.agent.models.base import ModelReply
 
 
 class Spend(BaseModel):

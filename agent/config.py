@@ -17,9 +17,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agent.models.base import ModelConfig
-from evaluator.config import EvalConfig
+from kloop.agent.models.base import ModelConfig
 from kloop.errors import KloopError
+from kloop.evaluator.config import EvalConfig
 
 ContextPolicy = Literal["full", "last_k", "last", "digest", "summary"]
 StrategyKind = Literal["sequential", "best_of_n", "grid", "beam", "tree", "agent"]
@@ -70,7 +70,7 @@ class AgentConfig(_Config):
     def _a_folder(cls, v: Path | None) -> Path | None:
         # Checked when the config is resolved, so a wrong folder fails before a run dir exists.
         if v is not None:
-            from agent.prompts import check_prompts_dir
+            from kloop.agent.prompts import check_prompts_dir
 
             check_prompts_dir(v)
         return v

@@ -32,11 +32,11 @@ from pydantic import (
     model_serializer,
 )
 
-from agent.models.base import Message, ToolCall
-from agent.records import TurnRecord
-from agent.store import RunStore
-from evaluator.result import EvalResult
+from kloop.agent.models.base import Message, ToolCall
+from kloop.agent.records import TurnRecord
+from kloop.agent.store import RunStore
 from kloop.errors import KloopError
+from kloop.evaluator.result import EvalResult
 
 EXPORT_SCHEMA_VERSION = 1
 _KEY_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")

@@ -13,12 +13,12 @@ from typing import Any
 
 import jinja2
 
-import prompts as prompts_package
-from agent.ncu_hints import hint, stalls_text
-from evaluator.precheck import source_with_constants
-from evaluator.resources import bare_name
-from evaluator.result import SpeedupInterval
+from kloop import prompts as prompts_package
+from kloop.agent.ncu_hints import hint, stalls_text
 from kloop.errors import KloopError
+from kloop.evaluator.precheck import source_with_constants
+from kloop.evaluator.resources import bare_name
+from kloop.evaluator.result import SpeedupInterval
 
 PACKAGED_DIR = Path(prompts_package.__file__).resolve().parent
 

@@ -11,9 +11,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.budget import Spend
-from agent.models.base import Message, ModelReply, ToolCall
-from evaluator.result import BaselineName, ErrorInfo, EvalResult, HeadToHead, SpeedupInterval
+from kloop.agent.budget import Spend
+from kloop.agent.models.base import Message, ModelReply, ToolCall
+from kloop.evaluator.result import BaselineName, ErrorInfo, EvalResult, HeadToHead, SpeedupInterval
 
 TRAJECTORY_SCHEMA_VERSION = 1
 DECISION_SCHEMA_VERSION = 1

@@ -22,8 +22,8 @@ from tenacity import (
     stop_after_attempt,
 )
 
-from agent.errors import ProviderAbort, ProviderError, ProviderRetryable
-from agent.models.base import ModelConfig, ModelReply
+from kloop.agent.errors import ProviderAbort, ProviderError, ProviderRetryable
+from kloop.agent.models.base import ModelConfig, ModelReply
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from agent.config import RunConfig
-from agent.records import (
+from kloop.agent.config import RunConfig
+from kloop.agent.records import (
     TRAJECTORY_SCHEMA_VERSION,
     CallRecord,
     EpisodeRecord,

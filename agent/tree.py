@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict
 
-from agent.records import NodeAddress, TurnRecord, TurnRef
-from agent.tally import STATUS_RANK, best_turn, host_speedup, speedup_interval
-from evaluator.result import SpeedupInterval
+from kloop.agent.records import NodeAddress, TurnRecord, TurnRef
+from kloop.agent.tally import STATUS_RANK, best_turn, host_speedup, speedup_interval
+from kloop.evaluator.result import SpeedupInterval
 
 
 def node_value(rec: TurnRecord) -> float:

@@ -96,9 +96,9 @@ def main() -> None:
 
     import torch
 
-    from evaluator.config import EvalConfig
-    from evaluator.pipeline import evaluate
-    from problems.registry import get_problem
+    from kloop.evaluator.config import EvalConfig
+    from kloop.evaluator.pipeline import evaluate
+    from kloop.problems.registry import get_problem
 
     os.makedirs("/var/lib/kloop-diag", exist_ok=True)
     os.chmod("/var/lib/kloop-diag", 0o1777)

@@ -26,7 +26,7 @@ MODES = ["root", "nnp+nocaps", "uid65534", "uid65534+nnp+nocaps", "root-again"]
 
 def become(mode: str) -> None:
     sys.path[:0] = [str(REPO)]
-    from evaluator import isolation
+    from kloop.evaluator import isolation
 
     if "uid65534" in mode:
         os.setgroups([])
@@ -42,7 +42,7 @@ def child(mode: str, calls: int) -> None:
     sys.path[:0] = [str(REPO)]
     import torch
 
-    from problems.registry import get_problem
+    from kloop.problems.registry import get_problem
 
     cases = [("L3/1-b8", "L3/1", {"batch_size": 8, "input_size": 1024, "layer_sizes": [1024],
                                   "output_size": 1024}),

@@ -28,10 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from evaluator.config import EvalConfig  # noqa: E402
-from evaluator.fair_baseline import honest_source  # noqa: E402
-from evaluator.pipeline import evaluate  # noqa: E402
-from problems.registry import get_problem  # noqa: E402
+from kloop.evaluator.config import EvalConfig  # noqa: E402
+from kloop.evaluator.fair_baseline import honest_source  # noqa: E402
+from kloop.evaluator.pipeline import evaluate  # noqa: E402
+from kloop.problems.registry import get_problem  # noqa: E402
 
 KB_RUNNER = textwrap.dedent('''
     import json, sys, types

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from clock import MODELS, honest_source
 
-from evaluator.config import EvalConfig
-from evaluator.pipeline import evaluate
+from kloop.evaluator.config import EvalConfig
+from kloop.evaluator.pipeline import evaluate
 
 Variant = Callable[[], AbstractContextManager]
 

@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.2.0"
 
 _EXPORTS = {
-    "evaluate": "evaluator.pipeline",
-    "evaluate_many": "evaluator.pipeline",
-    "EvalConfig": "evaluator.config",
-    "Policy": "evaluator.config",
-    "POLICIES": "evaluator.config",
-    "get_policy": "evaluator.config",
-    "UnknownPolicyError": "evaluator.config",
-    "EvalResult": "evaluator.result",
-    "ReferenceFailure": "evaluator.reference",
+    "evaluate": "kloop.evaluator.pipeline",
+    "evaluate_many": "kloop.evaluator.pipeline",
+    "EvalConfig": "kloop.evaluator.config",
+    "Policy": "kloop.evaluator.config",
+    "POLICIES": "kloop.evaluator.config",
+    "get_policy": "kloop.evaluator.config",
+    "UnknownPolicyError": "kloop.evaluator.config",
+    "EvalResult": "kloop.evaluator.result",
+    "ReferenceFailure": "kloop.evaluator.reference",
 }
 __all__ = [
     "POLICIES", "EvalConfig", "EvalResult", "Policy", "ReferenceFailure", "UnknownPolicyError",
@@ -28,10 +28,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from evaluator.config import POLICIES, EvalConfig, Policy, UnknownPolicyError, get_policy
-    from evaluator.pipeline import evaluate, evaluate_many
-    from evaluator.reference import ReferenceFailure
-    from evaluator.result import EvalResult
+    from kloop.evaluator.config import POLICIES, EvalConfig, Policy, UnknownPolicyError, get_policy
+    from kloop.evaluator.pipeline import evaluate, evaluate_many
+    from kloop.evaluator.reference import ReferenceFailure
+    from kloop.evaluator.result import EvalResult
 
 
 def __getattr__(name: str) -> Any:
@@ -39,4 +39,4 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'evaluator' has no attribute {name!r}")
+    raise AttributeError(f"module 'kloop.evaluator' has no attribute {name!r}")

@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from evaluator.correctness import compare_outputs
-from evaluator.outcome import Flagged, violated
-from evaluator.protocol import ProbeMsg, TrialMsg
-from evaluator.result import Backend, Violation
-from evaluator.rules import Rule, Severity, of_kind
+from kloop.evaluator.correctness import compare_outputs
+from kloop.evaluator.outcome import Flagged, violated
+from kloop.evaluator.protocol import ProbeMsg, TrialMsg
+from kloop.evaluator.result import Backend, Violation
+from kloop.evaluator.rules import Rule, Severity, of_kind
 
 if TYPE_CHECKING:
-    from evaluator.state import EvalRun
+    from kloop.evaluator.state import EvalRun
 
 __all__ = ["RUNTIME_RULES", "STATIC_CHECKS", "Severity", "probe_violations",
            "trial_violations", "violate"]
@@ -42,7 +42,7 @@ ResultCheck = Callable[["EvalRun"], None]
 
 def ast_rules(source: str, backend: Backend, policy: str) -> list[Violation]:
     """The AST rules of evaluator.static (introspection, timer patching, threads, caches...)."""
-    from evaluator.static import static_violations
+    from kloop.evaluator.static import static_violations
 
     return static_violations(source, policy)
 

@@ -25,8 +25,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
-from evaluator import isolation
-from evaluator.worker.zygote import ForkRequest, GrantRequest
+import kloop
+from kloop.evaluator import isolation
+from kloop.evaluator.worker.zygote import ForkRequest, GrantRequest
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ class ForkServer:
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "HOME")}
         # No device, and no BLAS thread pool: a fork copies only the forking thread, so the
         # template keeps to one (numpy's OpenBLAS would start one per core at import).
-        env.update(PYTHONPATH=str(Path(__file__).resolve().parent.parent), PYTHONUNBUFFERED="1",
+        env.update(PYTHONPATH=kloop.ROOT, PYTHONUNBUFFERED="1",
                    PYTHONDONTWRITEBYTECODE="1", CUDA_VISIBLE_DEVICES="",
                    OPENBLAS_NUM_THREADS="1")
         if self.interpret:
@@ -154,7 +155,7 @@ class ForkServer:
         errors = tempfile.TemporaryFile()  # read only if it fails to start
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "evaluator.worker.zygote", str(theirs.fileno())],
+                [sys.executable, "-m", "kloop.evaluator.worker.zygote", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True)
         finally:

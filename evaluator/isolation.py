@@ -161,11 +161,13 @@ def reachable(path: Path, uid: int, gid: int, want: int) -> str | None:
 def _needed_paths(problem_path: Path) -> list[tuple[Path, int]]:
     import torch
 
-    from evaluator.sandbox import KLOOP_ROOT
+    import kloop
+    from kloop import evaluator
 
     out = [(Path(sys.executable), _X), (Path(os.__file__).parent, _R | _X),
            (Path(sys.prefix), _R | _X), (Path(sys.base_prefix), _R | _X),
-           (Path(torch.__file__).parent, _R | _X), (KLOOP_ROOT / "evaluator", _R | _X),
+           (Path(torch.__file__).parent, _R | _X), (Path(kloop.__file__).parent, _R | _X),
+           (Path(evaluator.__file__).parent, _R | _X),
            (problem_path, _R)]
     for key in ("purelib", "platlib"):
         out.append((Path(sysconfig.get_paths()[key]), _R | _X))

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from evaluator.errortext import for_model
-from evaluator.result import (
+from kloop.evaluator.errortext import for_model
+from kloop.evaluator.result import (
     BaselineName,
     CompileLog,
     CorrectnessTrial,
@@ -41,10 +41,10 @@ from evaluator.result import (
     TimingStats,
     Violation,
 )
-from evaluator.rules import RULES
+from kloop.evaluator.rules import RULES
 
 if TYPE_CHECKING:
-    from evaluator.state import EvalRun
+    from kloop.evaluator.state import EvalRun
 
 _STAGE_ORDER: tuple[Stage, ...] = typing.get_args(Stage)
 

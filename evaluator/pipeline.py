@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from evaluator.checks import result_checks
-from evaluator.config import EvalConfig
-from evaluator.fair_baseline import eager_as_candidate_stage
-from evaluator.outcome import Flagged
-from evaluator.reference import ReferenceOutput
-from evaluator.result import EvalResult
-from evaluator.stages import (
+from kloop.evaluator.checks import result_checks
+from kloop.evaluator.config import EvalConfig
+from kloop.evaluator.fair_baseline import eager_as_candidate_stage
+from kloop.evaluator.outcome import Flagged
+from kloop.evaluator.reference import ReferenceOutput
+from kloop.evaluator.result import EvalResult
+from kloop.evaluator.stages import (
     candidate_stage,
     compile_stage,
     reference_job,
@@ -25,8 +25,8 @@ from evaluator.stages import (
     reference_stage,
     static_stage,
 )
-from evaluator.state import EvalRun
-from problems.registry import Problem, get_problem
+from kloop.evaluator.state import EvalRun
+from kloop.problems.registry import Problem, get_problem
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def evaluate_many(problem_and_sources: Sequence[tuple[Problem | str, str]],
     at a time); up to `ahead` more run their static checks and builds ahead of them
     (`evaluator.scheduler`).
     """
-    from evaluator.scheduler import Scheduler
+    from kloop.evaluator.scheduler import Scheduler
 
     with Scheduler(max_workers, ahead) as sched:
         futures = [sched.submit(p, s, config) for p, s in problem_and_sources]

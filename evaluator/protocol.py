@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from evaluator.result import (
+from kloop.evaluator.result import (
     Backend,
     CompileLog,
     EnvInfo,

@@ -28,16 +28,16 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from evaluator.harness.clock import CallResult, ChannelBroken
-from evaluator.harness.expected import ExpectedStore
-from evaluator.harness.served import (
+from kloop.evaluator.harness.clock import CallResult, ChannelBroken
+from kloop.evaluator.harness.expected import ExpectedStore
+from kloop.evaluator.harness.served import (
     CallPlan,
     event_bound_ms,
     overhead_ms,
     run_plan,
     timing_stats,
 )
-from evaluator.protocol import (
+from kloop.evaluator.protocol import (
     Control,
     DoneMsg,
     EnvMsg,
@@ -48,9 +48,9 @@ from evaluator.protocol import (
     StageMsg,
     TimingSpec,
 )
-from evaluator.result import EnvInfo, ErrorInfo, TimingStats
-from evaluator.sandbox import Child, ChildOutcome
-from evaluator.worker.serve import OK, ServeLayout
+from kloop.evaluator.result import EnvInfo, ErrorInfo, TimingStats
+from kloop.evaluator.sandbox import Child, ChildOutcome
+from kloop.evaluator.worker.serve import OK, ServeLayout
 
 log = logging.getLogger(__name__)
 BASELINE_SCHEMA_VERSION = 3

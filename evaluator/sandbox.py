@@ -25,16 +25,18 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from evaluator import isolation
-from evaluator.forkserver import Confinement
-from evaluator.harness import cores
-from evaluator.harness.clock import CallChannel
-from evaluator.isolation import SandboxPlan
-from evaluator.protocol import MESSAGE, ChildMessage, ChildMode, Control, ReadyMsg, StageMsg
+import kloop
+from kloop.evaluator import isolation
+from kloop.evaluator.forkserver import Confinement
+from kloop.evaluator.harness import cores
+from kloop.evaluator.harness.clock import CallChannel
+from kloop.evaluator.isolation import SandboxPlan
+from kloop.evaluator.protocol import MESSAGE, ChildMessage, ChildMode, Control, ReadyMsg, StageMsg
 
 log = logging.getLogger(__name__)
 
-KLOOP_ROOT = Path(__file__).resolve().parent.parent
+KLOOP_ROOT = Path(kloop.ROOT)
+"""What children get as their PYTHONPATH: the directory holding the `kloop` package."""
 ENV_ALLOW = (
     "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_HOME", "CUDA_PATH", "TORCH_CUDA_ARCH_LIST",
     "LD_LIBRARY_PATH", "CC", "CXX", "MAX_JOBS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
@@ -181,7 +183,7 @@ class Child:
         self._set_stage("startup")
         isolation.harden_harness()
         identity = self._identity()
-        argv = [sys.executable, "-m", "evaluator.worker.child", self.mode, str(self.job_path),
+        argv = [sys.executable, "-m", "kloop.evaluator.worker.child", self.mode, str(self.job_path),
                 str(write_fd)]
         fds: tuple[int, ...] = (write_fd,)
         if self.calls is not None:
@@ -214,12 +216,12 @@ class Child:
     def _forked(self, fds: tuple[int, ...], identity: dict):
         """The child as a fork of the template process, its fds at 0-2 and then 3, 4, ...
         in the order of `fds` (the argv names them so); None to start it the plain way."""
-        from evaluator import forkserver
+        from kloop.evaluator import forkserver
 
         pipes = [os.pipe() for _ in range(3)]
         theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
         numbers = list(range(3, 3 + len(fds)))
-        argv = ["evaluator.worker.child", self.mode, str(self.job_path), str(numbers[0])]
+        argv = ["kloop.evaluator.worker.child", self.mode, str(self.job_path), str(numbers[0])]
         if len(numbers) > 1:
             argv.append(",".join(map(str, numbers[1:])))
         try:
@@ -293,7 +295,7 @@ class Child:
         """Give a child built ahead what it was kept from before the lock: its hidden paths (the
         GPU's device nodes), uncovered in its mount namespace by the template that forked it,
         and SCHED_OTHER for its threads. None when done, else why not."""
-        from evaluator import forkserver
+        from kloop.evaluator import forkserver
 
         if self.confine.hide and self.forked:
             why = forkserver.server(self.env).grant(self.proc.pid, list(self.confine.hide))

@@ -20,13 +20,13 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 
-from evaluator import board
-from evaluator.buildslots import default_slots
-from evaluator.config import EvalConfig
-from evaluator.pipeline import DEVICE_STAGES, FRONT_STAGES, Stage, finish, run_stages, start
-from evaluator.result import EvalResult
-from evaluator.state import EvalRun
-from problems.registry import Problem
+from kloop.evaluator import board
+from kloop.evaluator.buildslots import default_slots
+from kloop.evaluator.config import EvalConfig
+from kloop.evaluator.pipeline import DEVICE_STAGES, FRONT_STAGES, Stage, finish, run_stages, start
+from kloop.evaluator.result import EvalResult
+from kloop.evaluator.state import EvalRun
+from kloop.problems.registry import Problem
 
 Stages = Sequence[Stage]
 

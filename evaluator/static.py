@@ -15,10 +15,10 @@ import ast
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from evaluator.backend import _Imports
-from evaluator.result import Violation
-from evaluator.rules import Rule, Severity, of_kind
-from evaluator.static_caches import cache_lookups, memoises_scalars_only
+from kloop.evaluator.backend import _Imports
+from kloop.evaluator.result import Violation
+from kloop.evaluator.rules import Rule, Severity, of_kind
+from kloop.evaluator.static_caches import cache_lookups, memoises_scalars_only
 
 __all__ = ["RULES", "Rule", "Severity", "static_violations"]
 
@@ -298,7 +298,7 @@ def _reference_model(ctx: Context) -> list[Finding]:
                                                and ctx.full(call.args[0]) == "Model"):
             out.append(Finding(call.lineno, "calls the reference Model"))
     out += [Finding(n.lineno, f"imports {name}") for n, name in _imported_modules(ctx)
-            if name.split(".")[0] in ("problems", "kernelbench", "evaluator")]
+            if name.split(".")[0] in ("problems", "kernelbench", "evaluator", "kloop")]
     return out
 
 

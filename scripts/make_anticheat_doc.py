@@ -12,9 +12,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "exploits")]
 
 from exploit_cases import EXPLOITS, HONEST  # noqa: E402
 
-import evaluator.static  # noqa: E402,F401  (registers the static checks)
-from evaluator.rules import POLICY_NAMES, RULES  # noqa: E402
-from problems.registry import load_problem_set  # noqa: E402
+import kloop.evaluator.static  # noqa: E402,F401  (registers the static checks)
+from kloop.evaluator.rules import POLICY_NAMES, RULES  # noqa: E402
+from kloop.problems.registry import load_problem_set  # noqa: E402
 
 
 def _cell(text: str) -> str:

@@ -15,8 +15,8 @@ from pydantic import (
     model_serializer,
 )
 
-from agent.errors import ProviderRetryable
-from agent.pricing import ModelPrice
+from kloop.agent.errors import ProviderRetryable
+from kloop.agent.pricing import ModelPrice
 
 
 class ToolCall(BaseModel):

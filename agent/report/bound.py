@@ -22,8 +22,8 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
-from evaluator.result import EvalResult
-from problems.cost import ProblemCost
+from kloop.evaluator.result import EvalResult
+from kloop.problems.cost import ProblemCost
 
 _DATASHEET_NOTE = ("NVIDIA datasheet; tensor-core figures there are with 2:4 sparsity, halved "
                    "here for dense")

@@ -27,11 +27,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.budget import Spend
-from agent.report.load import RunData
-from agent.report.metrics import P_VALUES
-from agent.tally import host_speedup
-from evaluator.result import BaselineName, EvalResult
+from kloop.agent.budget import Spend
+from kloop.agent.report.load import RunData
+from kloop.agent.report.metrics import P_VALUES
+from kloop.agent.tally import host_speedup
+from kloop.evaluator.result import BaselineName, EvalResult
 
 Scope = Literal["problem", "run"]
 AXES: dict[str, str] = {

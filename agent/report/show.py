@@ -13,11 +13,11 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from agent.records import EpisodeRecord, TurnRecord
-from agent.report.metrics import turn_status
-from agent.store import RunStore
-from agent.tree import Tree, draw
-from evaluator.result import EvalResult
+from kloop.agent.records import EpisodeRecord, TurnRecord
+from kloop.agent.report.metrics import turn_status
+from kloop.agent.store import RunStore
+from kloop.agent.tree import Tree, draw
+from kloop.evaluator.result import EvalResult
 
 CLIP_CHARS = 2500
 CLIP_LINES = 120

@@ -29,15 +29,15 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from evaluator.build import lean
-from evaluator.build.diagnostics import (
+from kloop.evaluator.build import lean
+from kloop.evaluator.build.diagnostics import (
     build_source_map,
     locate_string,
     make_compile_log,
     parse_nvcc_log,
 )
-from evaluator.resources import parse_ptxas_verbose
-from evaluator.result import CompileDiagnostic, CompileLog
+from kloop.evaluator.resources import parse_ptxas_verbose
+from kloop.evaluator.result import CompileDiagnostic, CompileLog
 
 log = logging.getLogger(__name__)
 

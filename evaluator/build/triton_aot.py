@@ -25,10 +25,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from evaluator.build.diagnostics import diagnostic_from_exception, make_compile_log
-from evaluator.resources import cubin_resources
-from evaluator.result import CompileDiagnostic, CompileLog, KernelResources
-from evaluator.worker.triton_compat import compiler_mode, snapshot_language, to_jit
+from kloop.evaluator.build.diagnostics import diagnostic_from_exception, make_compile_log
+from kloop.evaluator.resources import cubin_resources
+from kloop.evaluator.result import CompileDiagnostic, CompileLog, KernelResources
+from kloop.evaluator.worker.triton_compat import compiler_mode, snapshot_language, to_jit
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from evaluator.checks import violate
-from evaluator.outcome import Flagged, Precision, violated
-from evaluator.result import PrecisionCheck
+from kloop.evaluator.checks import violate
+from kloop.evaluator.outcome import Flagged, Precision, violated
+from kloop.evaluator.result import PrecisionCheck
 
 if TYPE_CHECKING:
-    from evaluator.state import EvalRun
+    from kloop.evaluator.state import EvalRun
 
 FLOOR = 2.0 ** -24
 

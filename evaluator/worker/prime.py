@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from evaluator.protocol import PRIME_ARCH_ENV, CandidateJob, DoneMsg
-from evaluator.worker.child import Channel, apply_overrides, import_candidate
-from evaluator.worker.construct import load_problem
+from kloop.evaluator.protocol import PRIME_ARCH_ENV, CandidateJob, DoneMsg
+from kloop.evaluator.worker.child import Channel, apply_overrides, import_candidate
+from kloop.evaluator.worker.construct import load_problem
 
 META = torch.device("meta")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.config import ConfigError, RunConfig, load_config
+from kloop.agent.config import ConfigError, RunConfig, load_config
 
 
 def test_files_overrides_and_flags_merge_in_order(tmp_path):
@@ -31,7 +31,7 @@ def test_unknown_keys_and_bad_values_name_the_key(tmp_path):
 
 
 def test_saved_config_json_round_trips_and_the_digest_ignores_where_it_runs(tmp_path):
-    from agent.store import RunStore
+    from kloop.agent.store import RunStore
 
     cfg = load_config(["model.spec=scripted:x", "problems=[L3/1]", "strategy.turns=2"])
     store = RunStore.create(tmp_path / "r", cfg)

@@ -8,14 +8,14 @@ import time
 import pytest
 from agent_fakes import run_kloop
 
-from evaluator.precheck import (
+from kloop.evaluator.precheck import (
     UnknownConstant,
     check_overrides,
     module_constants,
     precheck_source,
     small_overrides,
 )
-from problems.registry import get_problem, load_problem_set
+from kloop.problems.registry import get_problem, load_problem_set
 
 
 @pytest.mark.parametrize(("source", "kind"), [

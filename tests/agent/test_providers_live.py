@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from agent.models import Message, ModelConfig, get_model
+from kloop.agent.models import Message, ModelConfig, get_model
 
 MESSAGES = [
     Message(role="system", content="Answer with one word."),

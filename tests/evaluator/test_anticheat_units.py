@@ -15,13 +15,13 @@ from types import SimpleNamespace
 import torch
 import torch.nn as nn
 
-from evaluator import isolation
-from evaluator.build import buildcache
-from evaluator.checks import determinism
-from evaluator.config import get_policy
-from evaluator.protocol import ProblemSpec
-from evaluator.worker.construct import noisy_model
-from evaluator.worker.probes import Baseline, ghost_extensions, record_extension_outputs
+from kloop.evaluator import isolation
+from kloop.evaluator.build import buildcache
+from kloop.evaluator.checks import determinism
+from kloop.evaluator.config import get_policy
+from kloop.evaluator.protocol import ProblemSpec
+from kloop.evaluator.worker.construct import noisy_model
+from kloop.evaluator.worker.probes import Baseline, ghost_extensions, record_extension_outputs
 
 _SPEC = ProblemSpec(path="unused", sha256="0", overrides={}, device="cpu", precision="fp32",
                     allow_tf32=False)
@@ -245,7 +245,7 @@ def test_ghost_stubs_reach_the_function_wherever_the_candidate_keeps_it(monkeypa
 
 
 def test_ghost_check_is_inconclusive_when_other_inputs_give_the_same_output():
-    from evaluator.worker.trials import _Ghost, _ghost_verdict
+    from kloop.evaluator.worker.trials import _Ghost, _ghost_verdict
 
     out = [torch.linspace(0, 1, 16)]
     ghost = _Ghost([out[0].clone()], "3 kernel calls stubbed")
@@ -261,7 +261,7 @@ def test_ghost_check_is_inconclusive_when_other_inputs_give_the_same_output():
 
 
 def test_the_served_draw_seeds_the_same_streams_as_manual_seed():
-    from evaluator.worker.construct import seed_all
+    from kloop.evaluator.worker.construct import seed_all
 
     torch.manual_seed(77)
     want = (torch.randn(5), torch.randint(0, 9, (5,)), torch.rand(3))
@@ -275,8 +275,8 @@ def test_the_served_draw_seeds_the_same_streams_as_manual_seed():
 def test_a_ready_message_from_candidate_code_is_out_of_sequence():
     """The harness takes the child's `ready` before any candidate code is imported; one that
     comes later was written by candidate code (it would ask for the device lock again)."""
-    from evaluator.judge import Sequence, _out_of_sequence
-    from evaluator.protocol import ReadyMsg
+    from kloop.evaluator.judge import Sequence, _out_of_sequence
+    from kloop.evaluator.protocol import ReadyMsg
 
     assert "ready" in (_out_of_sequence(Sequence(), ReadyMsg(), None) or "")
 
@@ -288,7 +288,7 @@ def test_the_launch_hook_counts_only_the_candidates_kernels_and_leaves_other_hoo
     import triton  # noqa: F401  (the probe looks for an imported Triton)
     from triton.compiler.compiler import LazyDict
 
-    from evaluator.worker.probes import _launch_knobs, hooked_triton_launches
+    from kloop.evaluator.worker.probes import _launch_knobs, hooked_triton_launches
 
     knobs = _launch_knobs()
     assert knobs is not None
@@ -325,7 +325,7 @@ def test_the_launch_hook_counts_only_the_candidates_kernels_and_leaves_other_hoo
 
 
 def test_a_ghost_verdict_of_the_hook_count_is_dropped_when_the_profiler_saw_bypasses():
-    from evaluator.worker.trials import _Ghost, _ghost_verdict, _rechecked
+    from kloop.evaluator.worker.trials import _Ghost, _ghost_verdict, _rechecked
 
     out = [torch.linspace(0, 1, 16)]
     ghost = _Ghost([out[0].clone()], "2 kernel calls stubbed", recheck=lambda: 4)
@@ -344,8 +344,8 @@ def test_a_launch_hook_the_candidate_calls_itself_is_no_launch(monkeypatch):
     import triton  # noqa: F401  (the probe looks for an imported Triton)
     from triton.compiler.compiler import LazyDict
 
-    from evaluator.worker import trials
-    from evaluator.worker.probes import _launch_knobs
+    from kloop.evaluator.worker import trials
+    from kloop.evaluator.worker.probes import _launch_knobs
 
     knobs = _launch_knobs()
     assert knobs is not None
@@ -401,8 +401,8 @@ def test_a_real_launch_of_another_kernel_and_a_faked_hook_are_no_launch_of_its_o
     from triton.compiler.compiler import LazyDict
     from triton.runtime.interpreter import InterpretedFunction
 
-    from evaluator.worker import trials
-    from evaluator.worker.probes import _launch_knobs, triton_launches
+    from kloop.evaluator.worker import trials
+    from kloop.evaluator.worker.probes import _launch_knobs, triton_launches
 
     path = tmp_path / "two_kernels.py"
     path.write_text(_TWO_KERNELS)

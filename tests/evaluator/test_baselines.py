@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 from eval_helpers import UNCOMPILABLE, candidate, cpu_config
 
-from evaluator.baselines import BestBaseline, best_of
-from evaluator.fair_baseline import honest_source
-from evaluator.isolation import private_dir
-from evaluator.outcome import Decided, Measured
-from evaluator.pipeline import evaluate
-from evaluator.protocol import TimingSpec
-from evaluator.reference import BaselineRecord, ReferenceOutput, Serving, _cached, _store
-from evaluator.result import BoundedEvents, EnvInfo, EvalResult, TimingStats
-from evaluator.state import EvalRun
-from problems.registry import get_problem, load_problem_set
+from kloop.evaluator.baselines import BestBaseline, best_of
+from kloop.evaluator.fair_baseline import honest_source
+from kloop.evaluator.isolation import private_dir
+from kloop.evaluator.outcome import Decided, Measured
+from kloop.evaluator.pipeline import evaluate
+from kloop.evaluator.protocol import TimingSpec
+from kloop.evaluator.reference import BaselineRecord, ReferenceOutput, Serving, _cached, _store
+from kloop.evaluator.result import BoundedEvents, EnvInfo, EvalResult, TimingStats
+from kloop.evaluator.state import EvalRun
+from kloop.problems.registry import get_problem, load_problem_set
 
 
 def stats(ms: float, events_ms: float | None = None) -> TimingStats:

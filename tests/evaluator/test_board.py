@@ -8,8 +8,8 @@ import time
 
 from eval_helpers import candidate, cpu_config
 
-from evaluator import board
-from evaluator.pipeline import evaluate_many
+from kloop.evaluator import board
+from kloop.evaluator.pipeline import evaluate_many
 
 
 def test_evaluations_pass_through_build_and_device_and_leave_nothing_behind(cache_dir):
@@ -39,7 +39,7 @@ def test_evaluations_pass_through_build_and_device_and_leave_nothing_behind(cach
 def test_the_progress_line_names_the_phases():
     from rich.progress import Progress
 
-    from agent.run import PipelineColumn
+    from kloop.agent.run import PipelineColumn
 
     progress = Progress()
     progress.add_task("turns")

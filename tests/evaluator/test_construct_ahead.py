@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluator import forkserver, isolation
+from kloop.evaluator import forkserver, isolation
 
 pytestmark = pytest.mark.skipif(
     not (forkserver.usable() and isolation.can_grant()),
@@ -52,7 +52,7 @@ def test_a_retry_names_the_first_cuda_query_made_before_the_lock():
     build ahead ran, where it was made; the functions are torch's own again afterwards."""
     import torch
 
-    from evaluator.worker.ahead import CudaQueries
+    from kloop.evaluator.worker.ahead import CudaQueries
 
     before = torch.cuda.is_available
     CudaQueries.first = None
@@ -72,10 +72,10 @@ def test_a_child_not_kept_from_the_device_builds_under_the_lock_and_says_so(tmp_
     sys.path.insert(0, str(Path(__file__).parent))
     from eval_helpers import cpu_config
 
-    from evaluator.fair_baseline import honest_source
-    from evaluator.pipeline import evaluate
-    from evaluator.sandbox import KLOOP_ROOT
-    from problems.registry import get_problem
+    from kloop.evaluator.fair_baseline import honest_source
+    from kloop.evaluator.pipeline import evaluate
+    from kloop.evaluator.sandbox import KLOOP_ROOT
+    from kloop.problems.registry import get_problem
 
     # Beside kloop's own files, which every child sees: under /tmp (tmp_path) the host view
     # hides the whole directory, and a path the child cannot see at all it is kept from.

@@ -8,7 +8,7 @@ import threading
 import torch
 from test_trusted_clock import _serve
 
-from evaluator.harness import cputhreads
+from kloop.evaluator.harness import cputhreads
 
 
 def _in_thread(fn):

@@ -8,10 +8,10 @@ import threading
 import pytest
 from eval_helpers import candidate, cpu_config
 
-from evaluator import devicepool
-from evaluator.pipeline import evaluate
-from evaluator.state import EvalRun
-from problems.registry import get_problem
+from kloop.evaluator import devicepool
+from kloop.evaluator.pipeline import evaluate
+from kloop.evaluator.state import EvalRun
+from kloop.problems.registry import get_problem
 
 
 def busy(prefix: str = "cuda") -> dict[str, int]:

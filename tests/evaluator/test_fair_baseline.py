@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 from eval_helpers import candidate, cpu_config
 
-from evaluator.checks import ast_rules
-from evaluator.fair_baseline import honest_source
-from evaluator.isolation import private_dir
-from evaluator.pipeline import evaluate
-from evaluator.precheck import precheck_source
-from evaluator.reference import BaselineRecord
-from problems.registry import load_problem_set
+from kloop.evaluator.checks import ast_rules
+from kloop.evaluator.fair_baseline import honest_source
+from kloop.evaluator.isolation import private_dir
+from kloop.evaluator.pipeline import evaluate
+from kloop.evaluator.precheck import precheck_source
+from kloop.evaluator.reference import BaselineRecord
+from kloop.problems.registry import load_problem_set
 
 PROBLEMS = [p for p in load_problem_set().problems if p.id.startswith("L3/")]
 

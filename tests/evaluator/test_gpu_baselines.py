@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 from eval_helpers import MLP_SMALL, UNCOMPILABLE, candidate
 
-from evaluator.config import EvalConfig
-from evaluator.fair_baseline import honest_source
-from evaluator.isolation import private_dir
-from evaluator.pipeline import evaluate
-from evaluator.reference import BaselineRecord
-from problems.registry import load_problem_set
+from kloop.evaluator.config import EvalConfig
+from kloop.evaluator.fair_baseline import honest_source
+from kloop.evaluator.isolation import private_dir
+from kloop.evaluator.pipeline import evaluate
+from kloop.evaluator.reference import BaselineRecord
+from kloop.problems.registry import load_problem_set
 
 pytestmark = pytest.mark.gpu
 

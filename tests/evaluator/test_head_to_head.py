@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from evaluator.config import EvalConfig
-from evaluator.fair_baseline import honest_source
-from evaluator.pipeline import head_to_head
-from evaluator.precheck import small_overrides
-from problems.registry import get_problem
+from kloop.evaluator.config import EvalConfig
+from kloop.evaluator.fair_baseline import honest_source
+from kloop.evaluator.pipeline import head_to_head
+from kloop.evaluator.precheck import small_overrides
+from kloop.problems.registry import get_problem
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from evaluator.worker.reference_worker import _Float64Draws, float64_copy
+from kloop.evaluator.worker.reference_worker import _Float64Draws, float64_copy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exploits"))
 
@@ -60,9 +60,9 @@ def test_the_precision_check_runs_on_references_a_deep_copy_could_not_widen(
     import exploit_cases
     from eval_helpers import cpu_config
 
-    from evaluator.fair_baseline import honest_source
-    from evaluator.pipeline import evaluate
-    from problems.registry import get_problem
+    from kloop.evaluator.fair_baseline import honest_source
+    from kloop.evaluator.pipeline import evaluate
+    from kloop.problems.registry import get_problem
 
     source = honest_source(get_problem(problem).path.read_text())
     r = evaluate(problem, source, cpu_config(tmp_path / "cache", policy="strict",

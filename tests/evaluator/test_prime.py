@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from eval_helpers import candidate, cpu_config
 
-from agent.demo.kernels import SIZES, source
-from evaluator.pipeline import evaluate
+from kloop.agent.demo.kernels import SIZES, source
+from kloop.evaluator.pipeline import evaluate
 
 L3_1 = SIZES["L3/1"]
 
@@ -75,7 +75,7 @@ def test_the_candidate_child_finds_every_kernel_the_prime_compiled(tmp_path):
     a gcc-built module per signature) the launcher modules the prime built, so neither JIT nor
     gcc ran under the lock. On the H200 before the prime built launchers, the child added
     exactly one entry, the launcher module."""
-    from evaluator import stages
+    from kloop.evaluator import stages
 
     seen: dict[str, set[str]] = {}
     prime = stages.prime_pass
@@ -104,7 +104,7 @@ def test_the_candidate_child_finds_every_kernel_the_prime_compiled(tmp_path):
 def test_the_prime_runs_no_candidate_code_where_a_gpu_node_is_still_a_device():
     """Hiding the GPU's nodes needs privilege or user namespaces; where it failed, a node is
     still a device (not /dev/null's 1:3) and the prime stops before importing the candidate."""
-    from evaluator.worker.prime import gpu_reachable
+    from kloop.evaluator.worker.prime import gpu_reachable
 
     assert not gpu_reachable("/dev/null")  # what a hidden node looks like
     assert not gpu_reachable("/nonexistent/nvidia*")
@@ -117,13 +117,13 @@ def test_the_prime_runs_no_candidate_code_where_a_gpu_node_is_still_a_device():
 def test_the_prime_targets_the_architecture_whatever_its_suffix(arch_list, expected):
     """The H200's environment says `9.0a`: the prime must compile for 90 (Triton's own name for
     sm_90a), not stop at `int("90a")` (it did, and compiled nothing on the GPU)."""
-    from evaluator.stages import triton_arch
+    from kloop.evaluator.stages import triton_arch
 
     assert triton_arch(arch_list) == expected
 
 
 def test_an_architecture_that_is_not_one_is_refused():
-    from evaluator.stages import triton_arch
+    from kloop.evaluator.stages import triton_arch
 
     with pytest.raises(ValueError, match="not a CUDA architecture"):
         triton_arch("sm_90")

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from evaluator import procwatch
+from kloop.evaluator import procwatch
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc")
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from evaluator import rules
-from evaluator.checks import RUNTIME_RULES, ast_rules
-from evaluator.static import RULES, static_violations
+from kloop.evaluator import rules
+from kloop.evaluator.checks import RUNTIME_RULES, ast_rules
+from kloop.evaluator.static import RULES, static_violations
 
 HERE = Path(__file__).parent
 FIXTURES = HERE / "fixtures_e2"
@@ -68,6 +68,8 @@ BAD = {
         "import torch\nclass ModelNew(torch.nn.Module):\n    def __init__(self, *a):\n"
         "        super().__init__()\n        self.ref = Model(*a)\n",
         "from problems.level3 import mlp\n",
+        "from kloop.problems.level3 import mlp\n",
+        "import kloop.evaluator.worker.serve as s\n",
     ],
     "identity_keyed_cache": [
         "_OUT = {}\ndef forward(x):\n    k = (x.shape, x.data_ptr())\n    if k not in _OUT:\n"
@@ -185,11 +187,11 @@ def test_rule_fires_on_bad_snippet(rule, snippet):
 def test_every_rule_has_a_bad_snippet_and_its_reason_reaches_the_model():
     """A model whose kernel is rejected reads why in its feedback: the rule's own rationale (each
     rule has one of its own), opening and close, beside the rule's name and line."""
-    from agent.config import AgentConfig
-    from agent.episode import EpisodeSpec, EpisodeState, feedback_template, feedback_vars
-    from agent.prompts import PromptSet
-    from evaluator.result import EvalResult
-    from problems.registry import get_problem
+    from kloop.agent.config import AgentConfig
+    from kloop.agent.episode import EpisodeSpec, EpisodeState, feedback_template, feedback_vars
+    from kloop.agent.prompts import PromptSet
+    from kloop.evaluator.result import EvalResult
+    from kloop.problems.registry import get_problem
 
     assert set(BAD) == set(RULES)
     reasons = [r.rationale for r in rules.RULES.values()]

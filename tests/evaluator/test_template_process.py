@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from eval_helpers import MLP_SMALL, candidate, cpu_config
 
-from evaluator import forkserver
-from evaluator.pipeline import evaluate
+from kloop.evaluator import forkserver
+from kloop.evaluator.pipeline import evaluate
 
 pytestmark = pytest.mark.skipif(not forkserver.usable(), reason="needs Linux and a subreaper")
 
@@ -33,7 +33,7 @@ def _facts(path):
                  path0=sys.path[0], env=sorted(os.environ), home=os.environ.get("HOME"),
                  fds=fds, dynamo=_DYNAMO_AT_IMPORT, cuda=_CUDA_AT_IMPORT,
                  cuda_now=__import__("torch").cuda.is_initialized(), template=getattr(getattr(sys.modules["__main__"], "__spec__", None),
-                                           "name", None) == "evaluator.worker.zygote")
+                                           "name", None) == "kloop.evaluator.worker.zygote")
     with open(path, "w") as f:
         json.dump(facts, f)
 '''
@@ -84,7 +84,7 @@ def test_without_the_template_children_start_the_plain_way(tmp_path, drop_box, m
     facts = json.loads(out.read_text())
     assert not facts["template"] and fresh[True]._broken
     # Started the plain way, a child that should have been contained is not: the result says so.
-    from evaluator import isolation
+    from kloop.evaluator import isolation
 
     assert ("isolation_uncontained" in r.flags) == isolation.work_parent(None)[1], r.flags
 
@@ -107,7 +107,7 @@ def test_a_forked_child_initialises_the_gpu_and_is_timed(tmp_path, drop_box, cud
 
 _READY_THEN_LOOK = """
 import sys, torch
-from evaluator.worker.child import Channel, wait_for_device
+from kloop.evaluator.worker.child import Channel, wait_for_device
 went = wait_for_device(Channel(-1), sys.argv[1] or None)
 print(went, torch.cuda.is_initialized())
 """
@@ -136,8 +136,8 @@ def test_a_child_whose_early_context_fails_reports_ready_and_goes_on(monkeypatch
 
     import torch
 
-    from evaluator.protocol import ReadyMsg
-    from evaluator.worker import child
+    from kloop.evaluator.protocol import ReadyMsg
+    from kloop.evaluator.worker import child
 
     if torch.cuda.is_available():
         pytest.skip("a context can be made here")

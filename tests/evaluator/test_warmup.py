@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from eval_helpers import candidate, cpu_config
 
-from evaluator import isolation, stages
-from evaluator.config import StageTimeouts
-from evaluator.pipeline import evaluate
+from kloop.evaluator import isolation, stages
+from kloop.evaluator.config import StageTimeouts
+from kloop.evaluator.pipeline import evaluate
 
 # Knows it is the warm-up (its work dir's name) and misbehaves only there.
 IN_WARMUP = 'import os as _o\n_WARM = _o.path.basename(_o.getcwd()) == "warm"\n'

@@ -7,8 +7,8 @@ import sys
 
 from typer.testing import CliRunner
 
-from agent.cli import app
-from problems.registry import BUNDLED_DIR
+from kloop.agent.cli import app
+from kloop.problems.registry import BUNDLED_DIR
 
 runner = CliRunner()
 

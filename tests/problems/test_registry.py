@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from problems.registry import (
+from kloop.problems.registry import (
     BUNDLED_DIR,
     ProblemError,
     get_problem,
