@@ -32,7 +32,7 @@ from kloop.agent.models.base import Address, Message
 from kloop.agent.records import CallRecord, EpisodeRecord, StopReason, TurnRecord, utcnow
 from kloop.agent.tally import Unaccounted
 from kloop.agent.tools import NOT_RUN, TOOLS, Facts, run_tool
-from kloop.evaluator.result import ErrorInfo
+from kloop.evaluator.common.result import ErrorInfo
 
 __all__ = ["NOT_RUN", "TOOLS", "Facts", "run_agent_episode"]
 

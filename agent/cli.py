@@ -116,7 +116,7 @@ def _register_optional() -> None:
     """Commands of other areas register themselves here (evaluator, agent loop, reports)."""
     import importlib
 
-    for module in ("kloop.evaluator.cli", "kloop.agent.run", "kloop.agent.report_cli"):
+    for module in ("kloop.evaluator.tools.cli", "kloop.agent.run", "kloop.agent.report_cli"):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:

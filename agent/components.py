@@ -18,9 +18,9 @@ from kloop.agent.config import ConfigError, RunConfig, judged_constants
 from kloop.agent.errors import EvalInfraError
 from kloop.agent.models import get_model
 from kloop.agent.protocols import Evaluator, Model
-from kloop.evaluator.config import EvalConfig
-from kloop.evaluator.precheck import check_overrides, small_overrides
-from kloop.evaluator.result import EvalResult
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.common.result import EvalResult
+from kloop.evaluator.harness.precheck import check_overrides, small_overrides
 from kloop.problems.registry import Problem, ProblemError, ProblemSet, load_problem_set
 
 
@@ -104,7 +104,7 @@ class LocalEvaluator:
     def head_to_head(self, problem: Problem, challenger: str, incumbent: str) -> EvalResult:
         """`challenger` judged again with `incumbent` timed beside it in the same paired rounds
         (`evaluator.pipeline.head_to_head`): for a close call between two kernels."""
-        from kloop.evaluator.pipeline import head_to_head
+        from kloop.evaluator.harness.pipeline import head_to_head
 
         config = self.configs.get(problem.id, self.base)
         try:
@@ -119,7 +119,7 @@ class LocalEvaluator:
         ones running ahead. `submit(problem, source)` -> a future of (result, seconds from the
         evaluation's start to its result: its queue for a build slot and the device included,
         its wait to be started not)."""
-        from kloop.evaluator.scheduler import Scheduler
+        from kloop.evaluator.procs.scheduler import Scheduler
 
         with Scheduler(concurrency) as sched:
             def submit(problem: Problem, source: str) -> Future[tuple[EvalResult, float]]:

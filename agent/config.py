@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kloop.agent.models.base import ModelConfig
 from kloop.errors import KloopError
-from kloop.evaluator.config import EvalConfig
+from kloop.evaluator.common.config import EvalConfig
 
 ContextPolicy = Literal["full", "last_k", "last", "digest", "summary"]
 StrategyKind = Literal["sequential", "best_of_n", "grid", "beam", "tree", "agent"]

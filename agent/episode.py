@@ -29,8 +29,8 @@ from kloop.agent.records import (
 )
 from kloop.agent.report.bound import Bound, bound_of
 from kloop.agent.tally import Measure, decide, replaces, speedup_interval
-from kloop.evaluator.config import Comparison
-from kloop.evaluator.result import EvalResult
+from kloop.evaluator.common.config import Comparison
+from kloop.evaluator.common.result import EvalResult
 from kloop.problems.cost import cost_of
 from kloop.problems.registry import Problem
 

@@ -36,7 +36,7 @@ from kloop.agent.models.base import Message, ToolCall
 from kloop.agent.records import TurnRecord
 from kloop.agent.store import RunStore
 from kloop.errors import KloopError
-from kloop.evaluator.result import EvalResult
+from kloop.evaluator.common.result import EvalResult
 
 EXPORT_SCHEMA_VERSION = 1
 _KEY_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")

@@ -30,7 +30,7 @@ from kloop.agent.extract import extract_code
 from kloop.agent.models.base import Address, ModelReply
 from kloop.agent.records import EpisodeRecord, ModelFaultInfo, StopReason, TurnRecord, utcnow
 from kloop.agent.tally import Unaccounted
-from kloop.evaluator.result import ErrorInfo, EvalResult
+from kloop.evaluator.common.result import ErrorInfo, EvalResult
 
 log = logging.getLogger(__name__)
 

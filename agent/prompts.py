@@ -16,9 +16,9 @@ import jinja2
 from kloop import prompts as prompts_package
 from kloop.agent.ncu_hints import hint, stalls_text
 from kloop.errors import KloopError
-from kloop.evaluator.precheck import source_with_constants
-from kloop.evaluator.resources import bare_name
-from kloop.evaluator.result import SpeedupInterval
+from kloop.evaluator.common.resources import bare_name
+from kloop.evaluator.common.result import SpeedupInterval
+from kloop.evaluator.harness.precheck import source_with_constants
 
 PACKAGED_DIR = Path(prompts_package.__file__).resolve().parent
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from kloop.agent.models.base import Address, Message, Model, ModelReply, ToolSpec
-from kloop.evaluator.result import EvalResult
+from kloop.evaluator.common.result import EvalResult
 from kloop.problems.registry import Problem
 
 __all__ = ["Addressed", "Evaluator", "Model", "Resumable"]

@@ -13,7 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kloop.agent.budget import Spend
 from kloop.agent.models.base import Message, ModelReply, ToolCall
-from kloop.evaluator.result import BaselineName, ErrorInfo, EvalResult, HeadToHead, SpeedupInterval
+from kloop.evaluator.common.result import (
+    BaselineName,
+    ErrorInfo,
+    EvalResult,
+    HeadToHead,
+    SpeedupInterval,
+)
 
 TRAJECTORY_SCHEMA_VERSION = 1
 DECISION_SCHEMA_VERSION = 1

@@ -33,7 +33,7 @@ from kloop.agent.records import TRAJECTORY_SCHEMA_VERSION, NodeAddress, TurnReco
 from kloop.agent.store import RunDirError, RunStore
 from kloop.agent.strategies import Runner, executor_report, summarize
 from kloop.agent.tally import best_per_problem
-from kloop.evaluator.result import EvalResult
+from kloop.evaluator.common.result import EvalResult
 from kloop.problems.registry import Problem
 
 log = logging.getLogger(__name__)

@@ -89,7 +89,7 @@ class PipelineColumn(ProgressColumn):
 
     def render(self, task: Task) -> Text:
         from kloop.agent.executor import ray_pool
-        from kloop.evaluator import board
+        from kloop.evaluator.procs import board
 
         return Text(ray_pool.describe() or board.describe(), style="dim")
 
@@ -265,7 +265,7 @@ def run_command(
         cfg = resolve(layers + [parse_layer(c) for c in config] + [flags])
         if size is not None:
             cfg = with_size(cfg, size)
-            from kloop.evaluator.cli import small_on_gpu
+            from kloop.evaluator.tools.cli import small_on_gpu
 
             if (warning := small_on_gpu(size, cfg.eval.device)) is not None:
                 print(warning, file=sys.stderr)
@@ -283,7 +283,7 @@ def placement(cfg: RunConfig) -> list[str]:
     """Where `cfg`'s evaluations would run, in words (`kloop run --dry-run`)."""
     ex = cfg.executor
     if ex.kind == "local":
-        from kloop.evaluator.devicepool import pool
+        from kloop.evaluator.procs.devicepool import pool
 
         return [f"local executor: evaluations run in this process on {', '.join(pool(cfg.eval.device))}"
                 f" ({cfg.concurrency} episode(s) at once)"]

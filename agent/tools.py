@@ -25,8 +25,8 @@ from kloop.agent.episode import opening as turn_opening
 from kloop.agent.loop import evaluate_timed, extract
 from kloop.agent.models.base import ModelReply, ToolCall, ToolSpec
 from kloop.agent.records import ModelFaultInfo
-from kloop.evaluator.config import EvalConfig
-from kloop.evaluator.result import EvalResult
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.common.result import EvalResult
 
 _CODE = {"type": "object", "required": ["code"], "additionalProperties": False,
          "properties": {"code": {"type": "string", "description": "The complete Python module: "

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from kloop.agent.records import NodeAddress, TurnRecord, TurnRef
 from kloop.agent.tally import STATUS_RANK, best_turn, host_speedup, speedup_interval
-from kloop.evaluator.result import SpeedupInterval
+from kloop.evaluator.common.result import SpeedupInterval
 
 
 def node_value(rec: TurnRecord) -> float:

@@ -35,9 +35,9 @@ sys.path[:0] = [str(REPO)]
 
 import torch  # noqa: E402
 
-from kloop.evaluator import fair_baseline  # noqa: E402
-from kloop.evaluator.config import EvalConfig  # noqa: E402
-from kloop.evaluator.pipeline import evaluate  # noqa: E402
+from kloop.evaluator.common.config import EvalConfig  # noqa: E402
+from kloop.evaluator.harness import fair_baseline  # noqa: E402
+from kloop.evaluator.harness.pipeline import evaluate  # noqa: E402
 from kloop.evaluator.worker.construct import as_output_list  # noqa: E402
 from kloop.problems.registry import get_problem  # noqa: E402
 

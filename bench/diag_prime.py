@@ -22,8 +22,8 @@ sys.path[:0] = [str(REPO), str(REPO / "tests" / "evaluator")]
 
 from eval_helpers import candidate, cpu_config  # noqa: E402
 
-from kloop.evaluator import stages  # noqa: E402
-from kloop.evaluator.pipeline import evaluate  # noqa: E402
+from kloop.evaluator.harness import stages  # noqa: E402
+from kloop.evaluator.harness.pipeline import evaluate  # noqa: E402
 
 
 def _entries(root: Path) -> dict[str, dict]:

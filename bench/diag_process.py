@@ -96,8 +96,8 @@ def main() -> None:
 
     import torch
 
-    from kloop.evaluator.config import EvalConfig
-    from kloop.evaluator.pipeline import evaluate
+    from kloop.evaluator.common.config import EvalConfig
+    from kloop.evaluator.harness.pipeline import evaluate
     from kloop.problems.registry import get_problem
 
     os.makedirs("/var/lib/kloop-diag", exist_ok=True)

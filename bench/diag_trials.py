@@ -25,7 +25,7 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 import same_code_ab  # noqa: E402
 
-from kloop.evaluator import stages  # noqa: E402
+from kloop.evaluator.harness import stages  # noqa: E402
 
 _with_trials = stages.candidate_job
 

@@ -26,15 +26,16 @@ MODES = ["root", "nnp+nocaps", "uid65534", "uid65534+nnp+nocaps", "root-again"]
 
 def become(mode: str) -> None:
     sys.path[:0] = [str(REPO)]
-    from kloop.evaluator import isolation
+    from kloop.evaluator.common import linux
+    from kloop.evaluator.worker.confine import confine_child
 
     if "uid65534" in mode:
         os.setgroups([])
         os.setgid(65534)
         os.setuid(65534)
     if "nnp" in mode:
-        os.environ[isolation.CONFINE_ENV] = "caps"
-        isolation.confine_child()
+        os.environ[linux.CONFINE_ENV] = "caps"
+        confine_child()
 
 
 def child(mode: str, calls: int) -> None:

@@ -32,8 +32,8 @@ sys.path[:0] = [str(REPO), str(REPO / "tests" / "evaluator")]
 
 from eval_helpers import CANDIDATES, candidate  # noqa: E402
 
-from kloop.evaluator.config import EvalConfig  # noqa: E402
-from kloop.evaluator.pipeline import evaluate  # noqa: E402
+from kloop.evaluator.common.config import EvalConfig  # noqa: E402
+from kloop.evaluator.harness.pipeline import evaluate  # noqa: E402
 
 MLP_MEDIUM = {"batch_size": 64, "input_size": 4096, "layer_sizes": [4096, 4096],
               "output_size": 2048}

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from clock import MODELS, honest_source
 
-from kloop.evaluator.config import EvalConfig
-from kloop.evaluator.pipeline import evaluate
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.harness.pipeline import evaluate
 
 Variant = Callable[[], AbstractContextManager]
 

@@ -21,8 +21,8 @@ sys.path[:0] = [str(REPO), str(REPO / "tests" / "evaluator")]
 
 from eval_helpers import MLP_SMALL, candidate  # noqa: E402
 
-from kloop.evaluator.config import EvalConfig  # noqa: E402
-from kloop.evaluator.pipeline import evaluate  # noqa: E402
+from kloop.evaluator.common.config import EvalConfig  # noqa: E402
+from kloop.evaluator.harness.pipeline import evaluate  # noqa: E402
 
 
 def main() -> None:

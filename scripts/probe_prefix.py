@@ -38,8 +38,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kloop.evaluator.config import POLICIES  # noqa: E402
-from kloop.evaluator.protocol import ProblemSpec  # noqa: E402
+from kloop.evaluator.common.config import POLICIES  # noqa: E402
+from kloop.evaluator.common.protocol import ProblemSpec  # noqa: E402
 from kloop.evaluator.worker.construct import (  # noqa: E402
     as_output_list,
     construct,

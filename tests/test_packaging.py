@@ -9,6 +9,7 @@ the test installs nothing from a registry. There the commands run as a user woul
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -66,8 +67,15 @@ def test_no_module_imports_a_top_level_name_of_ours():
 def installed(tmp_path_factory) -> Path:
     """A venv outside the clone with the wheel built from it installed (no dependencies)."""
     out = tmp_path_factory.mktemp("wheel")
+    # Built from a copy: setuptools leaves build/ and egg-info in the tree it builds.
+    src = out / "src"
+    keep = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in FOLDERS:
+        shutil.copytree(REPO / name, src / name, ignore=keep)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(out), str(REPO)], check=True, cwd=out)
+                    "-q", "-w", str(out), str(src)], check=True, cwd=out)
     (wheel,) = out.glob("kloop-*.whl")
     env_dir = out / "venv"
     venv.create(env_dir, with_pip=False)

@@ -35,7 +35,7 @@ from kloop.agent.executor.placement import NodeSlots, plan
 from kloop.agent.executor.ray_worker import EvalWorker, WorkerInfo
 from kloop.agent.records import ExecutorReport, NodeReport
 from kloop.errors import KloopError
-from kloop.evaluator.result import EvalResult
+from kloop.evaluator.common.result import EvalResult
 from kloop.problems.registry import Problem
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from kloop.evaluator.config import EvalConfig
+from kloop.evaluator.common.config import EvalConfig
 from kloop.problems.registry import Problem
 
 

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
-from kloop.evaluator.result import EvalResult
+from kloop.evaluator.common.result import EvalResult
 from kloop.problems.cost import ProblemCost
 
 _DATASHEET_NOTE = ("NVIDIA datasheet; tensor-core figures there are with 2:4 sparsity, halved "

@@ -31,7 +31,7 @@ from kloop.agent.budget import Spend
 from kloop.agent.report.load import RunData
 from kloop.agent.report.metrics import P_VALUES
 from kloop.agent.tally import host_speedup
-from kloop.evaluator.result import BaselineName, EvalResult
+from kloop.evaluator.common.result import BaselineName, EvalResult
 
 Scope = Literal["problem", "run"]
 AXES: dict[str, str] = {

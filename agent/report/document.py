@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from kloop.agent.report.build import Report, RunReport
 from kloop.agent.report.curves import AXES, MatchedBudget
 from kloop.agent.report.metrics import P_VALUES, VS, Counts, Estimate, Metrics, ProblemRow
-from kloop.evaluator.result import SpeedupInterval
+from kloop.evaluator.common.result import SpeedupInterval
 
 _P1 = P_VALUES.index(1.0)
 MAX_SIDE_BY_SIDE = 8

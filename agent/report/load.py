@@ -94,7 +94,7 @@ def _problem_set(problems_dir: Path | None) -> ProblemSet:
 
 def run_tolerance(cfg: RunConfig) -> float | None:
     """The correctness tolerance of the run's policy and precision (None if unknown)."""
-    from kloop.evaluator.config import UnknownPolicyError, get_policy
+    from kloop.evaluator.common.config import UnknownPolicyError, get_policy
 
     try:
         policy = get_policy(cfg.eval.policy)

@@ -17,7 +17,7 @@ from kloop.agent.records import EpisodeRecord, TurnRecord
 from kloop.agent.report.metrics import turn_status
 from kloop.agent.store import RunStore
 from kloop.agent.tree import Tree, draw
-from kloop.evaluator.result import EvalResult
+from kloop.evaluator.common.result import EvalResult
 
 CLIP_CHARS = 2500
 CLIP_LINES = 120

@@ -52,8 +52,8 @@ from kloop.agent.prompts import PromptSet
 from kloop.agent.protocols import Evaluator
 from kloop.agent.records import ModelFaultInfo, TurnRecord, utcnow
 from kloop.agent.rl.reward import RewardConfig, reward
-from kloop.evaluator.config import Comparison, EvalConfig
-from kloop.evaluator.result import EvalResult
+from kloop.evaluator.common.config import Comparison, EvalConfig
+from kloop.evaluator.common.result import EvalResult
 from kloop.problems.registry import Problem
 
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kloop.evaluator.result import EvalResult
+from kloop.evaluator.common.result import EvalResult
 
 
 class RewardConfig(BaseModel):

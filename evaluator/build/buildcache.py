@@ -49,7 +49,7 @@ from kloop.evaluator.build.nvcc import (
     nvcc_check,
     nvcc_version,
 )
-from kloop.evaluator.result import CompileLog
+from kloop.evaluator.common.result import CompileLog
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kloop.evaluator.build.buildcache import META_FILE
-from kloop.evaluator.isolation import VAULT_UID, SandboxPlan, private_dir
+from kloop.evaluator.common.vault import VAULT_UID, SandboxPlan, private_dir
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ from kloop.evaluator.build.diagnostics import (
     make_compile_log,
     parse_nvcc_log,
 )
-from kloop.evaluator.resources import parse_ptxas_verbose
-from kloop.evaluator.result import CompileDiagnostic, CompileLog
+from kloop.evaluator.common.resources import parse_ptxas_verbose
+from kloop.evaluator.common.result import CompileDiagnostic, CompileLog
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kloop.evaluator.build import cxx_pch
-from kloop.evaluator.isolation import VAULT_UID
+from kloop.evaluator.common.vault import VAULT_UID
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from kloop.evaluator.build.diagnostics import diagnostic_from_exception, make_compile_log
-from kloop.evaluator.resources import cubin_resources
-from kloop.evaluator.result import CompileDiagnostic, CompileLog, KernelResources
-from kloop.evaluator.worker.triton_compat import compiler_mode, snapshot_language, to_jit
+from kloop.evaluator.build.triton_compat import compiler_mode, snapshot_language, to_jit
+from kloop.evaluator.common.resources import cubin_resources
+from kloop.evaluator.common.result import CompileDiagnostic, CompileLog, KernelResources
 
 log = logging.getLogger(__name__)
 

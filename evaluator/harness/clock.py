@@ -37,8 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kloop.evaluator.harness.output import LINE, Output
-from kloop.evaluator.worker.serve import (
+from kloop.evaluator.common.wire import (
     OK,
     OP_CALL,
     OP_NULL,
@@ -51,6 +50,7 @@ from kloop.evaluator.worker.serve import (
     ServeLayout,
     read_exact,
 )
+from kloop.evaluator.harness.output import LINE, Output
 
 _perf_counter = time.perf_counter
 _SEALS = getattr(fcntl, "F_SEAL_SHRINK", 0x0002) | getattr(fcntl, "F_SEAL_GROW", 0x0004) | \

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import torch
 
-from kloop.evaluator.correctness import compare_outputs
+from kloop.evaluator.common.correctness import compare_outputs
+from kloop.evaluator.common.result import OutputDiff
 from kloop.evaluator.harness.output import Output
-from kloop.evaluator.result import OutputDiff
 
 FULL_BUDGET_BYTES = 512 << 20
 SAMPLES = 1 << 14

@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from kloop.evaluator import isolation
+from kloop.evaluator.procs import isolation
 
 _START_S = 120.0
 _FLUSH_S = 10.0
@@ -117,7 +117,7 @@ _guard = threading.Lock()
 
 def flusher(device: str) -> Flusher:
     """This harness's flusher for `device` (`cpu` or `cuda:N`)."""
-    from kloop.evaluator.sandbox import child_env
+    from kloop.evaluator.procs.sandbox import child_env
 
     with _guard:
         if device not in _flushers:

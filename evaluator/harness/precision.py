@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kloop.evaluator.checks import violate
-from kloop.evaluator.outcome import Flagged, Precision, violated
-from kloop.evaluator.result import PrecisionCheck
+from kloop.evaluator.common.result import PrecisionCheck
+from kloop.evaluator.harness.checks import violate
+from kloop.evaluator.harness.outcome import Flagged, Precision, violated
 
 if TYPE_CHECKING:
-    from kloop.evaluator.state import EvalRun
+    from kloop.evaluator.harness.state import EvalRun
 
 FLOOR = 2.0 ** -24
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kloop.evaluator.common.result import BoundedEvents, GpuSample, TimingStats
+from kloop.evaluator.common.wire import OK
 from kloop.evaluator.harness import cores, gpustate
 from kloop.evaluator.harness.clock import CallChannel, CallResult, ChannelBroken
 from kloop.evaluator.harness.cputhreads import one_cpu_thread
 from kloop.evaluator.harness.flusher import flusher
-from kloop.evaluator.result import BoundedEvents, GpuSample, TimingStats
-from kloop.evaluator.worker.serve import OK
 
 _MAX_WARMUP_CALLS = 1000
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from pydantic import BaseModel
 
-from kloop.evaluator.protocol import CandidateJob, CompileMsg, FlagMsg
+from kloop.evaluator.common.protocol import CandidateJob, CompileMsg, FlagMsg
 from kloop.evaluator.worker.child import apply_overrides
 from kloop.evaluator.worker.construct import (
     apply_numerics,

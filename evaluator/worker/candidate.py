@@ -23,7 +23,7 @@ from types import ModuleType
 import torch
 from pydantic import BaseModel
 
-from kloop.evaluator.protocol import (
+from kloop.evaluator.common.protocol import (
     AwaitMsg,
     CallProblemMsg,
     CandidateJob,
@@ -37,7 +37,7 @@ from kloop.evaluator.protocol import (
     ReadyMsg,
     RetryMsg,
 )
-from kloop.evaluator.result import CompileLog, ErrorInfo
+from kloop.evaluator.common.result import CompileLog, ErrorInfo
 from kloop.evaluator.worker.ahead import Ahead, build_ahead, device_unusable, kept_from_device
 from kloop.evaluator.worker.child import (
     Channel,
@@ -224,7 +224,7 @@ def _before_import(job: CandidateJob) -> None:
 
 def _import(job: CandidateJob) -> tuple[ModuleType, set[str]]:
     """The candidate imported (after `_before_import`); its own kernel names."""
-    from kloop.evaluator.backend import custom_kernel_names
+    from kloop.evaluator.common.backend import custom_kernel_names
 
     module = import_candidate(job.candidate_path)
     return module, custom_kernel_names(Path(job.candidate_path).read_text())
@@ -284,7 +284,7 @@ def _first_message(log_: CompileLog) -> str:
 def _profile(model: torch.nn.Module, job: CandidateJob, ch: Channel) -> None:
     ch.stage("profile")
     try:
-        from kloop.evaluator.backend import custom_kernel_names
+        from kloop.evaluator.common.backend import custom_kernel_names
         from kloop.evaluator.worker.profile import profile_forward
 
         problem = load_problem(job.problem)

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from kloop.evaluator.protocol import (
+from kloop.evaluator.common.protocol import (
     CandidateJob,
     CompileJob,
     Control,
@@ -32,7 +32,7 @@ from kloop.evaluator.protocol import (
     ReferenceJob,
     StageMsg,
 )
-from kloop.evaluator.result import ErrorInfo
+from kloop.evaluator.common.result import ErrorInfo
 
 _TB_TAIL_FRAMES = 3
 _MAX_TB_CHARS = 6000
@@ -144,7 +144,8 @@ def read_control() -> Control:
 
 def call_server(fds: tuple[int, int, int] | None, layout_json: str | None, device: str):
     """The worker's end of the trusted clock's call channel, with the layout the harness sent."""
-    from kloop.evaluator.worker.serve import ServeLayout, Server
+    from kloop.evaluator.common.wire import ServeLayout
+    from kloop.evaluator.worker.serve import Server
 
     if fds is None or layout_json is None:
         raise RuntimeError("the harness opened no call channel for this worker")
@@ -155,7 +156,7 @@ def main(argv: list[str]) -> int:
     mode, job_path, fd = argv[1], Path(argv[2]), int(argv[3])
     fds = tuple(int(x) for x in argv[4].split(",")) if len(argv) > 4 else None
     if mode in ("candidate", "compile", "forward", "warmup", "prime"):
-        from kloop.evaluator.isolation import confine_child
+        from kloop.evaluator.worker.confine import confine_child
 
         confine_child()
     channel = Channel(fd)

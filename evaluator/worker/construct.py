@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from kloop.evaluator.protocol import ProblemSpec
-from kloop.evaluator.result import EnvInfo
+from kloop.evaluator.common.protocol import ProblemSpec
+from kloop.evaluator.common.result import EnvInfo
 from kloop.problems.registry import load_module
 
 CONSTRUCTION_SEED = 42

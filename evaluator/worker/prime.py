@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from kloop.evaluator.protocol import PRIME_ARCH_ENV, CandidateJob, DoneMsg
+from kloop.evaluator.common.protocol import PRIME_ARCH_ENV, CandidateJob, DoneMsg
 from kloop.evaluator.worker.child import Channel, apply_overrides, import_candidate
 from kloop.evaluator.worker.construct import load_problem
 

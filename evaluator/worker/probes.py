@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from kloop.evaluator.protocol import ProbeMsg
+from kloop.evaluator.common.protocol import ProbeMsg
 from kloop.evaluator.worker.refswap import swapped
 
 # Functions a candidate could replace to fake a time, a synchronisation or a comparison. Not

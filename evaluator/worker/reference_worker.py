@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from kloop.evaluator.protocol import (
+from kloop.evaluator.common.protocol import (
     ROLES,
     DoneMsg,
     EnvMsg,
@@ -32,7 +32,8 @@ from kloop.evaluator.protocol import (
     Served64,
     ServeMsg,
 )
-from kloop.evaluator.result import ErrorInfo
+from kloop.evaluator.common.result import ErrorInfo
+from kloop.evaluator.common.wire import output_specs
 from kloop.evaluator.worker.child import Channel, call_server, read_control, wait_for_device
 from kloop.evaluator.worker.construct import (
     apply_numerics,
@@ -49,7 +50,6 @@ from kloop.evaluator.worker.construct import (
     sync,
     to_device,
 )
-from kloop.evaluator.worker.serve import output_specs
 
 PREPARED_BYTES: int | None = None
 """At most this much (the main model, inputs and second models, on CPU) is prepared before the

@@ -32,25 +32,29 @@ import gc
 import math
 import mmap
 import os
-import select
-import struct
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict
 
-OP_PREP, OP_CALL, OP_NULL, OP_STOP, OP_REST = 1, 2, 3, 4, 5
-REQUEST = struct.Struct("<BB6xQ")
-"""op, role, seed."""
-REPLY = struct.Struct("<B7xd")
-"""status, the worker's own CUDA-event time of the forward in ms (NaN when none)."""
-OK, BAD_OUTPUT, RAISED = 0, 1, 2
-_ALIGN = 4096
+from kloop.evaluator.common.wire import (
+    BAD_OUTPUT,
+    DTYPES,
+    OK,
+    OP_NULL,
+    OP_PREP,
+    OP_REST,
+    OP_STOP,
+    RAISED,
+    REPLY,
+    REQUEST,
+    SPIN_S,
+    ServeLayout,
+    read_exact,
+)
+
 _MIN_FLUSH_BYTES = 256 << 20
-SPIN_S = 0.05
-"""How long a wait spins before it sleeps (GPU only)."""
 PREP_BUSY_CYCLES = 2_000_000
 """`prep` keeps the GPU busy for this many SM cycles (1 ms at the H200's boost clock, longer
 while it ramps) before it flushes the L2, so that every timed call starts on a warm clock. An
@@ -60,73 +64,6 @@ there) ran 2-7 % slower, a launch-bound one 4x, than the same code's calls in th
 worker (only stored), with launches as fast in both processes. A cold clock is the suspected
 cause (not yet confirmed on the GPU; bench/handshake.py --busy-cycles 0 compares)."""
 
-DTYPES: dict[str, torch.dtype] = {
-    str(d): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64,
-                        torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
-                        torch.bool, torch.complex64)
-}
-
-
-class Slot(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    shape: list[int]
-    dtype: str
-    offset: int
-    nbytes: int
-
-
-class ServeLayout(BaseModel):
-    """Where each output of a call goes in the shared memory (the reference's outputs)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    slots: list[Slot]
-    total: int
-
-    @classmethod
-    def of(cls, specs: list[tuple[list[int], str]]) -> ServeLayout:
-        slots, offset = [], 0
-        for shape, dtype in specs:
-            if dtype not in DTYPES:
-                raise ValueError(f"output dtype {dtype} cannot be served")
-            n = math.prod(shape) * torch.empty((), dtype=DTYPES[dtype]).element_size()
-            slots.append(Slot(shape=list(shape), dtype=dtype, offset=offset, nbytes=n))
-            offset += -(-n // _ALIGN) * _ALIGN
-        return cls(slots=slots, total=max(offset, _ALIGN))
-
-
-def output_specs(outs: list[Any]) -> list[tuple[list[int], str]] | str:
-    """(shape, dtype) of each output, or why these outputs cannot be served."""
-    specs = []
-    for i, o in enumerate(outs):
-        if type(o) is not torch.Tensor:
-            return f"output {i} is a {type(o).__qualname__}, not a plain torch.Tensor"
-        specs.append((list(o.shape), str(o.dtype)))
-    return specs
-
-
-def read_exact(fd: int, n: int, spin_s: float = 0.0, deadline: float | None = None) -> bytes:
-    """`n` bytes from a non-blocking pipe, spinning on reads for `spin_s` before sleeping in
-    select (until `deadline`, a time.monotonic value; TimeoutError past it)."""
-    data = b""
-    spin_until = time.monotonic() + spin_s
-    while len(data) < n:
-        try:
-            chunk = os.read(fd, n - len(data))
-        except BlockingIOError:
-            now = time.monotonic()
-            if now < spin_until:
-                continue
-            left = None if deadline is None else deadline - now
-            if left is not None and left <= 0:
-                raise TimeoutError("no answer in time") from None
-            select.select([fd], [], [], left)
-            continue
-        if not chunk:
-            raise EOFError("the other end closed the call channel")
-        data += chunk
-    return data
 
 
 class Server:

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from kloop.evaluator.correctness import compare_outputs
-from kloop.evaluator.protocol import CandidateJob, CandTrial, ProbeMsg, TrialMsg
+from kloop.evaluator.common.correctness import compare_outputs
+from kloop.evaluator.common.protocol import CandidateJob, CandTrial, ProbeMsg, TrialMsg
 from kloop.evaluator.worker.construct import (
     as_output_list,
     clone_all,

@@ -19,7 +19,7 @@ import time
 from typing import NamedTuple
 
 from kloop.agent.errors import EvalInfraError
-from kloop.evaluator.result import (
+from kloop.evaluator.common.result import (
     CompileDiagnostic,
     CompileLog,
     CorrectnessTrial,

@@ -11,8 +11,8 @@ from test_prompts import PROBLEM, render_feedback, turn_with
 
 from kloop.agent.config import AgentConfig
 from kloop.agent.ncu_hints import hint, stalls_text, top_stalls
-from kloop.evaluator.ncu import parse_ncu_kernels
-from kloop.evaluator.result import NcuMetrics
+from kloop.evaluator.common.result import NcuMetrics
+from kloop.evaluator.harness.ncu import parse_ncu_kernels
 
 CSV = (Path(__file__).resolve().parents[1] / "data" / "ncu_three_kernels.csv").read_text()
 LINEAR, NORM, SOFTMAX = parse_ncu_kernels(

@@ -1,4 +1,4 @@
-"""Checks that need no GPU run before anything that does (evaluator/precheck.py)."""
+"""Checks that need no GPU run before anything that does (evaluator/harness/precheck.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 from agent_fakes import run_kloop
 
-from kloop.evaluator.precheck import (
+from kloop.evaluator.harness.precheck import (
     UnknownConstant,
     check_overrides,
     module_constants,

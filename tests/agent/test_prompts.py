@@ -12,8 +12,8 @@ from kloop.agent.episode import EpisodeSpec, EpisodeState, feedback_template, fe
 from kloop.agent.models.base import ModelReply, Usage
 from kloop.agent.prompts import PACKAGED_DIR, PromptSet, clip
 from kloop.agent.records import ModelFaultInfo, TurnRecord
-from kloop.evaluator.config import POLICIES, EvalConfig
-from kloop.evaluator.result import ErrorInfo, OutputDiff, Violation
+from kloop.evaluator.common.config import POLICIES, EvalConfig
+from kloop.evaluator.common.result import ErrorInfo, OutputDiff, Violation
 from kloop.problems.registry import get_problem
 
 MARKERS = {"compile_error": "SYNTAX", "runtime_error": "CRASH", "timeout": "HANG", "incorrect": "BUG",
@@ -132,7 +132,7 @@ def test_feedback_shows_the_reduce_overhead_baseline_and_the_fastest():
 
 def test_gpu_feedback_states_the_share_of_speed_of_light():
     from kloop.agent.report.bound import PEAKS, sol_ms
-    from kloop.evaluator.result import EnvInfo
+    from kloop.evaluator.common.result import EnvInfo
     from kloop.problems.cost import cost_of
 
     h200 = EnvInfo(python="3.12", torch="2.9", device_name="NVIDIA H200")
@@ -275,7 +275,7 @@ def test_clip_keeps_head_and_tail():
 def test_feedback_says_why_a_cuda_build_took_the_slow_path():
     """The model learns why its `.cu` could not build lean (and how long it took), on every
     outcome after a build but a compile error (where the error comes first)."""
-    from kloop.evaluator.result import CompileLog
+    from kloop.evaluator.common.result import CompileLog
 
     why = "it names `torch`, which is torch's"
     slow = CompileLog(backend="cuda", ok=True, seconds=41.2,

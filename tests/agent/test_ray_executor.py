@@ -140,7 +140,7 @@ def test_a_worker_that_keeps_dying_drains_its_node_and_the_candidate_goes_elsewh
     from kloop.agent.components import load_problems
     from kloop.agent.errors import EvalInfraError
     from kloop.agent.executor.ray_pool import RayEvaluator
-    from kloop.evaluator.config import EvalConfig
+    from kloop.evaluator.common.config import EvalConfig
 
     c, _ = cluster
     cfg = resolve([run_layer(tmp_path, "drain", ["L3/1"], kind="ray", address=c.address,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kloop.agent.executor.ray_worker import EvalWorker, WorkerInfo
-from kloop.evaluator.config import EvalConfig
+from kloop.evaluator.common.config import EvalConfig
 from kloop.problems.registry import get_problem
 
 CANDIDATES = Path(__file__).resolve().parents[1] / "evaluator" / "candidates"
@@ -29,7 +29,7 @@ def test_the_worker_judges_a_problem_sent_by_content_on_its_gpu(tmp_path):
                         problem_overrides={"batch_size": 64})
     out = worker.evaluate(problem, (CANDIDATES / "mlp_triton.py").read_text(),
                           config.model_dump_json())
-    from kloop.evaluator.result import EvalResult
+    from kloop.evaluator.common.result import EvalResult
 
     result = EvalResult.model_validate_json(out)
     assert result.status == "correct", result.error

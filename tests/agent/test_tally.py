@@ -127,7 +127,7 @@ class HeadToHeadEvaluator(FakeEvaluator):
         self.ratio, self.interval, self.compared = ratio, interval, []
 
     def head_to_head(self, problem, challenger, incumbent):
-        from kloop.evaluator.result import HeadToHead
+        from kloop.evaluator.common.result import HeadToHead
 
         self.compared.append((challenger, incumbent))
         result = self.evaluate(problem, challenger)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from kloop.evaluator.config import EvalConfig, StageTimeouts
+from kloop.evaluator.common.config import EvalConfig, StageTimeouts
 
 CANDIDATES = Path(__file__).parent / "candidates"
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from eval_helpers import MLP_SMALL, candidate
 
-from kloop.evaluator.config import EvalConfig
-from kloop.evaluator.pipeline import evaluate, evaluate_many
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.harness.pipeline import evaluate, evaluate_many
 
 pytestmark = pytest.mark.gpu
 

@@ -15,11 +15,11 @@ from types import SimpleNamespace
 import torch
 import torch.nn as nn
 
-from kloop.evaluator import isolation
 from kloop.evaluator.build import buildcache
-from kloop.evaluator.checks import determinism
-from kloop.evaluator.config import get_policy
-from kloop.evaluator.protocol import ProblemSpec
+from kloop.evaluator.common.config import get_policy
+from kloop.evaluator.common.protocol import ProblemSpec
+from kloop.evaluator.harness.checks import determinism
+from kloop.evaluator.procs import isolation
 from kloop.evaluator.worker.construct import noisy_model
 from kloop.evaluator.worker.probes import Baseline, ghost_extensions, record_extension_outputs
 
@@ -275,8 +275,8 @@ def test_the_served_draw_seeds_the_same_streams_as_manual_seed():
 def test_a_ready_message_from_candidate_code_is_out_of_sequence():
     """The harness takes the child's `ready` before any candidate code is imported; one that
     comes later was written by candidate code (it would ask for the device lock again)."""
-    from kloop.evaluator.judge import Sequence, _out_of_sequence
-    from kloop.evaluator.protocol import ReadyMsg
+    from kloop.evaluator.common.protocol import ReadyMsg
+    from kloop.evaluator.harness.judge import Sequence, _out_of_sequence
 
     assert "ready" in (_out_of_sequence(Sequence(), ReadyMsg(), None) or "")
 

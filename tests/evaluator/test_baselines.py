@@ -9,15 +9,21 @@ from pathlib import Path
 import pytest
 from eval_helpers import UNCOMPILABLE, candidate, cpu_config
 
-from kloop.evaluator.baselines import BestBaseline, best_of
-from kloop.evaluator.fair_baseline import honest_source
-from kloop.evaluator.isolation import private_dir
-from kloop.evaluator.outcome import Decided, Measured
-from kloop.evaluator.pipeline import evaluate
-from kloop.evaluator.protocol import TimingSpec
-from kloop.evaluator.reference import BaselineRecord, ReferenceOutput, Serving, _cached, _store
-from kloop.evaluator.result import BoundedEvents, EnvInfo, EvalResult, TimingStats
-from kloop.evaluator.state import EvalRun
+from kloop.evaluator.common.protocol import TimingSpec
+from kloop.evaluator.common.result import BoundedEvents, EnvInfo, EvalResult, TimingStats
+from kloop.evaluator.harness.baselines import BestBaseline, best_of
+from kloop.evaluator.harness.fair_baseline import honest_source
+from kloop.evaluator.harness.outcome import Decided, Measured
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.harness.reference import (
+    BaselineRecord,
+    ReferenceOutput,
+    Serving,
+    _cached,
+    _store,
+)
+from kloop.evaluator.harness.state import EvalRun
+from kloop.evaluator.procs.isolation import private_dir
 from kloop.problems.registry import get_problem, load_problem_set
 
 

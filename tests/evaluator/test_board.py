@@ -8,8 +8,8 @@ import time
 
 from eval_helpers import candidate, cpu_config
 
-from kloop.evaluator import board
-from kloop.evaluator.pipeline import evaluate_many
+from kloop.evaluator.harness.pipeline import evaluate_many
+from kloop.evaluator.procs import board
 
 
 def test_evaluations_pass_through_build_and_device_and_leave_nothing_behind(cache_dir):

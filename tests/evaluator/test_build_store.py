@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from kloop.evaluator import isolation
 from kloop.evaluator.build import buildcache, buildstore
+from kloop.evaluator.common import linux
+from kloop.evaluator.procs import isolation
 
 REPO = Path(__file__).resolve().parents[2]
 EXT = """#include <pybind11/pybind11.h>
@@ -78,11 +79,11 @@ VALUE = ext.twice(21)
 
 CHILD = """
 import json, sys
-from kloop.evaluator import isolation
 from kloop.evaluator.build import buildcache
+from kloop.evaluator.worker.confine import confine_child
 from kloop.evaluator.worker.candidate import _install_build_cache
 from kloop.evaluator.worker.child import import_candidate
-isolation.confine_child()
+confine_child()
 _install_build_cache(sys.argv[1], sys.argv[2], check_only=False)
 mod = import_candidate(sys.argv[2])
 rec = buildcache.BUILD_RECORDS[-1]
@@ -99,7 +100,7 @@ def child(verified: Path, candidate: Path, **env: str) -> dict:
     """A compile or candidate child's build set-up, confined like one (as root: no caps)."""
     full = {**os.environ, "PYTHONPATH": str(REPO), **env}
     if os.geteuid() == 0:
-        full[isolation.CONFINE_ENV] = "caps"
+        full[linux.CONFINE_ENV] = "caps"
     out = subprocess.run([sys.executable, "-c", CHILD, str(verified), str(candidate)],
                          cwd=REPO, env=full, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -276,9 +277,9 @@ def test_staging_never_follows_a_link_put_in_place_of_its_directory(tmp_path, st
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the vault needs a root harness")
 def test_store_and_baselines_sit_in_the_vault(tmp_path):
-    from kloop.evaluator.config import EvalConfig
-    from kloop.evaluator.stages import reference_serving
-    from kloop.evaluator.state import EvalRun
+    from kloop.evaluator.common.config import EvalConfig
+    from kloop.evaluator.harness.stages import reference_serving
+    from kloop.evaluator.harness.state import EvalRun
     from kloop.problems.registry import get_problem
 
     cache = tmp_path / "cache"
@@ -291,11 +292,11 @@ def test_store_and_baselines_sit_in_the_vault(tmp_path):
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (isolation.VAULT_UID, 0o700)
         # A confined child (root without capabilities here) cannot look inside.
         probe = subprocess.run(
-            [sys.executable, "-c", "import os, sys\nfrom evaluator import isolation\n"
-             "isolation.confine_child()\ntry:\n    os.listdir(sys.argv[1])\nexcept "
+            [sys.executable, "-c", "import os, sys\nfrom kloop.evaluator.worker.confine import confine_child\n"
+             "confine_child()\ntry:\n    os.listdir(sys.argv[1])\nexcept "
              "PermissionError:\n    print('denied')\n", str(vault)],
             cwd=REPO, capture_output=True, text=True, timeout=120,
-            env={**os.environ, "PYTHONPATH": str(REPO), isolation.CONFINE_ENV: "caps"})
+            env={**os.environ, "PYTHONPATH": str(REPO), linux.CONFINE_ENV: "caps"})
         assert probe.stdout.strip() == "denied", probe.stderr[-2000:]
     finally:
         run.cleanup()
@@ -329,7 +330,7 @@ class ModelNew(nn.Module):
 def test_the_compile_stage_installs_and_the_next_evaluation_hits(tmp_path):
     from eval_helpers import cpu_config
 
-    from kloop.evaluator.pipeline import evaluate
+    from kloop.evaluator.harness.pipeline import evaluate
 
     config = cpu_config(tmp_path / "cache")
     first = evaluate("L3/1", E2E, config)
@@ -386,7 +387,7 @@ def test_a_forged_nvcc_check_never_speaks_for_another_file(tmp_path, monkeypatch
     from eval_helpers import candidate, cpu_config
 
     from kloop.evaluator.build import nvcc
-    from kloop.evaluator.pipeline import evaluate
+    from kloop.evaluator.harness.pipeline import evaluate
 
     honest = candidate("mlp_cuda_relu.py")
     poisoner = nvcc_poisoner(honest)

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from kloop.evaluator.buildslots import build_slot
+from kloop.evaluator.procs.buildslots import build_slot
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ def test_no_more_than_the_slots_at_once_across_threads(tmp_path):
 def test_another_process_holds_a_slot_until_it_dies(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time\nfrom pathlib import Path\nfrom evaluator.buildslots import build_slot\n"
+         "import sys, time\nfrom pathlib import Path\nfrom kloop.evaluator.procs.buildslots import build_slot\n"
          f"with build_slot(Path({str(tmp_path)!r}), 1):\n    print('held', flush=True)\n"
          "    time.sleep(60)"],
         stdout=subprocess.PIPE, text=True, cwd=REPO)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from eval_helpers import CANDIDATES, MLP_SMALL
 
-from kloop.evaluator.result import EvalResult
+from kloop.evaluator.common.result import EvalResult
 
 REPO = Path(__file__).resolve().parents[2]
 SIZES = [arg for k, v in MLP_SMALL.items() for arg in ("--set", f"{k}={json.dumps(v)}")]
@@ -18,7 +18,7 @@ SIZES = [arg for k, v in MLP_SMALL.items() for arg in ("--set", f"{k}={json.dump
 
 def kloop(*args: str, cache_dir: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, KLOOP_CACHE_DIR=str(cache_dir))
-    return subprocess.run([sys.executable, "-c", "from agent.cli import main; main()", *args],
+    return subprocess.run([sys.executable, "-c", "from kloop.agent.cli import main; main()", *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -58,7 +58,7 @@ def test_baseline_times_and_caches_the_reference(cache_dir):
 def test_small_sizes_on_a_gpu_come_with_a_warning_and_never_on_cpu(monkeypatch):
     import torch
 
-    from kloop.evaluator.cli import small_on_gpu
+    from kloop.evaluator.tools.cli import small_on_gpu
 
     assert small_on_gpu("small", "cpu") is None
     assert small_on_gpu("full", "cuda") is None

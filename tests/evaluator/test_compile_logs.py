@@ -15,7 +15,7 @@ from kloop.evaluator.build.diagnostics import (
     make_compile_log,
     parse_nvcc_log,
 )
-from kloop.evaluator.resources import parse_ptxas_verbose
+from kloop.evaluator.common.resources import parse_ptxas_verbose
 
 FIXTURES = Path(__file__).parent / "fixtures_e2"
 BUILD = "/root/.cache/torch_extensions/py311_cu130/add_ext"

@@ -115,7 +115,7 @@ def test_cuda_context_include_is_checked_completely(tmp_path):
     and a correct file gets a complete check."""
     from eval_helpers import candidate, cpu_config
 
-    from kloop.evaluator.pipeline import evaluate_many
+    from kloop.evaluator.harness.pipeline import evaluate_many
 
     ok, broken = evaluate_many(
         [("L3/1", candidate("mlp_cuda_context_ok.py")),
@@ -158,7 +158,7 @@ def test_the_prompts_cuda_form_passes_the_cpu_check(tmp_path):
     prompt's own example, and a candidate written that way."""
     from eval_helpers import candidate, cpu_config
 
-    from kloop.evaluator.pipeline import evaluate
+    from kloop.evaluator.harness.pipeline import evaluate
 
     text = (Path(__file__).parents[2] / "prompts" / "_example_cuda.j2").read_text()
     s = strings(text.split("```python\n", 1)[1].split("```", 1)[0])

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kloop.evaluator.build.triton_aot import TritonLaunch
-from kloop.evaluator.result import CompileLog, ProfileSummary
+from kloop.evaluator.common.result import CompileLog, ProfileSummary
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures_e2"
@@ -28,7 +28,7 @@ from pathlib import Path
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
 from kloop.evaluator.build import triton_aot as ta
-from kloop.evaluator.backend import custom_kernel_names
+from kloop.evaluator.common.backend import custom_kernel_names
 from kloop.evaluator.worker.profile import profile_forward
 
 fixtures, work = Path(sys.argv[1]), Path(sys.argv[2])

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kloop.evaluator import forkserver, isolation
+from kloop.evaluator.procs import forkserver, isolation
 
 pytestmark = pytest.mark.skipif(
     not (forkserver.usable() and isolation.can_grant()),
@@ -33,8 +33,10 @@ def test_a_root_harness_without_a_capability_it_needs_builds_under_the_lock(cap,
     """Root in a container often lacks some (Docker's default set has none of these four): such
     a harness never builds ahead, where it could neither uncover the device nor restore the
     child's priority (every candidate would be built twice)."""
-    code = ("from evaluator import isolation; from evaluator.stages import construct_ahead; "
-            "from evaluator.state import EvalRun; from problems.registry import get_problem; "
+    code = ("from kloop.evaluator.procs import isolation; "
+            "from kloop.evaluator.harness.stages import construct_ahead; "
+            "from kloop.evaluator.harness.state import EvalRun; "
+            "from kloop.problems.registry import get_problem; "
             "import sys; sys.path.insert(0, 'tests/evaluator'); "
             "from eval_helpers import cpu_config; from pathlib import Path; "
             f"run = EvalRun.create(get_problem('L3/1'), '', cpu_config(Path({str(tmp_path)!r}))); "
@@ -72,9 +74,9 @@ def test_a_child_not_kept_from_the_device_builds_under_the_lock_and_says_so(tmp_
     sys.path.insert(0, str(Path(__file__).parent))
     from eval_helpers import cpu_config
 
-    from kloop.evaluator.fair_baseline import honest_source
-    from kloop.evaluator.pipeline import evaluate
-    from kloop.evaluator.sandbox import KLOOP_ROOT
+    from kloop.evaluator.harness.fair_baseline import honest_source
+    from kloop.evaluator.harness.pipeline import evaluate
+    from kloop.evaluator.procs.sandbox import KLOOP_ROOT
     from kloop.problems.registry import get_problem
 
     # Beside kloop's own files, which every child sees: under /tmp (tmp_path) the host view

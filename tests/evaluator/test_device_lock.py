@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from kloop.evaluator.config import EvalConfig
+from kloop.evaluator.common.config import EvalConfig
 
 _HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from kloop.evaluator.devicelock import device_lock
+    from kloop.evaluator.procs.devicelock import device_lock
     lock_dir = Path(sys.argv[2]) if sys.argv[2] != "-" else None
     with device_lock("cuda:0", lock_dir):
         start = time.time()
@@ -52,8 +52,8 @@ def test_without_a_lock_dir_processes_overlap(tmp_path):
 _RUN_HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from kloop.evaluator.config import EvalConfig
-    from kloop.evaluator.state import EvalRun
+    from kloop.evaluator.common.config import EvalConfig
+    from kloop.evaluator.harness.state import EvalRun
     run = EvalRun.__new__(EvalRun)  # only what gpu_lock reads
     run.config = EvalConfig(cache_dir=Path(sys.argv[2]), device_lock="host")
     run.device = "cuda:0"
@@ -79,7 +79,7 @@ def test_runs_with_different_cache_dirs_wait_for_each_other(tmp_path, monkeypatc
 
 
 def test_one_gpu_named_two_ways_has_one_lock(monkeypatch):
-    from kloop.evaluator.state import gpu_lock_name
+    from kloop.evaluator.harness.state import gpu_lock_name
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")  # one process: GPU 1 is its cuda:1
     second, first = gpu_lock_name("cuda:1"), gpu_lock_name("cuda")
@@ -92,7 +92,7 @@ def test_one_gpu_named_two_ways_has_one_lock(monkeypatch):
 
 
 def test_a_lock_dir_that_is_not_ours_is_refused(tmp_path, monkeypatch):
-    from kloop.evaluator.isolation import host_lock_dir
+    from kloop.evaluator.procs.isolation import host_lock_dir
 
     target = tmp_path / "elsewhere"
     target.mkdir()
@@ -120,8 +120,8 @@ def _observed(monkeypatch, lock_dir: Path):
     import threading
     import time
 
-    from kloop.evaluator.devicelock import device_lock
-    from kloop.evaluator.state import EvalRun
+    from kloop.evaluator.harness.state import EvalRun
+    from kloop.evaluator.procs.devicelock import device_lock
 
     record: list[dict] = []
     spawn = EvalRun.spawn
@@ -157,7 +157,7 @@ def test_the_device_lock_is_taken_after_the_child_started_and_given_back_after_i
         monkeypatch, tmp_path):
     from eval_helpers import candidate, cpu_config
 
-    from kloop.evaluator.pipeline import evaluate
+    from kloop.evaluator.harness.pipeline import evaluate
 
     record = _observed(monkeypatch, tmp_path / "locks")
     r = evaluate("L3/1", candidate("mlp_torch.py"), cpu_config(tmp_path / "cache"))
@@ -177,7 +177,7 @@ def test_two_evaluations_start_their_processes_while_the_other_holds_the_device(
         monkeypatch, tmp_path):
     from eval_helpers import candidate, cpu_config
 
-    from kloop.evaluator.pipeline import evaluate_many
+    from kloop.evaluator.harness.pipeline import evaluate_many
 
     record = _observed(monkeypatch, tmp_path / "locks")
     results = evaluate_many([("L3/1", candidate("mlp_torch.py"))] * 2,
@@ -197,7 +197,7 @@ def test_the_jit_warmup_runs_under_the_shared_lock_and_never_beside_an_exclusive
     holder starts, and the verdict is the candidate child's."""
     from eval_helpers import candidate, cpu_config
 
-    from kloop.evaluator.pipeline import evaluate_many
+    from kloop.evaluator.harness.pipeline import evaluate_many
 
     record = _observed(monkeypatch, tmp_path / "locks")
     results = evaluate_many([("L3/1", candidate("mlp_triton.py")),
@@ -222,7 +222,7 @@ def test_each_device_child_reports_how_long_it_held_the_device(tmp_path):
     sys.path.insert(0, str(Path(__file__).parent))
     from eval_helpers import candidate, cpu_config
 
-    from kloop.evaluator.pipeline import evaluate
+    from kloop.evaluator.harness.pipeline import evaluate
 
     r = evaluate("L3/1", candidate("mlp_torch.py"), cpu_config(tmp_path / "c", baselines="eager"))
     s = r.stage_seconds

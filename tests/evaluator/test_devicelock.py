@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from kloop.evaluator.devicelock import device_lock
+from kloop.evaluator.procs.devicelock import device_lock
 
 _HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from kloop.evaluator.devicelock import device_lock
+    from kloop.evaluator.procs.devicelock import device_lock
     out, lock_dir, shared, hold, delay = sys.argv[1:6]
     time.sleep(float(delay))
     with device_lock("cuda:0", Path(lock_dir) if lock_dir != "-" else None, shared=shared == "1"):
@@ -57,7 +57,7 @@ def test_shared_holders_overlap_and_an_exclusive_one_runs_alone(tmp_path):
 _ORDERED = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from kloop.evaluator.devicelock import device_lock
+    from kloop.evaluator.procs.devicelock import device_lock
     out, lock_dir, shared = sys.argv[1:4]
     Path(out + ".asking").write_text("")
     with device_lock("cuda:0", Path(lock_dir), shared=shared == "1"):
@@ -96,7 +96,7 @@ def test_a_waiting_exclusive_holder_lets_no_new_shared_holder_in(tmp_path):
 _ACQUIRE = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from kloop.evaluator.devicelock import device_lock
+    from kloop.evaluator.procs.devicelock import device_lock
     device, lock_dir = sys.argv[1:3]
     with device_lock(device, Path(lock_dir) if lock_dir != "-" else None):
         pass

@@ -8,9 +8,9 @@ import threading
 import pytest
 from eval_helpers import candidate, cpu_config
 
-from kloop.evaluator import devicepool
-from kloop.evaluator.pipeline import evaluate
-from kloop.evaluator.state import EvalRun
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.harness.state import EvalRun
+from kloop.evaluator.procs import devicepool
 from kloop.problems.registry import get_problem
 
 

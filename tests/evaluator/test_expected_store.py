@@ -85,8 +85,8 @@ def _served(outs: list[torch.Tensor]):
     """`outs` as a served call leaves them: in one buffer laid out by `ServeLayout`."""
     import numpy as np
 
+    from kloop.evaluator.common.wire import ServeLayout
     from kloop.evaluator.harness.output import Output
-    from kloop.evaluator.worker.serve import ServeLayout
 
     layout = ServeLayout.of([(list(o.shape), str(o.dtype)) for o in outs])
     buf = np.zeros(layout.total, dtype=np.uint8)

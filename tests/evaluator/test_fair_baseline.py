@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 from eval_helpers import candidate, cpu_config
 
-from kloop.evaluator.checks import ast_rules
-from kloop.evaluator.fair_baseline import honest_source
-from kloop.evaluator.isolation import private_dir
-from kloop.evaluator.pipeline import evaluate
-from kloop.evaluator.precheck import precheck_source
-from kloop.evaluator.reference import BaselineRecord
+from kloop.evaluator.harness.checks import ast_rules
+from kloop.evaluator.harness.fair_baseline import honest_source
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.harness.precheck import precheck_source
+from kloop.evaluator.harness.reference import BaselineRecord
+from kloop.evaluator.procs.isolation import private_dir
 from kloop.problems.registry import load_problem_set
 
 PROBLEMS = [p for p in load_problem_set().problems if p.id.startswith("L3/")]

@@ -12,7 +12,7 @@ import pytest
 from eval_helpers import candidate, cpu_config
 
 from kloop.evaluator.harness.flusher import Flusher, FlushFailed, flusher
-from kloop.evaluator.pipeline import evaluate
+from kloop.evaluator.harness.pipeline import evaluate
 
 
 def test_every_served_call_is_preceded_by_a_trusted_flush(tmp_path):

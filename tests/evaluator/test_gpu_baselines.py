@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 from eval_helpers import MLP_SMALL, UNCOMPILABLE, candidate
 
-from kloop.evaluator.config import EvalConfig
-from kloop.evaluator.fair_baseline import honest_source
-from kloop.evaluator.isolation import private_dir
-from kloop.evaluator.pipeline import evaluate
-from kloop.evaluator.reference import BaselineRecord
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.harness.fair_baseline import honest_source
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.harness.reference import BaselineRecord
+from kloop.evaluator.procs.isolation import private_dir
 from kloop.problems.registry import load_problem_set
 
 pytestmark = pytest.mark.gpu

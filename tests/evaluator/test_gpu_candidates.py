@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from eval_helpers import MLP_SMALL, candidate
 
-from kloop.evaluator.config import EvalConfig, StageTimeouts
-from kloop.evaluator.pipeline import evaluate, evaluate_many
+from kloop.evaluator.common.config import EvalConfig, StageTimeouts
+from kloop.evaluator.harness.pipeline import evaluate, evaluate_many
 
 pytestmark = pytest.mark.gpu
 
@@ -174,8 +174,8 @@ def test_ncu_table_for_a_triton_candidate(cache_dir):
     """`eval.ncu: true` on a Triton MLP: one ncu run (under the sandbox identity, as every ncu
     pass) profiles its kernel with every curated metric, and the feedback's table shows it."""
     from kloop.agent.prompts import PromptSet
-    from kloop.evaluator.ncu import METRICS, STALL_REASONS
-    from kloop.evaluator.resources import bare_name
+    from kloop.evaluator.common.resources import bare_name
+    from kloop.evaluator.harness.ncu import METRICS, STALL_REASONS
 
     r = evaluate("L3/1", candidate("mlp_triton.py"),
                  gpu_config(cache_dir, problem_overrides=MLP_MEDIUM, ncu=True))
@@ -220,7 +220,7 @@ def test_a_profiled_process_launches_as_fast_afterwards_with_the_childrens_envir
     import os
     from pathlib import Path
 
-    from kloop.evaluator.sandbox import child_env
+    from kloop.evaluator.procs.sandbox import child_env
 
     spec = importlib.util.spec_from_file_location(
         "bench_cupti", Path(__file__).resolve().parents[2] / "bench" / "cupti.py")

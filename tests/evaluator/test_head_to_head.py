@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from kloop.evaluator.config import EvalConfig
-from kloop.evaluator.fair_baseline import honest_source
-from kloop.evaluator.pipeline import head_to_head
-from kloop.evaluator.precheck import small_overrides
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.harness.fair_baseline import honest_source
+from kloop.evaluator.harness.pipeline import head_to_head
+from kloop.evaluator.harness.precheck import small_overrides
 from kloop.problems.registry import get_problem
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ from eval_helpers import (
     cpu_config,
 )
 
-from kloop.evaluator.pipeline import evaluate
+from kloop.evaluator.harness.pipeline import evaluate
 
 HONEST = [
     ("L3/1", "mlp_triton.py", MLP_SMALL),

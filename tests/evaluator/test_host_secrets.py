@@ -57,7 +57,7 @@ HARNESS = textwrap.dedent('''
     from pathlib import Path
     sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests/evaluator"]
     from eval_helpers import candidate, cpu_config
-    from kloop.evaluator.pipeline import evaluate
+    from kloop.evaluator.harness.pipeline import evaluate
     base, looter = Path(sys.argv[2]), Path(sys.argv[3]).read_text()
     extra = {"sandbox_uid": None} if sys.argv[4] != "pool" else {}
     config = cpu_config(base / "cache", work_root=base / "work", **extra)
@@ -119,7 +119,7 @@ def _run(mode: str, home: Path, base: Path, name: str) -> list[dict]:
 
 def _mode_available(mode: str) -> str | None:
     """Why `mode` cannot run on this machine, or None."""
-    from kloop.evaluator import isolation
+    from kloop.evaluator.procs import isolation
 
     if mode == "pool":
         plan = isolation.plan_sandbox(2_000_000_000, False, REPO / "problems")
@@ -127,14 +127,14 @@ def _mode_available(mode: str) -> str | None:
     if mode == "non_root":
         probe = subprocess.run(
             ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-             sys.executable, "-c", "from evaluator import isolation; "
+             sys.executable, "-c", "from kloop.evaluator.procs import isolation; "
              "print(isolation.userns_works())"],
             capture_output=True, text=True, cwd=REPO, timeout=300)
         if probe.stdout.strip() != "True":
             return f"uid {NOBODY} cannot run this interpreter, or user namespaces are forbidden"
     if mode == "userns":
         probe = subprocess.run(
-            [sys.executable, "-c", "from evaluator import isolation; "
+            [sys.executable, "-c", "from kloop.evaluator.procs import isolation; "
              "print(isolation.userns_works())"], capture_output=True, text=True, cwd=REPO,
             env={**os.environ, "KLOOP_FORCE_USERNS": "1"}, timeout=300)
         if probe.stdout.strip() != "True":

@@ -10,8 +10,8 @@ import time
 
 from eval_helpers import candidate, cpu_config
 
-from kloop.evaluator import isolation
-from kloop.evaluator.pipeline import evaluate
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.procs import isolation
 
 
 def test_next_candidate_after_a_crash_runs_fine(cache_dir):
@@ -118,7 +118,7 @@ def test_a_child_that_fills_the_shared_disk_is_killed(cache_dir):
 def test_the_disk_limit_counts_files_too(tmp_path):
     """Empty files take inodes, not space: a tree of too many entries is over the limit even
     though the free space hardly moved (tmpfs and most filesystems count inodes)."""
-    from kloop.evaluator.sandbox import DiskLimit
+    from kloop.evaluator.procs.sandbox import DiskLimit
 
     limit = DiskLimit(tmp_path, limit=1 << 40, max_files=200)
     assert not limit.exceeded()

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kloop.evaluator.ncu import (
+from kloop.evaluator.common.result import NcuMetrics, ProfileSummary
+from kloop.evaluator.harness.ncu import (
     MAX_LAUNCHES,
     METRICS,
     STALL_METRICS,
@@ -25,7 +26,6 @@ from kloop.evaluator.ncu import (
     ncu_kernel_metrics,
     parse_ncu_kernels,
 )
-from kloop.evaluator.result import NcuMetrics, ProfileSummary
 from kloop.evaluator.worker.profile import summarise
 
 CSV = (Path(__file__).resolve().parents[1] / "data" / "ncu_three_kernels.csv").read_text()

@@ -136,7 +136,7 @@ def test_what_it_cannot_split_runs_as_plain_nvcc(tmp_path):
 def test_it_splits_in_the_environment_compile_children_get(tmp_path):
     """The compile child's scrubbed environment (`sandbox.child_env`) is all a build gets: the
     split still happens there, and each run says what it did."""
-    from kloop.evaluator.sandbox import child_env
+    from kloop.evaluator.procs.sandbox import child_env
 
     (tmp_path / "home" / "tmp").mkdir(parents=True)
     env = child_env(tmp_path / "home", "cpu")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from eval_helpers import cpu_config
 
-from kloop.evaluator.outcome import (
+from kloop.evaluator.common.result import CorrectnessTrial, ErrorInfo, TimingStats, Violation
+from kloop.evaluator.harness.outcome import (
     Decided,
     Entered,
     Flagged,
@@ -15,8 +16,7 @@ from kloop.evaluator.outcome import (
     Reached,
     violated,
 )
-from kloop.evaluator.result import CorrectnessTrial, ErrorInfo, TimingStats, Violation
-from kloop.evaluator.state import EvalRun
+from kloop.evaluator.harness.state import EvalRun
 from kloop.problems.registry import get_problem
 
 

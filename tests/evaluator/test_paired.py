@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from kloop.evaluator.common.wire import OK, ServeLayout
 from kloop.evaluator.harness.clock import CallChannel
 from kloop.evaluator.harness.paired import (
     NULLS_PER_ROUND,
@@ -24,14 +25,14 @@ from kloop.evaluator.harness.paired import (
     speedup_interval,
     split_rounds,
 )
-from kloop.evaluator.worker.serve import OK, ServeLayout
 
 LAYOUT = ServeLayout.of([([16], "torch.float32")])
 
 WORKER = textwrap.dedent('''
     import sys, time
     import torch
-    from kloop.evaluator.worker.serve import ServeLayout, Server
+    from kloop.evaluator.common.wire import ServeLayout
+    from kloop.evaluator.worker.serve import Server
 
     req, rep, mem = (int(x) for x in sys.argv[1].split(","))
     server = Server(req, rep, mem, ServeLayout.model_validate_json(sys.argv[2]), "cpu")

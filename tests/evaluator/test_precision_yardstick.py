@@ -60,8 +60,8 @@ def test_the_precision_check_runs_on_references_a_deep_copy_could_not_widen(
     import exploit_cases
     from eval_helpers import cpu_config
 
-    from kloop.evaluator.fair_baseline import honest_source
-    from kloop.evaluator.pipeline import evaluate
+    from kloop.evaluator.harness.fair_baseline import honest_source
+    from kloop.evaluator.harness.pipeline import evaluate
     from kloop.problems.registry import get_problem
 
     source = honest_source(get_problem(problem).path.read_text())

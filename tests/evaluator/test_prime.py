@@ -10,7 +10,7 @@ import pytest
 from eval_helpers import candidate, cpu_config
 
 from kloop.agent.demo.kernels import SIZES, source
-from kloop.evaluator.pipeline import evaluate
+from kloop.evaluator.harness.pipeline import evaluate
 
 L3_1 = SIZES["L3/1"]
 
@@ -75,7 +75,7 @@ def test_the_candidate_child_finds_every_kernel_the_prime_compiled(tmp_path):
     a gcc-built module per signature) the launcher modules the prime built, so neither JIT nor
     gcc ran under the lock. On the H200 before the prime built launchers, the child added
     exactly one entry, the launcher module."""
-    from kloop.evaluator import stages
+    from kloop.evaluator.harness import stages
 
     seen: dict[str, set[str]] = {}
     prime = stages.prime_pass
@@ -117,13 +117,13 @@ def test_the_prime_runs_no_candidate_code_where_a_gpu_node_is_still_a_device():
 def test_the_prime_targets_the_architecture_whatever_its_suffix(arch_list, expected):
     """The H200's environment says `9.0a`: the prime must compile for 90 (Triton's own name for
     sm_90a), not stop at `int("90a")` (it did, and compiled nothing on the GPU)."""
-    from kloop.evaluator.stages import triton_arch
+    from kloop.evaluator.harness.stages import triton_arch
 
     assert triton_arch(arch_list) == expected
 
 
 def test_an_architecture_that_is_not_one_is_refused():
-    from kloop.evaluator.stages import triton_arch
+    from kloop.evaluator.harness.stages import triton_arch
 
     with pytest.raises(ValueError, match="not a CUDA architecture"):
         triton_arch("sm_90")

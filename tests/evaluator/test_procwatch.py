@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from kloop.evaluator import procwatch
+from kloop.evaluator.procs import procwatch
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc")
 

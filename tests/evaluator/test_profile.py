@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kloop.evaluator.ncu import (
+from kloop.evaluator.harness.ncu import (
     dominant_custom_kernels,
     kernels_regex,
     ncu_command,

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kloop.evaluator import isolation
-from kloop.evaluator.config import EvalConfig
-from kloop.evaluator.fair_baseline import honest_source
-from kloop.evaluator.pipeline import evaluate
-from kloop.evaluator.protocol import ProblemSpec, ReferenceJob, RefTrial
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.common.protocol import ProblemSpec, ReferenceJob, RefTrial
+from kloop.evaluator.harness.fair_baseline import honest_source
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.procs import isolation
 from kloop.evaluator.worker import reference_worker
 from kloop.evaluator.worker.construct import construct, draw_inputs, init_inputs, load_problem
 from kloop.problems.registry import get_problem, load_problem_set
@@ -168,7 +168,7 @@ def test_preparing_on_one_thread_draws_the_same_values():
 
 def test_the_candidate_reads_trial_inputs_before_the_lock_within_its_budget(tmp_path: Path,
                                                                              monkeypatch):
-    from kloop.evaluator.protocol import CandTrial
+    from kloop.evaluator.common.protocol import CandTrial
     from kloop.evaluator.worker import trials as trials_mod
 
     made = {k: [torch.full((256,), float(k)), k] for k in range(4)}

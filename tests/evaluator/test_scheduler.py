@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from kloop.evaluator import board
-from kloop.evaluator.config import EvalConfig
-from kloop.evaluator.scheduler import Scheduler
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.procs import board
+from kloop.evaluator.procs.scheduler import Scheduler
 
 WAIT_S = 20  # a probe that waits this long means the scheduler serialised what it should not
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kloop.evaluator import rules
-from kloop.evaluator.checks import RUNTIME_RULES, ast_rules
-from kloop.evaluator.static import RULES, static_violations
+from kloop.evaluator.common import rules
+from kloop.evaluator.harness.checks import RUNTIME_RULES, ast_rules
+from kloop.evaluator.harness.static import RULES, static_violations
 
 HERE = Path(__file__).parent
 FIXTURES = HERE / "fixtures_e2"
@@ -190,7 +190,7 @@ def test_every_rule_has_a_bad_snippet_and_its_reason_reaches_the_model():
     from kloop.agent.config import AgentConfig
     from kloop.agent.episode import EpisodeSpec, EpisodeState, feedback_template, feedback_vars
     from kloop.agent.prompts import PromptSet
-    from kloop.evaluator.result import EvalResult
+    from kloop.evaluator.common.result import EvalResult
     from kloop.problems.registry import get_problem
 
     assert set(BAD) == set(RULES)

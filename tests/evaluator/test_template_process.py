@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from eval_helpers import MLP_SMALL, candidate, cpu_config
 
-from kloop.evaluator import forkserver
-from kloop.evaluator.pipeline import evaluate
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.procs import forkserver
 
 pytestmark = pytest.mark.skipif(not forkserver.usable(), reason="needs Linux and a subreaper")
 
@@ -84,7 +84,7 @@ def test_without_the_template_children_start_the_plain_way(tmp_path, drop_box, m
     facts = json.loads(out.read_text())
     assert not facts["template"] and fresh[True]._broken
     # Started the plain way, a child that should have been contained is not: the result says so.
-    from kloop.evaluator import isolation
+    from kloop.evaluator.procs import isolation
 
     assert ("isolation_uncontained" in r.flags) == isolation.work_parent(None)[1], r.flags
 
@@ -136,7 +136,7 @@ def test_a_child_whose_early_context_fails_reports_ready_and_goes_on(monkeypatch
 
     import torch
 
-    from kloop.evaluator.protocol import ReadyMsg
+    from kloop.evaluator.common.protocol import ReadyMsg
     from kloop.evaluator.worker import child
 
     if torch.cuda.is_available():

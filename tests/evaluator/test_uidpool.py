@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from eval_helpers import candidate, cpu_config, drop_rows
 
-from kloop.evaluator import isolation, uidpool
-from kloop.evaluator.pipeline import evaluate_many
+from kloop.evaluator.harness.pipeline import evaluate_many
+from kloop.evaluator.procs import isolation, uidpool
 from kloop.problems.registry import get_problem
 
 BASE = 1_999_000_000  # far from the default pool, so a running kloop is not disturbed
@@ -33,7 +33,7 @@ def test_leases_in_flight_are_distinct_and_come_back_when_released():
 def test_a_uid_leased_by_another_process_is_not_handed_out_until_it_dies():
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time\nfrom evaluator import uidpool\n"
+         "import sys, time\nfrom kloop.evaluator.procs import uidpool\n"
          f"l = uidpool.lease({BASE + 10}, 2)\nprint(l.uid, flush=True)\ntime.sleep(60)"],
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
     try:
@@ -135,7 +135,7 @@ def test_concurrent_candidates_cannot_touch_each_other(tmp_path, drop_box):
 
 
 def test_an_evaluation_holds_its_uid_until_cleanup(tmp_path):
-    from kloop.evaluator.state import EvalRun
+    from kloop.evaluator.harness.state import EvalRun
 
     cfg = cpu_config(tmp_path / "cache", sandbox_uid=BASE + 30, sandbox_uids=2)
     run = EvalRun.create(get_problem("L3/1"), "", cfg)

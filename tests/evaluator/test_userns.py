@@ -46,8 +46,8 @@ HARNESS = textwrap.dedent('''
     from pathlib import Path
     sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests/evaluator"]
     from eval_helpers import candidate, cpu_config
-    from kloop.evaluator import isolation
-    from kloop.evaluator.pipeline import evaluate
+    from kloop.evaluator.procs import isolation
+    from kloop.evaluator.harness.pipeline import evaluate
     base, src = Path(sys.argv[2]), Path(sys.argv[3]).read_text()
     extra = {"sandbox_uid": None} if len(sys.argv) > 4 else {}
     r = evaluate("L3/1", src, cpu_config(base / "cache", work_root=base / "work",
@@ -115,7 +115,7 @@ def test_a_non_root_harness_contains_its_children_in_a_user_namespace(base):
                     cwd=base)
     if reach.returncode != 0:
         pytest.skip(f"uid {UID} cannot run this interpreter and repo: {reach.stderr[-200:]}")
-    probe = _as_uid(sys.executable, "-c", "from evaluator import isolation; "
+    probe = _as_uid(sys.executable, "-c", "from kloop.evaluator.procs import isolation; "
                     "print(isolation.userns_works())", cwd=base)
     if probe.stdout.strip() != "True":
         pytest.skip("this host forbids unprivileged user namespaces")

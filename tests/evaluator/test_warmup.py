@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from eval_helpers import candidate, cpu_config
 
-from kloop.evaluator import isolation, stages
-from kloop.evaluator.config import StageTimeouts
-from kloop.evaluator.pipeline import evaluate
+from kloop.evaluator.common.config import StageTimeouts
+from kloop.evaluator.harness import stages
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.procs import isolation
 
 # Knows it is the warm-up (its work dir's name) and misbehaves only there.
 IN_WARMUP = 'import os as _o\n_WARM = _o.path.basename(_o.getcwd()) == "warm"\n'

@@ -16,8 +16,7 @@ from kloop.agent.episode import episode_key
 from kloop.agent.models.base import Message, ModelReply, Usage
 from kloop.agent.records import EpisodeRecord, ModelFaultInfo, TurnRecord
 from kloop.agent.store import RunStore
-from kloop.evaluator.baselines import best_of
-from kloop.evaluator.result import (
+from kloop.evaluator.common.result import (
     CompileLog,
     CorrectnessTrial,
     EnvInfo,
@@ -28,6 +27,7 @@ from kloop.evaluator.result import (
     TimingStats,
     Violation,
 )
+from kloop.evaluator.harness.baselines import best_of
 from kloop.problems.registry import Problem, get_problem
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -10,7 +10,7 @@ import pytest
 from kloop.agent.demo import examples
 from kloop.agent.demo.kernels import SIZES, source
 from kloop.agent.store import RunStore
-from kloop.evaluator.precheck import check_overrides, precheck_source
+from kloop.evaluator.harness.precheck import check_overrides, precheck_source
 from kloop.problems.registry import get_problem
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,13 +18,20 @@ import threading
 import time
 from pathlib import Path
 
-from kloop.evaluator import board
 from kloop.evaluator.build import buildstore, cxx_pch, lean, pch
-from kloop.evaluator.buildslots import build_slot, default_slots
-from kloop.evaluator.checks import STATIC_CHECKS
-from kloop.evaluator.harness.served import null_call_count
-from kloop.evaluator.isolation import identity_env, private_dir, write_new
-from kloop.evaluator.judge import (
+from kloop.evaluator.common.protocol import (
+    PRIME_ARCH_ENV,
+    CandidateJob,
+    CompileJob,
+    CompileMsg,
+    DoneMsg,
+    ErrorMsg,
+    ReferenceJob,
+    RetryMsg,
+)
+from kloop.evaluator.common.result import ErrorInfo, TimingStats
+from kloop.evaluator.harness.checks import STATIC_CHECKS
+from kloop.evaluator.harness.judge import (
     STAGE_OF_CHILD,
     Sequence,
     candidate_job,
@@ -35,7 +42,7 @@ from kloop.evaluator.judge import (
     served64,
     served_seeds,
 )
-from kloop.evaluator.outcome import (
+from kloop.evaluator.harness.outcome import (
     Built,
     Entered,
     Flagged,
@@ -44,21 +51,14 @@ from kloop.evaluator.outcome import (
     Profiled,
     violated,
 )
-from kloop.evaluator.precheck import precheck_source
-from kloop.evaluator.protocol import (
-    PRIME_ARCH_ENV,
-    CandidateJob,
-    CompileJob,
-    CompileMsg,
-    DoneMsg,
-    ErrorMsg,
-    ReferenceJob,
-    RetryMsg,
-)
-from kloop.evaluator.reference import Serving, collect_reference
-from kloop.evaluator.result import ErrorInfo, TimingStats
-from kloop.evaluator.sandbox import Child, ChildOutcome, child_env
-from kloop.evaluator.state import EvalRun, cuda_arch_list
+from kloop.evaluator.harness.precheck import precheck_source
+from kloop.evaluator.harness.reference import Serving, collect_reference
+from kloop.evaluator.harness.served import null_call_count
+from kloop.evaluator.harness.state import EvalRun, cuda_arch_list
+from kloop.evaluator.procs import board
+from kloop.evaluator.procs.buildslots import build_slot, default_slots
+from kloop.evaluator.procs.isolation import identity_env, private_dir, write_new
+from kloop.evaluator.procs.sandbox import Child, ChildOutcome, child_env
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def static_stage(run: EvalRun) -> None:
 
 
 def _static(run: EvalRun) -> None:
-    from kloop.evaluator.backend import detect_backend
+    from kloop.evaluator.common.backend import detect_backend
 
     try:
         ast.parse(run.source, filename="candidate.py")
@@ -277,7 +277,7 @@ def candidate_stage(run: EvalRun) -> None:
     if wants_warmup(run):
         warmup_pass(run, job)
     if run.incumbent is not None:
-        from kloop.evaluator.headtohead import start_incumbent
+        from kloop.evaluator.harness.headtohead import start_incumbent
 
         start_incumbent(run, job, _candidate_env(run))
     ahead = construct_ahead(run)
@@ -450,7 +450,7 @@ def _ncu_pass(run: EvalRun, job: CandidateJob) -> None:
     """Nsight Compute metrics for the custom kernels that dominate the profile (optional
     feedback), from one ncu run. Its wall time is `stage_seconds["ncu"]`: part of the
     evaluation's, and so of the agent's `eval_s` budget."""
-    from kloop.evaluator.ncu import dominant_custom_kernels, ncu_kernel_metrics
+    from kloop.evaluator.harness.ncu import dominant_custom_kernels, ncu_kernel_metrics
 
     if run.profile is None:
         return

@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from kloop.evaluator.checks import result_checks
-from kloop.evaluator.config import EvalConfig
-from kloop.evaluator.fair_baseline import eager_as_candidate_stage
-from kloop.evaluator.outcome import Flagged
-from kloop.evaluator.reference import ReferenceOutput
-from kloop.evaluator.result import EvalResult
-from kloop.evaluator.stages import (
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.common.result import EvalResult
+from kloop.evaluator.harness.checks import result_checks
+from kloop.evaluator.harness.fair_baseline import eager_as_candidate_stage
+from kloop.evaluator.harness.outcome import Flagged
+from kloop.evaluator.harness.reference import ReferenceOutput
+from kloop.evaluator.harness.stages import (
     candidate_stage,
     compile_stage,
     reference_job,
@@ -25,7 +25,7 @@ from kloop.evaluator.stages import (
     reference_stage,
     static_stage,
 )
-from kloop.evaluator.state import EvalRun
+from kloop.evaluator.harness.state import EvalRun
 from kloop.problems.registry import Problem, get_problem
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def evaluate_many(problem_and_sources: Sequence[tuple[Problem | str, str]],
     at a time); up to `ahead` more run their static checks and builds ahead of them
     (`evaluator.scheduler`).
     """
-    from kloop.evaluator.scheduler import Scheduler
+    from kloop.evaluator.procs.scheduler import Scheduler
 
     with Scheduler(max_workers, ahead) as sched:
         futures = [sched.submit(p, s, config) for p, s in problem_and_sources]

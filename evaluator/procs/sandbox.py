@@ -26,12 +26,20 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 import kloop
-from kloop.evaluator import isolation
-from kloop.evaluator.forkserver import Confinement
+from kloop.evaluator.common import linux
+from kloop.evaluator.common.protocol import (
+    MESSAGE,
+    ChildMessage,
+    ChildMode,
+    Control,
+    ReadyMsg,
+    StageMsg,
+)
 from kloop.evaluator.harness import cores
 from kloop.evaluator.harness.clock import CallChannel
-from kloop.evaluator.isolation import SandboxPlan
-from kloop.evaluator.protocol import MESSAGE, ChildMessage, ChildMode, Control, ReadyMsg, StageMsg
+from kloop.evaluator.procs import isolation
+from kloop.evaluator.procs.forkserver import Confinement
+from kloop.evaluator.procs.isolation import SandboxPlan
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +224,7 @@ class Child:
     def _forked(self, fds: tuple[int, ...], identity: dict):
         """The child as a fork of the template process, its fds at 0-2 and then 3, 4, ...
         in the order of `fds` (the argv names them so); None to start it the plain way."""
-        from kloop.evaluator import forkserver
+        from kloop.evaluator.procs import forkserver
 
         pipes = [os.pipe() for _ in range(3)]
         theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
@@ -255,7 +263,7 @@ class Child:
         if plan is None:
             return {}
         if plan.drop_caps:
-            self.env[isolation.CONFINE_ENV] = "caps"
+            self.env[linux.CONFINE_ENV] = "caps"
         if plan.uid is None:
             return {}
         return {"user": plan.uid, "group": plan.gid, "extra_groups": []}
@@ -295,7 +303,7 @@ class Child:
         """Give a child built ahead what it was kept from before the lock: its hidden paths (the
         GPU's device nodes), uncovered in its mount namespace by the template that forked it,
         and SCHED_OTHER for its threads. None when done, else why not."""
-        from kloop.evaluator import forkserver
+        from kloop.evaluator.procs import forkserver
 
         if self.confine.hide and self.forked:
             why = forkserver.server(self.env).grant(self.proc.pid, list(self.confine.hide))

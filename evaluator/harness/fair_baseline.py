@@ -22,17 +22,17 @@ import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kloop.evaluator.isolation import private_dir
-from kloop.evaluator.outcome import Measured
-from kloop.evaluator.reference import (
+from kloop.evaluator.common.result import TimingStats
+from kloop.evaluator.harness.outcome import Measured
+from kloop.evaluator.harness.reference import (
     BaselineRecord,
     ReferenceFailure,
     atomic_write,
     baseline_key,
     key_fields,
 )
-from kloop.evaluator.result import TimingStats
-from kloop.evaluator.state import EvalRun
+from kloop.evaluator.harness.state import EvalRun
+from kloop.evaluator.procs.isolation import private_dir
 
 _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
@@ -46,7 +46,7 @@ def honest_source(problem_source: str) -> str:
 
 def eager_as_candidate_stage(run: EvalRun) -> None:
     """Replace the reference worker's eager baseline with one measured as a candidate."""
-    from kloop.evaluator.stages import baseline_kinds, reference_serving
+    from kloop.evaluator.harness.stages import baseline_kinds, reference_serving
 
     if run.config.eager_baseline_from != "candidate" or "eager" not in baseline_kinds(run):
         return
@@ -73,7 +73,7 @@ def _cached(path: Path) -> TimingStats | None:
 
 
 def _measure(run: EvalRun, path: Path, key: str, fields: dict) -> TimingStats:
-    from kloop.evaluator.pipeline import evaluate
+    from kloop.evaluator.harness.pipeline import evaluate
 
     # The nested run needs no baselines of its own (and must not ask for this one again), and
     # runs on this evaluation's GPU (not whichever of the pool is least busy).

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from kloop.evaluator.result import OutputDiff, WorstElement
+from kloop.evaluator.common.result import OutputDiff, WorstElement
 
 N_WORST = 5
 

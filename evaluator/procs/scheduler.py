@@ -20,12 +20,19 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 
-from kloop.evaluator import board
-from kloop.evaluator.buildslots import default_slots
-from kloop.evaluator.config import EvalConfig
-from kloop.evaluator.pipeline import DEVICE_STAGES, FRONT_STAGES, Stage, finish, run_stages, start
-from kloop.evaluator.result import EvalResult
-from kloop.evaluator.state import EvalRun
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.common.result import EvalResult
+from kloop.evaluator.harness.pipeline import (
+    DEVICE_STAGES,
+    FRONT_STAGES,
+    Stage,
+    finish,
+    run_stages,
+    start,
+)
+from kloop.evaluator.harness.state import EvalRun
+from kloop.evaluator.procs import board
+from kloop.evaluator.procs.buildslots import default_slots
 from kloop.problems.registry import Problem
 
 Stages = Sequence[Stage]

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from kloop.evaluator.result import (
+from kloop.evaluator.common.result import (
     Backend,
     CompileLog,
     EnvInfo,
@@ -315,3 +315,68 @@ class Control(_Rec):
 
     next: Literal["go", "stop", "serve", "skip"]
     data: str | None = None
+
+
+# ---- the template process (`evaluator.worker.zygote`) ------------------------------------
+
+
+class ForkRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    argv: list[str]
+    """`evaluator.worker.child.main`'s argv (argv[0] is a name only)."""
+    env: dict[str, str]
+    cwd: str
+    fd_targets: list[int]
+    """Where each attached fd goes in the child: 0, 1, 2, then the passed fds' numbers."""
+    uid: int | None = None
+    gid: int | None = None
+    hide: list[str] = []
+    """Paths the child must not open (the GPU's device nodes, for a compile child that runs
+    candidate code outside the device lock): /dev/null is bind-mounted over each, in a mount
+    namespace of the child's own. Needs CAP_SYS_ADMIN (a root harness); without it the child
+    starts anyway and says so on stderr."""
+    keep: str | None = None
+    """Contain the child (a root harness): in its mount namespace the directory that holds
+    every evaluation's work dir is an empty tmpfs with only this one (the child's own
+    evaluation's) bound back, so no other evaluation's files can be seen, let alone changed."""
+    own_pids: bool = False
+    """Also a PID namespace of its own, with /proc remounted: it can neither see nor signal
+    any process outside it (children that never use the GPU), and when it exits everything it
+    started is killed."""
+    mask: list[str] = []
+    """Directories covered by an empty tmpfs in the child's mount namespace (the reference
+    worker's dir, the harness's private cache): where the child runs under the harness's own
+    uid or as root without capabilities, file modes alone do not keep it out of them."""
+    userns: bool = False
+    """Enter a user namespace first (a harness that is not root): the namespaces above then
+    need no privilege. The child is root only inside it and drops those capabilities before
+    any candidate code runs."""
+    readonly: bool = False
+    """With `keep`: the whole tree read-only for the child but `keep`, /dev/shm and `writable`
+    (`_readonly_but`), for a child that acts as an identity owning files outside its
+    evaluation (root without capabilities, or the harness's own uid in a user namespace)."""
+    writable: list[str] = []
+    """With `readonly`: directories besides `keep` that stay writable (the tests' drop boxes)."""
+    private: list[str] = []
+    """With `keep`: directories the child must not look into (home directories, shared
+    scratch, the host's logs and secrets): each becomes a read-only tmpfs that shows only the
+    way to what the child needs (`needed`, its environment's paths, the interpreter and its
+    libraries, its own evaluation's dir), bound back. And whatever under /etc others may not
+    read (/etc/shadow, sudoers, ssh host keys) is covered: modes alone do not keep out a child
+    that acts as their owner (root without capabilities)."""
+    needed: list[str] = []
+    """Paths the child must still reach inside `private` directories, besides those it names
+    in its environment and its `sys.path` (the problem's file)."""
+
+
+class GrantRequest(BaseModel):
+    """Give a child forked with `hide` those paths back (the harness holds the device lock for
+    it now): the covering mounts are detached in the child's mount namespace, from outside it,
+    since the child holds no capability to do it itself. Needs CAP_SYS_ADMIN (a root harness)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grant: int
+    """The child's pid (unreaped, so it cannot have been reused)."""
+    paths: list[str]

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from kloop.evaluator import devicepool, isolation
-from kloop.evaluator.buildslots import default_slots
-from kloop.evaluator.config import EvalConfig
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.procs import devicepool, isolation
+from kloop.evaluator.procs.buildslots import default_slots
 
 
 class CheckRow(BaseModel):
@@ -82,7 +82,7 @@ def rows(config: EvalConfig, problem_path: Path) -> list[CheckRow]:
                                                ": writable by candidate code")))
     if on_gpu:
         from kloop.evaluator.harness import gpustate
-        from kloop.evaluator.sandbox import visible_device
+        from kloop.evaluator.procs.sandbox import visible_device
 
         s = gpustate.sample(visible_device(devices[0]))
         out.append(CheckRow(name="NVML", ok=s is not None, trust=False,
@@ -250,8 +250,8 @@ class ModelNew:  # never built: constructing it reports what the candidate proce
 
 def probe(config: EvalConfig, problem_id: str = "L3/1") -> list[CheckRow]:
     """One evaluation of `PROBE` on the CPU, under this config's sandbox; rows from what it saw."""
-    from kloop.evaluator.pipeline import evaluate
-    from kloop.evaluator.sandbox import SECRET_NAME
+    from kloop.evaluator.harness.pipeline import evaluate
+    from kloop.evaluator.procs.sandbox import SECRET_NAME
 
     with tempfile.TemporaryDirectory(prefix="kloop-check-") as work:
         cfg = config.model_copy(update={"device": "cpu", "policy": "kernelbench",

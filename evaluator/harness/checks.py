@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kloop.evaluator.correctness import compare_outputs
-from kloop.evaluator.outcome import Flagged, violated
-from kloop.evaluator.protocol import ProbeMsg, TrialMsg
-from kloop.evaluator.result import Backend, Violation
-from kloop.evaluator.rules import Rule, Severity, of_kind
+from kloop.evaluator.common.correctness import compare_outputs
+from kloop.evaluator.common.protocol import ProbeMsg, TrialMsg
+from kloop.evaluator.common.result import Backend, Violation
+from kloop.evaluator.common.rules import Rule, Severity, of_kind
+from kloop.evaluator.harness.outcome import Flagged, violated
 
 if TYPE_CHECKING:
-    from kloop.evaluator.state import EvalRun
+    from kloop.evaluator.harness.state import EvalRun
 
 __all__ = ["RUNTIME_RULES", "STATIC_CHECKS", "Severity", "probe_violations",
            "trial_violations", "violate"]
@@ -42,7 +42,7 @@ ResultCheck = Callable[["EvalRun"], None]
 
 def ast_rules(source: str, backend: Backend, policy: str) -> list[Violation]:
     """The AST rules of evaluator.static (introspection, timer patching, threads, caches...)."""
-    from kloop.evaluator.static import static_violations
+    from kloop.evaluator.harness.static import static_violations
 
     return static_violations(source, policy)
 

@@ -21,12 +21,12 @@ import shutil
 from typing import TYPE_CHECKING
 
 from kloop.evaluator.build import buildstore
-from kloop.evaluator.isolation import write_new
-from kloop.evaluator.outcome import Flagged
-from kloop.evaluator.protocol import AwaitMsg, CandidateJob, ErrorMsg
+from kloop.evaluator.common.protocol import AwaitMsg, CandidateJob, ErrorMsg
+from kloop.evaluator.harness.outcome import Flagged
+from kloop.evaluator.procs.isolation import write_new
 
 if TYPE_CHECKING:
-    from kloop.evaluator.state import EvalRun
+    from kloop.evaluator.harness.state import EvalRun
 
 STAGES = ["load", "correctness", "timing", "profile", "compile"]
 

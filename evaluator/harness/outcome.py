@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from kloop.evaluator.errortext import for_model
-from kloop.evaluator.result import (
+from kloop.evaluator.common.result import (
     BaselineName,
     CompileLog,
     CorrectnessTrial,
@@ -41,10 +40,11 @@ from kloop.evaluator.result import (
     TimingStats,
     Violation,
 )
-from kloop.evaluator.rules import RULES
+from kloop.evaluator.common.rules import RULES
+from kloop.evaluator.harness.errortext import for_model
 
 if TYPE_CHECKING:
-    from kloop.evaluator.state import EvalRun
+    from kloop.evaluator.harness.state import EvalRun
 
 _STAGE_ORDER: tuple[Stage, ...] = typing.get_args(Stage)
 

@@ -11,9 +11,8 @@ Harness side:
   `isolation_same_uid`), with every capability dropped when that uid is root.
 - `reap_orphans()`: SIGKILL and reap what escaped from sandboxed children.
 
-Child side: `confine_child()` sets no_new_privs (inherited by every descendant and never
-cleared: it also marks a process as sandbox-born for `reap_orphans`) and drops capabilities
-when asked.
+The child side, `confine_child()`, is `evaluator.worker.confine`; the names both sides use
+(prctl, the environment variables the harness sets for it) are `evaluator.common.linux`.
 """
 
 from __future__ import annotations
@@ -32,26 +31,25 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
+
+from kloop.evaluator.common.linux import (
+    BECOME_ENV,
+    CONFINE_ENV,
+    PR_GET_CHILD_SUBREAPER,
+    PR_GET_DUMPABLE,
+    PR_SET_CHILD_SUBREAPER,
+    PR_SET_DUMPABLE,
+)
+from kloop.evaluator.common.linux import libc as _libc
+from kloop.evaluator.common.linux import prctl as _prctl
+from kloop.evaluator.common.vault import VAULT_UID as VAULT_UID
+from kloop.evaluator.common.vault import SandboxPlan as SandboxPlan
+from kloop.evaluator.common.vault import private_dir as private_dir
+from kloop.evaluator.common.vault import vault as _vault
 
 log = logging.getLogger(__name__)
 
-PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
-PR_CAPBSET_DROP = 24
-PR_SET_CHILD_SUBREAPER = 36
-PR_GET_CHILD_SUBREAPER = 37
-PR_SET_NO_NEW_PRIVS = 38
-PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
-_CAP_VERSION_3 = 0x20080522
-CONFINE_ENV = "KLOOP_CONFINE"
-"""Set by the harness in a sandboxed child's environment: `caps` = drop all capabilities."""
-BECOME_ENV = "KLOOP_BECOME"
-"""`uid:gid` for a child that another program starts as root (the ncu pass: ncu starts it),
-so the harness cannot give it the sandbox identity itself: it takes it on, first thing."""
-BACKGROUND_ENV = "KLOOP_BACKGROUND"
-"""Set for children that run candidate code outside the device lock (compile children): they
-run SCHED_IDLE and cannot leave it, so they get no CPU time a timed process wants."""
 NO_USERNS_ENV = "KLOOP_NO_USERNS"
 """Set (to anything) in a non-root harness's environment: do not contain children in user
 namespaces (they then run uncontained, as on a host that forbids user namespaces)."""
@@ -59,8 +57,6 @@ FORCE_USERNS_ENV = "KLOOP_FORCE_USERNS"
 """Set in a root harness's environment (with `sandbox_uid: null`): contain children the way a
 non-root harness does, in a user namespace (how the CPU tests exercise that path as root)."""
 _R, _W, _X = 4, 2, 1
-VAULT_UID = 65533
-"""Owner of the harness-private cache dir; any uid that runs nothing will do."""
 _SWEEP_ROUNDS = 50
 
 # Children the harness spawned and has not reaped yet: never swept. The lock is held while a
@@ -68,21 +64,6 @@ _SWEEP_ROUNDS = 50
 SPAWN_LOCK = threading.Lock()
 _LIVE: set[int] = set()
 _hardened = False
-
-
-@functools.lru_cache(maxsize=1)
-def _libc() -> ctypes.CDLL | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-
-
-def _prctl(option: int, arg: int = 0) -> int:
-    libc = _libc()
-    if libc is None:
-        return -1
-    return int(libc.prctl(option, ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                          ctypes.c_ulong(0)))
 
 
 # ---- harness side -------------------------------------------------------------------------
@@ -113,21 +94,6 @@ def is_subreaper() -> bool:
 
 def harness_dumpable() -> bool | None:
     return None if _libc() is None else bool(_prctl(PR_GET_DUMPABLE))
-
-
-@dataclass(frozen=True)
-class SandboxPlan:
-    """How candidate children run: under `uid`/`gid` (None: the harness's own), and whether they
-    drop every capability (root without a usable unprivileged uid)."""
-
-    uid: int | None
-    gid: int | None
-    drop_caps: bool
-    reason: str
-
-    @property
-    def same_uid(self) -> bool:
-        return self.uid is None
 
 
 def _permits(st: os.stat_result, uid: int, gid: int, want: int) -> bool:
@@ -216,15 +182,6 @@ def plan_sandbox(sandbox_uid: int | None, on_gpu: bool, problem_path: Path) -> S
     return SandboxPlan(None, None, blocked_root is None, reason)
 
 
-def private_dir(cache_dir: Path) -> Path:
-    """`cache_dir/private`, for what only the harness and the reference worker write (baseline
-    timings, the inductor cache of the torch.compile baseline). When the harness is root it
-    belongs to an otherwise unused uid with mode 0700, so no candidate, under the sandbox uid or
-    as root without capabilities, can look inside, let alone rewrite a baseline; root with
-    capabilities (harness, reference worker) passes anyway."""
-    return _vault(cache_dir / "private")
-
-
 def host_lock_dir() -> Path:
     """Where the device lock's files live (`evaluator.devicelock`): one directory per host and
     harness uid, whatever the cache dir, so two runs with different caches never time on one
@@ -241,18 +198,6 @@ def host_lock_dir() -> Path:
     if os.geteuid() != 0 and stat.S_IMODE(st.st_mode) != 0o700:
         path.chmod(0o700)
     return _vault(path)
-
-
-def _vault(path: Path) -> Path:
-    """`path`, made if missing; when the harness is root, the vault uid's with mode 0700, so
-    neither a sandbox uid nor root without capabilities gets in."""
-    path.mkdir(parents=True, exist_ok=True)
-    if _libc() is not None and os.geteuid() == 0:
-        st = os.lstat(path)
-        if (st.st_uid, stat.S_IMODE(st.st_mode)) != (VAULT_UID, 0o700):
-            os.chown(path, VAULT_UID, VAULT_UID, follow_symlinks=False)
-            path.chmod(0o700)
-    return path
 
 
 def give_to(plan: SandboxPlan, *paths: Path) -> None:
@@ -315,7 +260,8 @@ def userns_works() -> bool:
     import subprocess
 
     # In a process of its own: a threaded process (this one) cannot enter a user namespace.
-    probe = "from evaluator.worker.zygote import userns_usable as u; raise SystemExit(not u())"
+    probe = ("from kloop.evaluator.worker.zygote import userns_usable as u; "
+             "raise SystemExit(not u())")
     try:
         return subprocess.run([sys.executable, "-c", probe], capture_output=True,
                               timeout=60).returncode == 0
@@ -474,34 +420,6 @@ def reap_orphans() -> int:
     return len(killed)
 
 
-# ---- child side ---------------------------------------------------------------------------
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                ("inheritable", ctypes.c_uint32)]
-
-
-def _drop_capabilities(libc: ctypes.CDLL) -> None:
-    try:
-        last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
-    except (OSError, ValueError):
-        last = 63
-    # The bounding set first (needs CAP_SETPCAP, which the capset below removes): with it empty
-    # an exec as root cannot regain anything.
-    for cap in range(last + 1):
-        _prctl(PR_CAPBSET_DROP, cap)
-    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
-    header = _CapHeader(_CAP_VERSION_3, 0)
-    data = (_CapData * 2)()
-    if libc.capset(ctypes.byref(header), data) != 0:
-        raise OSError(ctypes.get_errno(), "capset failed")
-
-
 def identity_env(plan: SandboxPlan | None) -> dict[str, str]:
     """The environment that makes a child started by another program (as the harness's own
     uid) take on `plan`'s identity in `confine_child`."""
@@ -511,26 +429,6 @@ def identity_env(plan: SandboxPlan | None) -> dict[str, str]:
     if plan.uid is not None:
         env[BECOME_ENV] = f"{plan.uid}:{plan.gid}"
     return env
-
-
-def _become(spec: str) -> None:
-    uid, gid = (int(x) for x in spec.split(":"))
-    os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)  # from root: every capability goes with it
-    if os.getuid() != uid or os.geteuid() != uid:
-        raise SystemExit("kloop: the sandbox identity was not taken on")
-
-
-def _background() -> None:
-    """SCHED_IDLE for every thread, and RLIMIT_NICE 0 so that none can go back: leaving
-    SCHED_IDLE needs a nice value within RLIMIT_NICE (or CAP_SYS_NICE, dropped or never held)."""
-    resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
-        except OSError as e:  # a thread that ended meanwhile
-            log.debug("SCHED_IDLE for thread %s: %s", tid, e)
 
 
 def write_new(path: Path, text: str) -> None:
@@ -578,19 +476,3 @@ def each_thread(pid: int, apply: Callable[[int], object]) -> str | None:
         except OSError as e:
             return f"thread {tid}: {e}"
     return None
-
-
-def confine_child() -> None:
-    """In a child that will run candidate code, before importing it (see module doc)."""
-    libc = _libc()
-    if libc is None:
-        return
-    become = os.environ.pop(BECOME_ENV, "")
-    if become:
-        _become(become)
-    if os.environ.pop(BACKGROUND_ENV, ""):
-        _background()
-    if _prctl(PR_SET_NO_NEW_PRIVS, 1) != 0:
-        log.warning("could not set no_new_privs (errno %d)", ctypes.get_errno())
-    if os.environ.pop(CONFINE_ENV, "") == "caps":
-        _drop_capabilities(libc)

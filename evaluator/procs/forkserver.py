@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import IO
 
 import kloop
-from kloop.evaluator import isolation
-from kloop.evaluator.worker.zygote import ForkRequest, GrantRequest
+from kloop.evaluator.common.protocol import ForkRequest, GrantRequest
+from kloop.evaluator.procs import isolation
 
 log = logging.getLogger(__name__)
 

@@ -23,18 +23,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-from kloop.evaluator import __version__, board, devicepool, isolation, uidpool
-from kloop.evaluator.baselines import best_of
+from kloop.evaluator import __version__
 from kloop.evaluator.build import triton_runtime
-from kloop.evaluator.config import EvalConfig, Policy
-from kloop.evaluator.devicelock import device_lock
-from kloop.evaluator.forkserver import Confinement, gpu_nodes
-from kloop.evaluator.harness import cores
-from kloop.evaluator.isolation import SandboxPlan
-from kloop.evaluator.outcome import Decided, Finding, Flagged, fold
-from kloop.evaluator.protocol import Control, ProblemSpec, TimingSpec
-from kloop.evaluator.reference import ReferenceOutput
-from kloop.evaluator.result import (
+from kloop.evaluator.common import linux
+from kloop.evaluator.common.config import EvalConfig, Policy
+from kloop.evaluator.common.hostview import private_roots
+from kloop.evaluator.common.protocol import Control, ProblemSpec, TimingSpec
+from kloop.evaluator.common.result import (
     Backend,
     CompileLog,
     CorrectnessTrial,
@@ -51,8 +46,15 @@ from kloop.evaluator.result import (
     TimingStats,
     Violation,
 )
-from kloop.evaluator.sandbox import Child, ChildOutcome, DiskLimit, child_env, visible_device
-from kloop.evaluator.worker.hostview import private_roots
+from kloop.evaluator.harness import cores
+from kloop.evaluator.harness.baselines import best_of
+from kloop.evaluator.harness.outcome import Decided, Finding, Flagged, fold
+from kloop.evaluator.harness.reference import ReferenceOutput
+from kloop.evaluator.procs import board, devicepool, isolation, uidpool
+from kloop.evaluator.procs.devicelock import device_lock
+from kloop.evaluator.procs.forkserver import Confinement, gpu_nodes
+from kloop.evaluator.procs.isolation import SandboxPlan
+from kloop.evaluator.procs.sandbox import Child, ChildOutcome, DiskLimit, child_env, visible_device
 from kloop.problems.registry import Problem
 
 log = logging.getLogger(__name__)
@@ -114,7 +116,7 @@ def gpu_lock_name(device: str) -> str:
     if device == "cpu":
         return device
     from kloop.evaluator.harness import gpustate
-    from kloop.evaluator.sandbox import visible_device
+    from kloop.evaluator.procs.sandbox import visible_device
 
     visible = visible_device(device)
     return "gpu_" + re.sub(r"[^A-Za-z0-9_.-]", "_", gpustate.uuid(visible) or visible)
@@ -256,7 +258,7 @@ class EvalRun:
         """The device lock of this evaluation's GPU stages (`evaluator.devicelock`), named after
         the physical GPU; its files live in the host's lock dir, whatever the cache dir, closed
         to candidate code (`isolation.host_lock_dir`)."""
-        from kloop.evaluator.isolation import host_lock_dir
+        from kloop.evaluator.procs.isolation import host_lock_dir
 
         host = self.config.device_lock == "host"
         return device_lock(gpu_lock_name(self.device), host_lock_dir() if host else None,
@@ -333,7 +335,7 @@ class EvalRun:
     def problem_spec(self) -> ProblemSpec:
         p, meta = self.policy, self.problem.meta
         scale = shift = None
-        from kloop.evaluator.checks import is_degenerate, prefix_probed
+        from kloop.evaluator.harness.checks import is_degenerate, prefix_probed
 
         # The whole-sequence distribution first: it is also one under which the output
         # depends on the input (scripts/probe_prefix.py checks both).
@@ -382,7 +384,7 @@ class EvalRun:
         # Candidate code outside the device lock: idle CPU time only, and no GPU.
         outside = mode in ("compile", "prime")
         if outside or ahead:
-            extra[isolation.BACKGROUND_ENV] = "1"
+            extra[linux.BACKGROUND_ENV] = "1"
         if self.on_cpu:
             extra.setdefault("OMP_NUM_THREADS", str(c.cpu_threads))
         env = child_env(workdir / "home", device or self.device, extra)

@@ -28,16 +28,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from kloop.evaluator.harness.clock import CallResult, ChannelBroken
-from kloop.evaluator.harness.expected import ExpectedStore
-from kloop.evaluator.harness.served import (
-    CallPlan,
-    event_bound_ms,
-    overhead_ms,
-    run_plan,
-    timing_stats,
-)
-from kloop.evaluator.protocol import (
+from kloop.evaluator.common.protocol import (
     Control,
     DoneMsg,
     EnvMsg,
@@ -48,9 +39,18 @@ from kloop.evaluator.protocol import (
     StageMsg,
     TimingSpec,
 )
-from kloop.evaluator.result import EnvInfo, ErrorInfo, TimingStats
-from kloop.evaluator.sandbox import Child, ChildOutcome
-from kloop.evaluator.worker.serve import OK, ServeLayout
+from kloop.evaluator.common.result import EnvInfo, ErrorInfo, TimingStats
+from kloop.evaluator.common.wire import OK, ServeLayout
+from kloop.evaluator.harness.clock import CallResult, ChannelBroken
+from kloop.evaluator.harness.expected import ExpectedStore
+from kloop.evaluator.harness.served import (
+    CallPlan,
+    event_bound_ms,
+    overhead_ms,
+    run_plan,
+    timing_stats,
+)
+from kloop.evaluator.procs.sandbox import Child, ChildOutcome
 
 log = logging.getLogger(__name__)
 BASELINE_SCHEMA_VERSION = 3
