@@ -64,7 +64,7 @@ def violate(run: EvalRun, rule: str, message: str, severity: Severity | None = N
 
 
 def _fired(run: EvalRun, rule: str) -> bool:
-    return any(v.rule == rule for v in run.violations)
+    return any(v.rule == rule for v in run.verdict.violations)
 
 
 # ---- per trial -----------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def launches(run: EvalRun, msg: ProbeMsg) -> list[Violation]:
         return []
     if msg.value or _fired(run, "no_custom_kernel"):
         return []
-    return [violate(run, "no_custom_kernel", f"none of the candidate's {run.backend} kernels "
+    return [violate(run, "no_custom_kernel", f"none of the candidate's {run.verdict.backend} kernels "
                     "launched during a forward")]
 
 
@@ -242,12 +242,12 @@ def prefix_unprobed(run: EvalRun) -> None:
 # Rationale: catalog B1 — plain PyTorch is honest but has no kernel of the candidate's; it is
 # judged on its outputs and flagged (only pretending to have kernels is rejected).
 def torch_only(run: EvalRun) -> None:
-    if run.backend == "torch":
+    if run.verdict.backend == "torch":
         run.record(Flagged(flag="no_custom_kernel"))
 
 
 def implausible_speedup(run: EvalRun) -> None:
-    speedup = run.speedup(run.eager)
+    speedup = run.speedup(run.verdict.eager)
     if speedup is not None and speedup > run.policy.excessive_speedup:
         run.record(*violated(violate(run, "implausible_speedup", f"{speedup:.1f}x over eager "
                                     f"(bound {run.policy.excessive_speedup:g}x)")))
@@ -263,7 +263,7 @@ eager baseline's before the speedup is flagged as measured on two different devi
 # two timings, and both should be taken on the same clock. Flags only: the numbers stand, the
 # reader is told they rest on a throttled or re-clocked device.
 def gpu_conditions(run: EvalRun) -> None:
-    t, e = run.timing, run.eager
+    t, e = run.verdict.timing, run.verdict.eager
     if t is None:
         return
     mine = [s for s in (t.gpu_before, t.gpu_after) if s is not None]

@@ -53,6 +53,7 @@ from kloop.evaluator.harness.checks import (
 )
 from kloop.evaluator.harness.outcome import (
     Built,
+    Clocked,
     Decided,
     Flagged,
     Judged,
@@ -127,7 +128,7 @@ def served64(run: EvalRun) -> list[Served64]:
 
 def candidate_job(run: EvalRun, ref: ReferenceJob, build_dir: Path) -> CandidateJob:
     cand = run.root / "cand"
-    kernels = run.backend not in (None, "torch")
+    kernels = run.verdict.backend not in (None, "torch")
     ghost = _ghost_index(run, ref) if kernels else None
     if kernels and ghost is None:
         run.record(Flagged(flag="ghost_check_skipped"))
@@ -145,9 +146,9 @@ def candidate_job(run: EvalRun, ref: ReferenceJob, build_dir: Path) -> Candidate
     mem = int(run.config.cpu_memory_limit_gb * (1 << 30)) if run.on_cpu else None
     return CandidateJob(
         problem=run.problem_spec(), candidate_path=str(cand / "candidate.py"),
-        backend=run.backend or "torch", trials=trials, fills_path=ref.fills_path,
+        backend=run.verdict.backend or "torch", trials=trials, fills_path=ref.fills_path,
         timing=run.timing_spec(), profile=run.config.profile, ncu=run.config.ncu,
-        memory_limit_bytes=mem, cpu_emulation=run.on_cpu and run.backend == "triton",
+        memory_limit_bytes=mem, cpu_emulation=run.on_cpu and run.verdict.backend == "triton",
         triton_aot=run.config.triton_aot, build_dir=str(build_dir),
         tolerance=run.policy.tolerance(run.config.precision),
         early_cuda_init=run.early_cuda_init,
@@ -208,18 +209,18 @@ def on_message(run: EvalRun, job: CandidateJob, seq: Sequence, child: Any, msg: 
             child.send(Control(next="stop"))
         return False
     if isinstance(msg, StageMsg):
-        run.record(Reached(stage=STAGE_OF_CHILD.get(msg.stage, run.stage)))  # type: ignore[arg-type]
+        run.record(Reached(stage=STAGE_OF_CHILD.get(msg.stage, run.verdict.stage)))  # type: ignore[arg-type]
         run.mark(msg.stage)
     elif isinstance(msg, FlagMsg):
         run.record(Flagged(flag=msg.flag))
     elif isinstance(msg, ErrorMsg):
         run.record(Decided(status=msg.status,  # type: ignore[arg-type]
-                           stage=STAGE_OF_CHILD.get(msg.stage, run.stage), error=msg.error))
+                           stage=STAGE_OF_CHILD.get(msg.stage, run.verdict.stage), error=msg.error))
     elif isinstance(msg, TrialMsg):
-        if not run.trials and (t := run.since_mark("correctness")) is not None:
+        if not run.verdict.trials and (t := run.since_mark("correctness")) is not None:
             # The first trial alone (it counts launches: under the profiler for CUDA sources
             # on a GPU): where the correctness stage's time goes, for bench/throughput.py.
-            run.stage_seconds["first_trial"] = round(t, 3)
+            run.record(Clocked(name="first_trial", seconds=t))
         _judge_trial(run, job, msg)
     elif isinstance(msg, ProbeMsg):
         run.record(*violated(*probe_violations(run, msg)))
@@ -238,7 +239,7 @@ def on_message(run: EvalRun, job: CandidateJob, seq: Sequence, child: Any, msg: 
         # The compile stage's log says how the source was built (nvcc's diagnostics, the split);
         # loading the store's verified copy only adds news when it failed or built something
         # the compile stage did not.
-        if run.compile is None or not (msg.log.ok and msg.log.cache_hit):
+        if run.verdict.compile is None or not (msg.log.ok and msg.log.cache_hit):
             run.record(Built(log=msg.log))
     elif isinstance(msg, DoneMsg):
         seq.done = True
@@ -252,7 +253,7 @@ def _trial_spec(job: CandidateJob, index: int) -> CandTrial | None:
 
 def _judge_trial(run: EvalRun, job: CandidateJob, msg: TrialMsg) -> None:
     spec = _trial_spec(job, msg.index)
-    if spec is None or any(t.trial == msg.index for t in run.trials):
+    if spec is None or any(t.trial == msg.index for t in run.verdict.trials):
         run.record(*violated(violate(run, "protocol_violation", f"the candidate process sent "
                                     f"trial {msg.index}, which is unknown or already judged")))
         return
@@ -299,20 +300,20 @@ def load_output(path: Path, expected: list[Any]) -> tuple[list[Any], str | None]
 
 
 def _all_passed(run: EvalRun, job: CandidateJob) -> bool:
-    judged = {t.trial: t.passed for t in run.trials}
+    judged = {t.trial: t.passed for t in run.verdict.trials}
     return all(judged.get(t.index, False) for t in job.trials)
 
 
 def compile_failed(run: EvalRun) -> bool:
-    return run.compile is not None and not run.compile.ok and not run.compile.infra_error
+    return run.verdict.compile is not None and not run.verdict.compile.ok and not run.verdict.compile.infra_error
 
 
 def rejected(run: EvalRun) -> bool:
-    return any(v.severity == "reject" for v in run.violations)
+    return any(v.severity == "reject" for v in run.verdict.violations)
 
 
 def first_diagnostic(run: EvalRun) -> str:
-    log_ = run.compile
+    log_ = run.verdict.compile
     if log_ is None or not log_.diagnostics:
         return "compilation failed"
     d = log_.diagnostics[0]
@@ -321,21 +322,21 @@ def first_diagnostic(run: EvalRun) -> str:
 
 def final_verdict(run: EvalRun, job: CandidateJob) -> None:
     expected = [t.index for t in job.trials]
-    judged = {t.trial: t for t in run.trials}
+    judged = {t.trial: t for t in run.verdict.trials}
     missing = [k for k in expected if k not in judged]
-    timed_failed = any(not t.passed for t in run.trials if t.kind == "timed")
+    timed_failed = any(not t.passed for t in run.verdict.trials if t.kind == "timed")
     if compile_failed(run):
         run.stop("compile_error", "compile", ErrorInfo(
             type="CompileError", message=first_diagnostic(run)))
     elif rejected(run):
-        run.stop("rejected", run.stage)
+        run.stop("rejected", run.verdict.stage)
     elif missing or timed_failed or not all(judged[k].passed for k in expected):
-        run.stop("incorrect", run.stage, ErrorInfo(
+        run.stop("incorrect", run.verdict.stage, ErrorInfo(
             type="MissingTrials", message=f"trials {missing} never ran") if missing else None)
-    elif job.timing is not None and run.timing is None:
-        run.stop("runtime_error", "timing", run.error or ErrorInfo(
+    elif job.timing is not None and run.verdict.timing is None:
+        run.stop("runtime_error", "timing", run.verdict.error or ErrorInfo(
             type="NoTiming", message="the timed calls did not complete"))
-    elif run.backend == "torch" and run.policy.require_custom_kernel:
+    elif run.verdict.backend == "torch" and run.policy.require_custom_kernel:
         run.record(*violated(violate(run, "no_custom_kernel", "plain PyTorch: the candidate "
                                     "defines no kernel of its own", severity="reject")))
         run.stop("rejected", "done")

@@ -1,9 +1,10 @@
 """What the stages of an evaluation find, as typed records, and the one place they are folded.
 
-Stages, the judge of the candidate's messages and the checks do not write the run's verdict
-fields: each finding is a record below, handed to `EvalRun.record`, which folds it by the rules
-of `fold` and keeps the ordered list (`EvalRun.findings`). The rules that used to be scattered
-as guards beside each assignment live here:
+Stages, the judge of the candidate's messages and the checks never write a verdict: each finding
+is a record below, handed to `EvalRun.record`, which keeps the ordered list (`EvalRun.findings`).
+The run holds resources and that list only; its `Verdict` (status, stage, trials, measurements,
+flags...) is the fold of the list by the rules of `fold`, made afresh on every read
+(`EvalRun.verdict`), and `EvalResult` is built from it. The rules:
 
 - the first `Decided` stands: a verdict decided on a wrong timed output is not undone by the
   crash or the error report of the process killed after it; it keeps the stage it was decided
@@ -20,11 +21,14 @@ as guards beside each assignment live here:
 from __future__ import annotations
 
 import typing
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from kloop.evaluator.common.result import (
+    Backend,
     BaselineName,
     CompileLog,
     CorrectnessTrial,
@@ -42,9 +46,6 @@ from kloop.evaluator.common.result import (
 )
 from kloop.evaluator.common.rules import RULES
 from kloop.evaluator.harness.errortext import for_model
-
-if TYPE_CHECKING:
-    from kloop.evaluator.harness.state import EvalRun
 
 _STAGE_ORDER: tuple[Stage, ...] = typing.get_args(Stage)
 
@@ -124,21 +125,72 @@ class Paired(_Finding):
     intervals: dict[BaselineName, SpeedupInterval]
 
 
+class Detected(_Finding):
+    """What the static stage read from the source: its backend."""
+
+    backend: Backend
+    has_custom_kernel: bool
+
+
+class Clocked(_Finding):
+    """Seconds the harness spent on a stage of its own (added up per name)."""
+
+    name: str
+    seconds: float
+
+
 Finding = (Decided | Entered | Reached | Flagged | Violated | Judged | Noted | Failed | Measured
-           | Built | Profiled | Observed | Precision | Paired | Compared)
+           | Built | Profiled | Observed | Precision | Paired | Compared | Detected | Clocked)
+
+
+@dataclass
+class Verdict:
+    """The fold of a run's findings: everything `EvalResult` reports about the candidate."""
+
+    status: Status | None = None
+    stage: Stage = "static"
+    backend: Backend | None = None
+    has_custom_kernel: bool | None = None
+    compile: CompileLog | None = None
+    trials: list[CorrectnessTrial] = field(default_factory=list)
+    timing: TimingStats | None = None
+    eager: TimingStats | None = None
+    compiled: TimingStats | None = None
+    compiled_ro: TimingStats | None = None
+    profile: ProfileSummary | None = None
+    violations: list[Violation] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
+    error: ErrorInfo | None = None
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    env: EnvInfo | None = None
+    precision: PrecisionCheck | None = None
+    paired: PairedSummary | None = None
+    speedup_ci: dict[str, SpeedupInterval] = field(default_factory=dict)
+    head_to_head: HeadToHead | None = None
+    precision_calls: int = 0
+    """Timed calls whose output was checked against float64 (`harness.timed`)."""
+
+
+def verdict_of(findings: list[Finding], root: Path) -> Verdict:
+    """The verdict the findings make, in order (`root`: the evaluation's dir, kept out of the
+    error text the model sees)."""
+    v = Verdict()
+    for f in findings:
+        fold(v, f, root)
+    return v
 
 
 def violated(*violations: Violation) -> list[Violated]:
     return [Violated(violation=v) for v in violations]
 
 
-def fold(run: EvalRun, f: Finding) -> None:
-    """Apply one finding to the run (the only writer of the verdict's fields)."""
+def fold(run: Verdict, f: Finding, root: Path) -> None:
+    """Apply one finding to a verdict (the only writer of its fields)."""
     if isinstance(f, Decided):
         if run.status is None:
             run.status, run.stage = f.status, f.stage
             if f.error is not None:
-                run.error = for_model(f.error, run.root)
+                run.error = for_model(f.error, root)
     elif isinstance(f, Entered):
         if run.status is None:  # a decided verdict keeps the stage it was decided in
             run.stage = f.stage
@@ -158,7 +210,7 @@ def fold(run: EvalRun, f: Finding) -> None:
             if t.trial == f.trial:
                 run.trials[i] = t.model_copy(update={"message": f.message})
     elif isinstance(f, Failed):
-        run.error = for_model(f.error, run.root)
+        run.error = for_model(f.error, root)
     elif isinstance(f, Measured):
         setattr(run, f.what, f.stats)
     elif isinstance(f, Built):
@@ -176,5 +228,9 @@ def fold(run: EvalRun, f: Finding) -> None:
         run.head_to_head = f.head_to_head
     elif isinstance(f, Paired):
         run.paired, run.speedup_ci = f.summary, dict(f.intervals)
+    elif isinstance(f, Detected):
+        run.backend, run.has_custom_kernel = f.backend, f.has_custom_kernel
+    elif isinstance(f, Clocked):
+        run.stage_seconds[f.name] = round(run.stage_seconds.get(f.name, 0.0) + f.seconds, 3)
     else:  # pragma: no cover - a new kind of finding without a rule
         raise TypeError(f"no rule folds a {type(f).__name__}")

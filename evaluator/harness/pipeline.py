@@ -79,7 +79,7 @@ def run_stages(run: EvalRun, stages: Sequence[Stage]) -> None:
     """Each stage records its own wall time (after waiting for the device, if it needs it);
     the first that gives the run a status ends it."""
     for stage in stages:
-        if run.status is not None:
+        if run.verdict.status is not None:
             return
         stage(run)
 

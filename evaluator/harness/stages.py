@@ -44,6 +44,8 @@ from kloop.evaluator.harness.judge import (
 )
 from kloop.evaluator.harness.outcome import (
     Built,
+    Clocked,
+    Detected,
     Entered,
     Flagged,
     Measured,
@@ -85,11 +87,11 @@ def _static(run: EvalRun) -> None:
     if (bad := precheck_source(run.source)) is not None:  # empty, or no ModelNew: stop before any child
         run.stop("compile_error", "static", ErrorInfo(type=bad.kind, message=bad.message))
         return
-    run.backend = detect_backend(run.source)
-    run.has_custom_kernel = run.backend != "torch"
+    backend = detect_backend(run.source)
+    run.record(Detected(backend=backend, has_custom_kernel=backend != "torch"))
     for check in STATIC_CHECKS:
-        run.record(*violated(*check(run.source, run.backend, run.policy.name)))
-    if any(v.severity == "reject" for v in run.violations):
+        run.record(*violated(*check(run.source, backend, run.policy.name)))
+    if any(v.severity == "reject" for v in run.verdict.violations):
         run.stop("rejected", "static")
     (run.root / "cand" / "candidate.py").write_text(run.source)
     (run.root / "compile" / "candidate.py").write_text(run.source)
@@ -112,7 +114,7 @@ def compile_stage(run: EvalRun) -> None:
     them with nvcc (no GPU), in a child that cannot touch the GPU. Triton kernels compile at
     their first launch (GPU) or are compiled for sm_90 after the interpreter ran them (CPU)."""
     run.record(Entered(stage="compile"))
-    if run.backend != "cuda":
+    if run.verdict.backend != "cuda":
         return
     _start_pch(run)
     t0 = time.monotonic()
@@ -120,7 +122,7 @@ def compile_stage(run: EvalRun) -> None:
     with contextlib.ExitStack() as slot:
         with board.phase("build_wait"):
             slot.enter_context(build_slot(private_dir(run.config.cache_dir) / "locks", slots))
-        run.stage_seconds["build_wait"] = round(time.monotonic() - t0, 3)
+        run.record(Clocked(name="build_wait", seconds=time.monotonic() - t0))
         with board.phase("build"), run.timed("compile"):
             _compile(run)
 
@@ -137,7 +139,7 @@ def _compile(run: EvalRun) -> None:
     workdir = run.root / "compile"
     store = buildstore.Store(run.config.cache_dir, run.source_sha256, run.sandbox)
     store.stage(build_dir(run), run.root / "nvcc_checks")
-    job = CompileJob(candidate_path=str(workdir / "candidate.py"), backend=run.backend,
+    job = CompileJob(candidate_path=str(workdir / "candidate.py"), backend=run.verdict.backend,
                      device=run.child_device, build_dir=str(build_dir(run)))
     # Compilation never needs the GPU: hide it so parallel builds do not disturb timings.
     with run.spawn("compile", job, workdir, ["compile"], _build_env(run), device="cpu") as child:
@@ -154,7 +156,7 @@ def _compile(run: EvalRun) -> None:
     # its file's candidate child may load.
     store.install(workdir / "build", workdir / "nvcc_cache")
     store.stage(build_dir(run), run.root / "nvcc_checks")
-    log_ = run.compile
+    log_ = run.verdict.compile
     if error is not None and error.status == "compile_error":
         run.stop("compile_error", "compile", error.error)
     elif log_ is not None and log_.infra_error:
@@ -165,7 +167,7 @@ def _compile(run: EvalRun) -> None:
     elif error is None and not done:
         run.fail_from_outcome(outcome, "compile")
     # A runtime error while importing only to compile is judged where the candidate really runs.
-    if run.status is None and run.on_cpu:
+    if run.verdict.status is None and run.on_cpu:
         run.stop("not_run", "compile")
         run.record(Flagged(flag="not_run:no_gpu"))
 
@@ -216,7 +218,7 @@ def reference_stage(run: EvalRun, job: ReferenceJob | None = None,
     run.reference = out
     if out.parked:  # off the lock now, serving nothing until the candidate's timed calls
         run.ref_child = child
-    run.stage_seconds.update(out.stage_seconds)
+    run.verdict.stage_seconds.update(out.stage_seconds)
     kinds = job.baselines
     run.record(Observed(env=out.env),
                Measured(what="eager", stats=_as_reference(out.eager) if "eager" in kinds else None),
@@ -294,11 +296,11 @@ def candidate_stage(run: EvalRun) -> None:
         judged = _candidate_child(run, job)
     done, outcome = judged
     run.mark(None)
-    if run.status is None and not done:
+    if run.verdict.status is None and not done:
         run.fail_from_outcome(outcome, STAGE_OF_CHILD.get(outcome.stage, "load"))
-    if run.status is None:
+    if run.verdict.status is None:
         final_verdict(run, job)
-    if run.status == "correct" and run.config.ncu and not run.on_cpu:
+    if run.verdict.status == "correct" and run.config.ncu and not run.on_cpu:
         with run.gpu_lock(), run.timed("ncu"):
             _ncu_pass(run, job)
 
@@ -412,7 +414,7 @@ def _jit_only(job: CandidateJob, workdir: Path) -> CandidateJob:
 
 def wants_prime(run: EvalRun) -> bool:
     mode = run.config.jit_prime
-    return mode == "on" or (mode == "auto" and not run.on_cpu and run.backend == "triton")
+    return mode == "on" or (mode == "auto" and not run.on_cpu and run.verdict.backend == "triton")
 
 
 def triton_arch(arch_list: str) -> int:
@@ -452,9 +454,9 @@ def _ncu_pass(run: EvalRun, job: CandidateJob) -> None:
     evaluation's, and so of the agent's `eval_s` budget."""
     from kloop.evaluator.harness.ncu import dominant_custom_kernels, ncu_kernel_metrics
 
-    if run.profile is None:
+    if run.verdict.profile is None:
         return
-    targets = dominant_custom_kernels(run.profile, run.config.ncu_kernels)
+    targets = dominant_custom_kernels(run.verdict.profile, run.config.ncu_kernels)
     if not targets:
         return
     workdir = run.root / "cand"
@@ -465,7 +467,7 @@ def _ncu_pass(run: EvalRun, job: CandidateJob) -> None:
     if not metrics:
         run.record(Flagged(flag="ncu_unavailable"))
         return
-    run.record(Profiled(summary=run.profile.model_copy(
+    run.record(Profiled(summary=run.verdict.profile.model_copy(
         update={"ncu": metrics[0], "ncu_kernels": metrics})))
 
 

@@ -30,25 +30,15 @@ from kloop.evaluator.common.config import EvalConfig, Policy
 from kloop.evaluator.common.hostview import private_roots
 from kloop.evaluator.common.protocol import Control, ProblemSpec, TimingSpec
 from kloop.evaluator.common.result import (
-    Backend,
-    CompileLog,
-    CorrectnessTrial,
-    EnvInfo,
     ErrorInfo,
     EvalResult,
-    HeadToHead,
-    PairedSummary,
-    PrecisionCheck,
-    ProfileSummary,
-    SpeedupInterval,
     Stage,
     Status,
     TimingStats,
-    Violation,
 )
 from kloop.evaluator.harness import cores
 from kloop.evaluator.harness.baselines import best_of
-from kloop.evaluator.harness.outcome import Decided, Finding, Flagged, fold
+from kloop.evaluator.harness.outcome import Clocked, Decided, Finding, Flagged, Verdict, verdict_of
 from kloop.evaluator.harness.reference import ReferenceOutput
 from kloop.evaluator.procs import board, devicepool, isolation, uidpool
 from kloop.evaluator.procs.devicelock import device_lock
@@ -124,7 +114,9 @@ def gpu_lock_name(device: str) -> str:
 
 @dataclass
 class EvalRun:
-    """Everything known about one evaluation so far."""
+    """One evaluation's resources (its problem, config, dirs, device claim, uid lease, children)
+    and what its stages found (`findings`, in order). The verdict is never stored: `verdict`
+    folds the findings afresh (`evaluator.harness.outcome`), so nothing but a finding moves it."""
 
     problem: Problem
     source: str
@@ -134,24 +126,7 @@ class EvalRun:
     root: Path
     salt: str
     started_at: str
-    status: Status | None = None
-    stage: Stage = "static"
-    backend: Backend | None = None
-    has_custom_kernel: bool | None = None
-    compile: CompileLog | None = None
-    trials: list[CorrectnessTrial] = field(default_factory=list)
-    timing: TimingStats | None = None
-    eager: TimingStats | None = None
-    compiled: TimingStats | None = None
-    compiled_ro: TimingStats | None = None
-    profile: ProfileSummary | None = None
-    violations: list[Violation] = field(default_factory=list)
-    flags: list[str] = field(default_factory=list)
-    error: ErrorInfo | None = None
-    stage_seconds: dict[str, float] = field(default_factory=dict)
-    env: EnvInfo | None = None
     reference: ReferenceOutput | None = None
-    precision: PrecisionCheck | None = None
     sandbox: SandboxPlan | None = None
     """How candidate code runs (uid, capabilities); see `evaluator.isolation`."""
     contained: bool = False
@@ -167,14 +142,9 @@ class EvalRun:
     ref_child: Child | None = None
     """The reference worker while it is parked (`ReferenceJob.paired`): the candidate's timed
     calls are interleaved with its baselines' (`evaluator.harness.paired`)."""
-    paired: PairedSummary | None = None
-    speedup_ci: dict[str, SpeedupInterval] = field(default_factory=dict)
     incumbent: str | None = None
     """The source timed against this candidate in the same rounds (`evaluator.headtohead`)."""
     incumbent_child: Child | None = None
-    head_to_head: HeadToHead | None = None
-    precision_calls: int = 0
-    """Timed calls whose output was checked against float64 (`harness.timed`)."""
     _mark: tuple[str, float] | None = None
 
     @classmethod
@@ -244,11 +214,13 @@ class EvalRun:
         return not self.on_cpu and self.config.cuda_init == "before_lock"
 
     def record(self, *findings: Finding) -> None:
-        """Fold findings into the run (`evaluator.outcome.fold`: the only writer of the
-        verdict, its stage, trials, violations, flags and measurements)."""
-        for f in findings:
-            self.findings.append(f)
-            fold(self, f)
+        """Add findings to the run: the verdict is their fold (`verdict`)."""
+        self.findings.extend(findings)
+
+    @property
+    def verdict(self) -> Verdict:
+        """The fold of every finding so far, made afresh: a copy nobody can write back."""
+        return verdict_of(self.findings, self.root)
 
     def stop(self, status: Status, stage: Stage, error: ErrorInfo | None = None) -> None:
         """A verdict (`Decided`: the first one stands)."""
@@ -269,11 +241,11 @@ class EvalRun:
         """Adds the block's wall time to `stage_seconds[name]`, less its wait for the device
         (which `stage_seconds["device_wait"]` counts)."""
         t0 = time.monotonic()
-        w0 = self.stage_seconds.get("device_wait", 0.0)
+        w0 = self.verdict.stage_seconds.get("device_wait", 0.0)
         try:
             yield
         finally:
-            waited = self.stage_seconds.get("device_wait", 0.0) - w0
+            waited = self.verdict.stage_seconds.get("device_wait", 0.0) - w0
             self._add(name, time.monotonic() - t0 - waited)
 
     @contextlib.contextmanager
@@ -318,7 +290,7 @@ class EvalRun:
                 yield child
 
     def _add(self, name: str, seconds: float) -> None:
-        self.stage_seconds[name] = round(self.stage_seconds.get(name, 0.0) + seconds, 3)
+        self.record(Clocked(name=name, seconds=seconds))
 
     def since_mark(self, name: str) -> float | None:
         """Seconds since the child stage `name` began, while it is the running one."""
@@ -494,37 +466,40 @@ class EvalRun:
                 self.claim.release()
 
     def to_result(self) -> EvalResult:
-        assert self.status is not None
-        vs = {"eager": self.speedup(self.eager), "compile": self.speedup(self.compiled),
-              "compile_ro": self.speedup(self.compiled_ro)}
+        v = self.verdict
+        assert v.status is not None
+        vs = {"eager": self.speedup(v.eager), "compile": self.speedup(v.compiled),
+              "compile_ro": self.speedup(v.compiled_ro)}
         best = best_of(vs)
         return EvalResult(
-            evaluator_version=__version__, status=self.status, stage_reached=self.stage,
-            backend=self.backend, has_custom_kernel=self.has_custom_kernel,
+            evaluator_version=__version__, status=v.status, stage_reached=v.stage,
+            backend=v.backend, has_custom_kernel=v.has_custom_kernel,
             problem_id=self.problem.id, problem_sha256=self.problem.sha256,
             candidate_sha256=self.source_sha256,
             policy=self.policy.name, tolerance=self.policy.tolerance(self.config.precision),
             device=self.device,
-            problem_overrides=self.config.problem_overrides, compile=self.compile,
-            correctness=self.trials, timing=self.timing, eager=self.eager,
-            compiled=self.compiled, compiled_ro=self.compiled_ro, speedup_vs_eager=vs["eager"],
+            problem_overrides=self.config.problem_overrides, compile=v.compile,
+            correctness=v.trials, timing=v.timing, eager=v.eager,
+            compiled=v.compiled, compiled_ro=v.compiled_ro, speedup_vs_eager=vs["eager"],
             speedup_vs_compile=vs["compile"], speedup_vs_compile_ro=vs["compile_ro"],
             speedup_vs_best=best.speedup, best_baseline=best.name,
             speedup_clock=self.speedup_clock(),
-            speedup_ci={b: i for b, i in self.speedup_ci.items() if vs.get(b) is not None},
-            head_to_head=self.head_to_head if self.status == "correct" else None,
-            paired=self.paired, precision_calls=self.precision_calls,
-            profile=self.profile,
-            precision=self.precision,
-            violations=self.violations, flags=sorted(set(self.flags)), error=self.error,
-            stage_seconds=self.stage_seconds, env=self.env, started_at=self.started_at,
+            speedup_ci={b: i for b, i in v.speedup_ci.items() if vs.get(b) is not None},
+            head_to_head=v.head_to_head if v.status == "correct" else None,
+            paired=v.paired, precision_calls=v.precision_calls,
+            profile=v.profile,
+            precision=v.precision,
+            violations=v.violations, flags=sorted(set(v.flags)), error=v.error,
+            stage_seconds=v.stage_seconds, env=v.env, started_at=self.started_at,
         )
 
     def speedup(self, baseline: TimingStats | None) -> float | None:
-        if self.status != "correct":
+        v = self.verdict
+        if v.status != "correct":
             return None
-        return speedup(self.timing, baseline, self.policy.speedup_stat, self.speedup_clock())
+        return speedup(v.timing, baseline, self.policy.speedup_stat, self.speedup_clock())
 
     def speedup_clock(self) -> SpeedupClock | None:
-        return None if self.status != "correct" else \
-            speedup_clock(self.policy, self.timing, self.eager)
+        v = self.verdict
+        return None if v.status != "correct" else \
+            speedup_clock(self.policy, v.timing, v.eager)

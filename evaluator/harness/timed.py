@@ -57,7 +57,7 @@ _RELEASE_S = 60.0
 
 
 def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
-    """Serve the plan through the child's call channel; sets `run.timing` when every call
+    """Serve the plan through the child's call channel; sets `run.verdict.timing` when every call
     passed, else records the failed call as a `timed` trial (or the error, timeout or
     violation)."""
     ref = run.reference
@@ -310,7 +310,7 @@ def release_reference(run: EvalRun) -> None:
 
 def note_call_problem(run: EvalRun, message: str) -> None:
     """The worker's account of why its output could not be served, on the failed call."""
-    for t in run.trials:
+    for t in run.verdict.trials:
         if t.kind == "timed" and t.message == _UNSERVED:
             run.record(Noted(trial=t.trial, message=f"{_UNSERVED}: {message[:500]}"))
             return

@@ -85,7 +85,7 @@ class Scheduler:
         except BaseException as e:  # noqa: BLE001 (the caller gets it through the future)
             self._done(run, out, error=e)
             return
-        if run.status is not None:  # ended before the device (a compile error, a static rule)
+        if run.verdict.status is not None:  # ended before the device (a compile error, a static rule)
             self._done(run, out)
         else:  # in the order front stages finish; the device pool's queue is first in, first out
             with self._handoff:

@@ -68,8 +68,8 @@ def test_a_speedup_on_two_clocks_or_a_throttled_gpu_is_flagged(tmp_path, cand, e
 
     run = EvalRun.create(get_problem("L3/1"), "", cpu_config(tmp_path / "cache"))
     try:
-        run.timing, run.eager = cand, eager
+        run.verdict.timing, run.verdict.eager = cand, eager
         gpu_conditions(run)
-        assert set(run.flags) & {"gpu_clock_differs", "gpu_throttled"} == flags
+        assert set(run.verdict.flags) & {"gpu_clock_differs", "gpu_throttled"} == flags
     finally:
         run.cleanup()

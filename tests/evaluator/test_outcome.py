@@ -32,27 +32,27 @@ def test_the_first_verdict_stands_with_its_stage_and_error(run):
                Decided(status="incorrect", stage="timing"),
                Decided(status="runtime_error", stage="load",
                        error=ErrorInfo(type="SIGKILL", message="killed after the verdict")))
-    assert (run.status, run.stage, run.error) == ("incorrect", "timing", None)
+    assert (run.verdict.status, run.verdict.stage, run.verdict.error) == ("incorrect", "timing", None)
 
 
 def test_stages_move_forward_only_from_children_and_stay_once_decided(run):
     run.record(Entered(stage="correctness"), Reached(stage="load"))
-    assert run.stage == "correctness"  # a child's report never moves it back
+    assert run.verdict.stage == "correctness"  # a child's report never moves it back
     run.record(Reached(stage="timing"))
-    assert run.stage == "timing"
+    assert run.verdict.stage == "timing"
     run.record(Entered(stage="load"))  # the harness starting a stage sets it
-    assert run.stage == "load"
+    assert run.verdict.stage == "load"
     run.record(Decided(status="rejected", stage="static"), Reached(stage="done"),
                Entered(stage="timing"))
-    assert run.stage == "static"
+    assert run.verdict.stage == "static"
 
 
 def test_runtime_violations_raise_their_flag_and_static_ones_do_not(run):
     v = Violation(rule="deferred_work", severity="reject", message="m")
     w = Violation(rule="dynamic_code", severity="flag", message="m")
     run.record(*violated(v, w), Flagged(flag="ghost_check_skipped"))
-    assert run.violations == [v, w]
-    assert run.flags == ["deferred_work", "ghost_check_skipped"]
+    assert run.verdict.violations == [v, w]
+    assert run.verdict.flags == ["deferred_work", "ghost_check_skipped"]
 
 
 def test_a_note_amends_the_judged_trial_and_findings_are_kept_in_order(run):
@@ -61,7 +61,7 @@ def test_a_note_amends_the_judged_trial_and_findings_are_kept_in_order(run):
                         iqr_ms=0.0, n_trials=1, clock="harness", comparable=False)
     run.record(Judged(trial=t), Noted(trial=1003, message="unserved: shape"),
                Measured(what="eager", stats=stats))
-    assert run.trials[0].message == "unserved: shape" and run.eager == stats
+    assert run.verdict.trials[0].message == "unserved: shape" and run.verdict.eager == stats
     assert [type(f).__name__ for f in run.findings] == ["Judged", "Noted", "Measured"]
 
 
@@ -77,7 +77,7 @@ def test_an_error_reaches_the_result_cut_to_the_candidates_frames_without_host_p
     run.record(Decided(status="runtime_error", stage="load", error=ErrorInfo(
         type="RuntimeError", message="found /root/.config/kloop-planted-name " + "x" * 5000,
         traceback=tb, stderr_tail="reading /home/alice/notes.txt\n" * 500)))
-    e = run.error
+    e = run.verdict.error
     assert e.type == "RuntimeError"
     assert e.message.startswith("found <path> xxx") and len(e.message) <= 400
     assert 'File "cand/candidate.py", line 12, in forward' in e.traceback
@@ -87,3 +87,20 @@ def test_an_error_reaches_the_result_cut_to_the_candidates_frames_without_host_p
     text = e.model_dump_json()
     assert not any(s in text for s in ("kloop-planted-name", "alice", "/root", "/opt/venv",
                                        str(run.root)))
+
+
+def test_the_run_keeps_no_verdict_and_a_write_to_one_changes_nothing(run):
+    """The verdict is the fold of the findings, made afresh on each read: a stage that wrote
+    to it directly (as stages once did) would have its write dropped, never reported."""
+    import dataclasses
+
+    from kloop.evaluator.harness.outcome import Verdict
+
+    verdict_fields = {f.name for f in dataclasses.fields(Verdict)}
+    assert verdict_fields & {f.name for f in dataclasses.fields(type(run))} == set()
+    run.record(Decided(status="incorrect", stage="correctness"))
+    v = run.verdict
+    v.status, v.flags = "correct", ["written"]
+    assert (run.verdict.status, run.verdict.flags) == ("incorrect", [])
+    result = run.to_result()
+    assert result.status == "incorrect" and result.flags == []
