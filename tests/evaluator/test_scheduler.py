@@ -50,7 +50,7 @@ class Probes:
         if name in self.hold_front:
             assert self.hold_front[name].wait(WAIT_S), f"{name}'s front stage was never released"
         if name in self.status:
-            run.verdict.status = self.status[name]
+            run.stop(self.status[name], "static")
         self.done(name).set()
 
     def device(self, run) -> None:
@@ -64,7 +64,7 @@ class Probes:
             self.active -= 1
         if name in self.fail:
             raise RuntimeError(f"reference failure on {name}")
-        run.verdict.status = "correct"
+        run.stop("correct", "done")
 
     def stages(self):
         return (self.front,), (self.device,)
