@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agent.models.base import ModelConfig
-from evaluator.config import EvalConfig
+from evaluator.config import EvalConfig, without_removed
 from kloop.errors import KloopError
 
 ContextPolicy = Literal["full", "last_k", "last", "digest", "summary"]
@@ -276,6 +276,7 @@ class RunConfig(_Config):
         for name, default in _STRATEGY_ADDED.items():
             if data["strategy"].get(name) == default:
                 data["strategy"].pop(name)
+        data["eval"].update(_EVAL_REMOVED)
         data["eval_policy"] = self.eval.resolved_policy().model_dump(mode="json")
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
@@ -284,6 +285,9 @@ class RunConfig(_Config):
 # something other than the default, which is the behaviour from before they existed.
 _EVAL_ADDED = {"eager_baseline_from": "reference", "l2_flush": "worker", "disk_limit_gb": 16.0,
                "ncu_kernels": 3}
+# Evaluator fields removed after episode keys were written with them: digested at the value every
+# run since has (the one behaviour left), so those keys stay valid.
+_EVAL_REMOVED = {"jit_prime": "off"}
 _STRATEGY_ADDED = {"roots": 2, "expansions": 6, "exploration": 0.5, "max_children": 3, "batch": 1}
 # Fields that say where and how fast a run goes, or which problems it covers (each episode key
 # already holds its problem's hash): changing them must not change episode keys.
@@ -291,8 +295,16 @@ _OPERATIONAL = {"problems", "level", "problems_dir", "concurrency", "runs_dir", 
                 "executor"}
 # The evaluator's machine-local knobs: where caches and work dirs live, what is kept for debugging.
 _EVAL_OPERATIONAL = {"cache_dir", "work_root", "keep_workdir", "device_lock", "output_tail_bytes",
-                     "template_process", "hidden_from_builds", "build_slots", "jit_warmup",
+                     "template_process", "hidden_from_builds", "build_slots",
                      "child_writable", "cuda_init"}
+
+
+def saved_config(config: Any) -> Any:
+    """A run config as a saved record holds it (`config.json`), less the evaluator settings
+    removed since it was written (`evaluator.config.REMOVED`)."""
+    if isinstance(config, dict) and isinstance(config.get("eval"), dict):
+        return {**config, "eval": without_removed(config["eval"])}
+    return config
 
 
 def merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
@@ -319,7 +331,7 @@ def parse_layer(spec: str) -> dict[str, Any]:
         # A saved run config (`runs/<id>/config.json`) holds the config under "config"; started
         # again, it makes a new run, so its run id is dropped.
         if "config" in data and "schema_version" in data:
-            return {k: v for k, v in data["config"].items() if k != "run_id"}
+            return {k: v for k, v in saved_config(data["config"]).items() if k != "run_id"}
         return data
     if "=" not in spec:
         raise ConfigError(f"-c {spec!r}: no such file, and not a key=value override")

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Precision = Literal["fp32", "fp16", "bf16"]
 BaselineMode = Literal["auto", "eager", "compile", "both", "all", "none"]
@@ -166,6 +166,23 @@ class StageTimeouts(BaseModel):
     includes inductor; CUDA graphs capture for reduce-overhead)."""
 
 
+REMOVED: dict[str, str] = {
+    "jit_warmup": "the JIT warm-up pass under a shared device lock: 0.90-1.02x candidates per "
+                  "GPU-hour on the H200",
+    "jit_prime": "compiling Triton kernels before the device lock: never measured as a win",
+}
+"""Mechanism settings removed on 2026-12-05 (docs/performance.md has their measurements) -> what
+they chose and why they went. The evaluator runs as each one's default did. Naming one is an
+error that says so; a run's saved config from before the removal drops them on reading
+(`without_removed`): they chose how the evaluator worked, never what a verdict means."""
+
+
+def without_removed(fields: dict[str, Any]) -> dict[str, Any]:
+    """`EvalConfig` fields as a record written before the removal holds them, without the
+    removed ones."""
+    return {k: v for k, v in fields.items() if k not in REMOVED}
+
+
 def _default_cache_dir() -> Path:
     return Path(os.environ.get("KLOOP_CACHE_DIR", Path.home() / ".cache" / "kloop"))
 
@@ -218,30 +235,6 @@ class EvalConfig(BaseModel):
     machine, whatever its `cache_dir`, through file locks named after the physical GPU in
     `isolation.host_lock_dir`, so timings of concurrent runs never overlap) or `process` (only
     evaluations in this process; concurrent processes then time under each other's load)."""
-    jit_warmup: Literal["auto", "on", "off"] = "off"
-    """Before the candidate child, run the candidate once in a warm-up child under the *shared*
-    device lock (`stages.warmup_pass`), so that its Triton and inductor JIT compiles fill this
-    evaluation's caches beside other warm-ups instead of inside the exclusive lock. Nothing the
-    warm-up does is judged. `auto`: on a GPU, for sources that use Triton or torch.compile.
-    Off by default: on the H200 it bought nothing (16 Triton candidates, 8 at once: 0.90x
-    candidates per GPU-hour with it; `correctness` under the exclusive lock stayed 4-6 s,
-    although the candidate child compiled no kernel: it was the profiler's import of
-    torch._dynamo, now done once in the template process; 2026-12-02 at e5f40a6). Measured
-    again without those seconds (2026-12-02 at cd28d2f): the exclusive hold of a Triton candidate
-    2.54 -> 1.85 s, but 1.02x candidates per GPU-hour on a batch whose first baselines set the
-    pace; in the steady state (25 Triton candidates, baselines warmed, 2026-12-02 at 66bfb0d)
-    0.97x: its shared holds block timings as long as it saves."""
-    jit_prime: Literal["auto", "on", "off"] = "off"
-    """Before the candidate child, compile the candidate's Triton kernels for the evaluation's
-    GPU in a child that has no GPU and holds no lock (`stages.prime_pass`,
-    `evaluator/worker/prime.py`: the candidate called once on `meta` tensors, every launch
-    turned into Triton's compile-only path), so that the candidate child finds them in this
-    evaluation's Triton cache instead of compiling them under the exclusive lock. Best effort:
-    where the candidate needs data or a device the prime stops and the candidate child compiles
-    the rest; nothing the prime does is judged. `auto`: on a GPU, for Triton sources; `on`: on a
-    CPU too (for sm_90; the interpreter does not use it: tests). Off by default: on the H200
-    (2026-12-03 at 7b8c643, full size) `first_trial` stayed 0.65-0.85 s with it, as without it
-    (0.64 s at 0040c85); not yet measured side by side."""
     cuda_init: Literal["before_lock", "under_lock"] = "under_lock"
     """When a GPU child creates its CUDA context: `under_lock`, at its first use of the device,
     with the device lock held; or `before_lock`, in trusted code after its start and before it
@@ -330,6 +323,16 @@ class EvalConfig(BaseModel):
     salt: str | None = None
     """Seed salt for the correctness inputs; None draws a fresh random one per evaluation
     (so a candidate cannot hard-code its inputs). Set it only to reproduce a run."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in data:
+                if name in REMOVED:
+                    raise ValueError(f"{name} was removed on 2026-12-05 ({REMOVED[name]}); "
+                                     "drop it: the evaluator always runs as its default did")
+        return data
 
     @field_validator("policy")
     @classmethod

@@ -21,9 +21,7 @@ from evaluator.result import (
     TimingStats,
 )
 
-ChildMode = Literal["reference", "candidate", "compile", "warmup", "prime"]
-PRIME_ARCH_ENV = "KLOOP_PRIME_ARCH"
-"""The prime child's target: the GPU's compute capability as Triton spells it (`90`)."""
+ChildMode = Literal["reference", "candidate", "compile"]
 
 
 class _Rec(BaseModel):

@@ -2,9 +2,8 @@
 
 MODE is `reference` (the trusted reference worker, see `evaluator.worker.reference_worker`), `candidate` (the
 one process that imports and runs candidate code), `compile` (imports the candidate only to
-build or check its kernels), `forward` (a few forwards and nothing else, for `ncu`) or `warmup`
-(one forward to fill the JIT caches, under the shared device lock). Results go to RESULT_FD as
-JSON lines (`evaluator.protocol`).
+build or check its kernels) or `forward` (a few forwards and nothing else, for `ncu`). Results
+go to RESULT_FD as JSON lines (`evaluator.protocol`).
 
 What the candidate process gets: the problem file, its own work dir with `candidate.py` and the
 correctness inputs. Never the seeds, never the expected outputs, never the verdict.
@@ -154,7 +153,7 @@ def call_server(fds: tuple[int, int, int] | None, layout_json: str | None, devic
 def main(argv: list[str]) -> int:
     mode, job_path, fd = argv[1], Path(argv[2]), int(argv[3])
     fds = tuple(int(x) for x in argv[4].split(",")) if len(argv) > 4 else None
-    if mode in ("candidate", "compile", "forward", "warmup", "prime"):
+    if mode in ("candidate", "compile", "forward"):
         from evaluator.isolation import confine_child
 
         confine_child()
@@ -170,18 +169,6 @@ def main(argv: list[str]) -> int:
         from evaluator.worker.candidate import run_forward
 
         run_forward(CandidateJob.model_validate_json(raw), channel)
-    elif mode == "warmup":
-        job = CandidateJob.model_validate_json(raw)
-        limit_memory(job.memory_limit_bytes)
-        from evaluator.worker.candidate import run_warmup
-
-        run_warmup(job, channel)
-    elif mode == "prime":
-        job = CandidateJob.model_validate_json(raw)
-        limit_memory(job.memory_limit_bytes)
-        from evaluator.worker.prime import run_prime
-
-        run_prime(job, channel)
     elif mode == "reference":
         from evaluator.worker.reference_worker import run_reference
 

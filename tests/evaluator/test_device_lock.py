@@ -132,13 +132,12 @@ def _observed(monkeypatch, lock_dir: Path):
         self._observed_child = child
         return child
 
-    def observed_lock(self, shared=False):
+    def observed_lock(self):
         @contextlib.contextmanager
         def held():
-            with device_lock("cuda:9", lock_dir, shared=shared):
+            with device_lock("cuda:9", lock_dir):
                 child = self._observed_child
-                entry = {"mode": child.mode, "ready_at": child.ready_at, "locked": time.monotonic(),
-                         "shared": shared}
+                entry = {"mode": child.mode, "ready_at": child.ready_at, "locked": time.monotonic()}
                 try:
                     yield
                 finally:
@@ -188,31 +187,6 @@ def test_two_evaluations_start_their_processes_while_the_other_holds_the_device(
     # ...but some child got ready while another held the lock: starts ran beside device work.
     assert any(a["locked"] < b["ready_at"] < a["released"]
                for a in record for b in record if a is not b), record
-
-
-def test_the_jit_warmup_runs_under_the_shared_lock_and_never_beside_an_exclusive_holder(
-        monkeypatch, tmp_path):
-    """`jit_warmup`: a Triton candidate first runs once in a warm-up child under the shared
-    lock (its JIT fills this evaluation's cache); the warm-up is gone before any exclusive
-    holder starts, and the verdict is the candidate child's."""
-    from eval_helpers import candidate, cpu_config
-
-    from evaluator.pipeline import evaluate_many
-
-    record = _observed(monkeypatch, tmp_path / "locks")
-    results = evaluate_many([("L3/1", candidate("mlp_triton.py")),
-                             ("L3/1", candidate("mlp_torch.py"))],
-                            cpu_config(tmp_path / "cache", jit_warmup="on"), max_workers=2)
-    assert [r.status for r in results] == ["correct", "correct"], [r.error for r in results]
-    assert "warmup" in results[0].stage_seconds and "warmup" in results[1].stage_seconds
-    modes = sorted(e["mode"] for e in record)
-    assert modes == ["candidate", "candidate", "reference", "reference", "warmup", "warmup"]
-    assert all(e["shared"] == (e["mode"] == "warmup") and
-               (e["child_gone"] or e["mode"] == "reference") for e in record)
-    for a in record:
-        for b in record:
-            if a is not b and not (a["shared"] and b["shared"]):
-                assert a["released"] <= b["locked"] or b["released"] <= a["locked"], (a, b)
 
 
 def test_each_device_child_reports_how_long_it_held_the_device(tmp_path):
