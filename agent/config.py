@@ -296,7 +296,7 @@ _OPERATIONAL = {"problems", "level", "problems_dir", "concurrency", "runs_dir", 
 # The evaluator's machine-local knobs: where caches and work dirs live, what is kept for debugging.
 _EVAL_OPERATIONAL = {"cache_dir", "work_root", "keep_workdir", "device_lock", "output_tail_bytes",
                      "template_process", "hidden_from_builds", "build_slots",
-                     "child_writable", "cuda_init"}
+                     "child_writable"}
 
 
 def saved_config(config: Any) -> Any:

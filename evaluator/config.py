@@ -170,6 +170,8 @@ REMOVED: dict[str, str] = {
     "jit_warmup": "the JIT warm-up pass under a shared device lock: 0.90-1.02x candidates per "
                   "GPU-hour on the H200",
     "jit_prime": "compiling Triton kernels before the device lock: never measured as a win",
+    "cuda_init": "CUDA contexts made before the device lock: 0.1-0.2 s less per reference hold "
+                 "on the H200, and a wider timing tail for whoever is timed beside them",
 }
 """Mechanism settings removed on 2026-12-05 (docs/performance.md has their measurements) -> what
 they chose and why they went. The evaluator runs as each one's default did. Naming one is an
@@ -235,15 +237,6 @@ class EvalConfig(BaseModel):
     machine, whatever its `cache_dir`, through file locks named after the physical GPU in
     `isolation.host_lock_dir`, so timings of concurrent runs never overlap) or `process` (only
     evaluations in this process; concurrent processes then time under each other's load)."""
-    cuda_init: Literal["before_lock", "under_lock"] = "under_lock"
-    """When a GPU child creates its CUDA context: `under_lock`, at its first use of the device,
-    with the device lock held; or `before_lock`, in trusted code after its start and before it
-    reports ready (no candidate code has run; creating a context launches no kernel), so the
-    driver work is not spent holding the lock. A child whose early creation fails carries on
-    and meets the failure at that first use, under the lock, as before. Off by default: on the
-    H200 it bought little (reference hold -0.1-0.2 s, candidate hold unchanged, of ~3.9 s per
-    candidate; 2026-12-02 at 2340c51), and contexts made beside a timing widen its tail (p90
-    +12 % for a 2.7 ms matmul, `bench/init_interference.py`, 2026-12-02 at 5dace4a)."""
     construct_at: Literal["auto", "before_lock", "under_lock"] = "auto"
     """Where the candidate child imports the candidate and builds `ModelNew` (and the reparam
     trial's second model): `under_lock`, after the harness took the device lock for it; or

@@ -237,7 +237,7 @@ def reference_job(run: EvalRun) -> ReferenceJob:
         timing=run.timing_spec(),
         fills_path=str(run.root / "cand" / "fills_main.pt")
         if run.policy.noisy_construction else None,
-        early_cuda_init=run.early_cuda_init, served64=served64(run),
+        served64=served64(run),
         paired=run.config.eager_baseline_from != "candidate",
     )
 

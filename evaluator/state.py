@@ -237,10 +237,6 @@ class EvalRun:
         """What a candidate child built ahead must not open before the lock."""
         return gpu_nodes() + list(self.config.hidden_from_builds)
 
-    @property
-    def early_cuda_init(self) -> bool:
-        return not self.on_cpu and self.config.cuda_init == "before_lock"
-
     def record(self, *findings: Finding) -> None:
         """Fold findings into the run (`evaluator.outcome.fold`: the only writer of the
         verdict, its stage, trials, violations, flags and measurements)."""

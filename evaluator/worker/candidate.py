@@ -74,8 +74,7 @@ def run_candidate(job: CandidateJob, ch: Channel,
         if isinstance(ahead, str):
             ch.send(ReadyMsg(ahead=True, retry=ahead))
             return
-    if not wait_for_device(ch, job.problem.device if job.early_cuda_init and ahead is None
-                           else None, ahead=ahead is not None):
+    if not wait_for_device(ch, ahead=ahead is not None):
         return
     if ahead is None:
         base, loaded = _load_under_lock(job, ch)

@@ -111,29 +111,13 @@ def limit_memory(limit_bytes: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
 
 
-def wait_for_device(channel: Channel, init_cuda: str | None = None, ahead: bool = False) -> bool:
+def wait_for_device(channel: Channel, ahead: bool = False) -> bool:
     """Before the process's first use of the device: say it is ready and wait for `go` (the
-    harness takes the device lock first, so a process start and its imports never hold it).
-    `init_cuda`: a CUDA device whose context to create first (`EvalConfig.cuda_init`);
+    harness takes the device lock first, so a process start and its imports never hold it, and
+    the CUDA context is made under it: one made beside a timing widens its tail).
     `ahead`: a candidate child that built its models before (`ReadyMsg.ahead`)."""
-    if init_cuda is not None and init_cuda.startswith("cuda"):
-        create_context(init_cuda)
     channel.send(ReadyMsg(ahead=ahead))
     return read_control().next == "go"
-
-
-def create_context(device: str) -> bool:
-    """The CUDA context of this process, made before the device lock: driver work that
-    launches no kernel, in trusted code (nothing of the candidate's is imported yet). A failure
-    is not reported here: the first use of the device, under the lock, meets it again and
-    reports it where it always did. True when the context exists."""
-    try:
-        import torch
-
-        torch.cuda.synchronize(device)  # the first call that needs a context makes it
-        return torch.cuda.is_initialized()
-    except Exception:
-        return False
 
 
 def read_control() -> Control:
