@@ -283,8 +283,7 @@ class RunConfig(_Config):
 
 # Evaluator fields added after episode keys were first written: digested only when set to
 # something other than the default, which is the behaviour from before they existed.
-_EVAL_ADDED = {"eager_baseline_from": "reference", "l2_flush": "worker", "disk_limit_gb": 16.0,
-               "ncu_kernels": 3}
+_EVAL_ADDED = {"l2_flush": "worker", "disk_limit_gb": 16.0, "ncu_kernels": 3}
 # Evaluator fields removed after episode keys were written with them: digested at the value every
 # run since has (the one behaviour left), so those keys stay valid.
 _EVAL_REMOVED = {"jit_prime": "off"}

@@ -74,8 +74,7 @@ def batch(sizes: str = "examples", cuda_form: str = "torch") -> list[dict]:
     (`lean`: the same kernels in a torch-free `.cu`, the wrappers in `cpp_sources`)."""
     sys.path[:0] = [str(REPO)]
     from agent.demo.kernels import SIZES, source
-    from evaluator.fair_baseline import honest_source
-    from problems.registry import get_problem
+    from problems.registry import get_problem, reference_as_candidate
 
     out = [{"label": f"{pid} triton {v}", "problem": pid, "source": source(pid, v),
             "overrides": SIZES[pid] if sizes == "examples" else {}}
@@ -89,7 +88,7 @@ def batch(sizes: str = "examples", cuda_form: str = "torch") -> list[dict]:
                     "source": (cands / name).read_text(), "overrides": sizes})
     for pid in ("L3/35", "L3/4"):
         out.append({"label": f"{pid} torch reference", "problem": pid,
-                    "source": honest_source(get_problem(pid).path.read_text()), "overrides": {}})
+                    "source": reference_as_candidate(get_problem(pid).path.read_text()), "overrides": {}})
     return out
 
 

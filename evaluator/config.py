@@ -172,6 +172,8 @@ REMOVED: dict[str, str] = {
     "jit_prime": "compiling Triton kernels before the device lock: never measured as a win",
     "cuda_init": "CUDA contexts made before the device lock: 0.1-0.2 s less per reference hold "
                  "on the H200, and a wider timing tail for whoever is timed beside them",
+    "eager_baseline_from": "the eager baseline measured by judging the reference as a "
+                           "candidate: superseded by paired timing (`evaluator.harness.paired`)",
 }
 """Mechanism settings removed on 2026-12-05 (docs/performance.md has their measurements) -> what
 they chose and why they went. The evaluator runs as each one's default did. Naming one is an
@@ -226,10 +228,6 @@ class EvalConfig(BaseModel):
     """Who flushes the L2 before each timed call: the serving process in its `prep` (a
     candidate's native code could skip it), or also a trusted flusher process of the harness's
     on the same device (`evaluator.harness.flusher`; on CPU it runs the protocol only)."""
-    eager_baseline_from: Literal["reference", "candidate"] = "reference"
-    """Who measures the eager baseline: the reference worker's served calls, or the reference's
-    own code judged as a candidate (`evaluator.fair_baseline`: both sides of the speedup by one
-    procedure; one extra evaluation per problem and config, cached)."""
     profile: bool = True
     """One profiled forward for correct candidates."""
     device_lock: Literal["host", "process"] = "host"

@@ -230,15 +230,14 @@ def _as_reference(stats: TimingStats | None) -> TimingStats | None:
 
 def reference_job(run: EvalRun) -> ReferenceJob:
     """What the reference worker does. `paired`: it stays after its own stage and serves its
-    baselines again, interleaved with the candidate's timed calls (`harness.paired`), unless
-    the eager baseline comes from the candidate path (`eval.eager_baseline_from`)."""
+    baselines again, interleaved with the candidate's timed calls (`harness.paired`)."""
     return ReferenceJob(
         problem=run.problem_spec(), trials=ref_trials(run), baselines=baseline_kinds(run),
         timing=run.timing_spec(),
         fills_path=str(run.root / "cand" / "fills_main.pt")
         if run.policy.noisy_construction else None,
         served64=served64(run),
-        paired=run.config.eager_baseline_from != "candidate",
+        paired=True,
     )
 
 

@@ -10,7 +10,6 @@ import pytest
 from eval_helpers import UNCOMPILABLE, candidate, cpu_config
 
 from evaluator.baselines import BestBaseline, best_of
-from evaluator.fair_baseline import honest_source
 from evaluator.isolation import private_dir
 from evaluator.outcome import Decided, Measured
 from evaluator.pipeline import evaluate
@@ -18,7 +17,7 @@ from evaluator.protocol import TimingSpec
 from evaluator.reference import BaselineRecord, ReferenceOutput, Serving, _cached, _store
 from evaluator.result import BoundedEvents, EnvInfo, EvalResult, TimingStats
 from evaluator.state import EvalRun
-from problems.registry import get_problem, load_problem_set
+from problems.registry import get_problem, load_problem_set, reference_as_candidate
 
 
 def stats(ms: float, events_ms: float | None = None) -> TimingStats:
@@ -179,7 +178,7 @@ def test_compiled_baselines_that_fail_are_flagged_and_the_evaluation_goes_on(tmp
     (folder / "1_Uncompilable.py").write_text(UNCOMPILABLE)
     problem = load_problem_set(folder).problems[0]
     cfg = cpu_config(tmp_path / "cache", baselines="all", problem_overrides={})
-    first = evaluate(problem, honest_source(UNCOMPILABLE), cfg)
+    first = evaluate(problem, reference_as_candidate(UNCOMPILABLE), cfg)
     assert first.status == "correct", first.error
     assert first.eager is not None and first.compiled is None and first.compiled_ro is None
     failures = sorted(f for f in first.flags if "_failed" in f)
@@ -193,7 +192,7 @@ def test_compiled_baselines_that_fail_are_flagged_and_the_evaluation_goes_on(tmp
     # Marked, so that a flag read from the record tells itself from one served again.
     marked = {role: [f"{f}, as cached" for f in fs] for role, fs in record.flags.items()}
     path.write_text(record.model_copy(update={"flags": marked}).model_dump_json())
-    second = evaluate(problem, honest_source(UNCOMPILABLE), cfg)
+    second = evaluate(problem, reference_as_candidate(UNCOMPILABLE), cfg)
     assert second.status == "correct", second.error
     assert sorted(f for f in second.flags if "_failed" in f) == [f"{f}, as cached" for f in failures]
     again = BaselineRecord.model_validate_json(path.read_text())

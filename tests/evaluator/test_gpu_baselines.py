@@ -10,11 +10,10 @@ import pytest
 from eval_helpers import MLP_SMALL, UNCOMPILABLE, candidate
 
 from evaluator.config import EvalConfig
-from evaluator.fair_baseline import honest_source
 from evaluator.isolation import private_dir
 from evaluator.pipeline import evaluate
 from evaluator.reference import BaselineRecord
-from problems.registry import load_problem_set
+from problems.registry import load_problem_set, reference_as_candidate
 
 pytestmark = pytest.mark.gpu
 
@@ -61,7 +60,7 @@ def test_compiled_baselines_that_fail_on_the_gpu_are_flagged(tmp_path):
     folder.mkdir()
     (folder / "1_Uncompilable.py").write_text(UNCOMPILABLE)
     problem = load_problem_set(folder).problems[0]
-    r = evaluate(problem, honest_source(UNCOMPILABLE),
+    r = evaluate(problem, reference_as_candidate(UNCOMPILABLE),
                  EvalConfig(device="cuda", cache_dir=tmp_path / "cache"))
     assert r.status == "correct", r.error
     assert r.compiled is None and r.compiled_ro is None
