@@ -293,7 +293,7 @@ _STRATEGY_ADDED = {"roots": 2, "expansions": 6, "exploration": 0.5, "max_childre
 _OPERATIONAL = {"problems", "level", "problems_dir", "concurrency", "runs_dir", "run_id",
                 "executor"}
 # The evaluator's machine-local knobs: where caches and work dirs live, what is kept for debugging.
-_EVAL_OPERATIONAL = {"cache_dir", "work_root", "keep_workdir", "device_lock", "output_tail_bytes",
+_EVAL_OPERATIONAL = {"cache_dir", "work_root", "keep_workdir", "output_tail_bytes",
                      "template_process", "hidden_from_builds", "build_slots",
                      "child_writable"}
 

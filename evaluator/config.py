@@ -174,6 +174,8 @@ REMOVED: dict[str, str] = {
                  "on the H200, and a wider timing tail for whoever is timed beside them",
     "eager_baseline_from": "the eager baseline measured by judging the reference as a "
                            "candidate: superseded by paired timing (`evaluator.harness.paired`)",
+    "device_lock": "`process`, a device lock among one process's evaluations only: concurrent "
+                   "processes timed under each other's load; the lock is always the host's",
 }
 """Mechanism settings removed on 2026-12-05 (docs/performance.md has their measurements) -> what
 they chose and why they went. The evaluator runs as each one's default did. Naming one is an
@@ -230,11 +232,6 @@ class EvalConfig(BaseModel):
     on the same device (`evaluator.harness.flusher`; on CPU it runs the protocol only)."""
     profile: bool = True
     """One profiled forward for correct candidates."""
-    device_lock: Literal["host", "process"] = "host"
-    """Who else's GPU stages wait for ours: `host` (every kloop process of this user on this
-    machine, whatever its `cache_dir`, through file locks named after the physical GPU in
-    `isolation.host_lock_dir`, so timings of concurrent runs never overlap) or `process` (only
-    evaluations in this process; concurrent processes then time under each other's load)."""
     construct_at: Literal["auto", "before_lock", "under_lock"] = "auto"
     """Where the candidate child imports the candidate and builds `ModelNew` (and the reparam
     trial's second model): `under_lock`, after the harness took the device lock for it; or

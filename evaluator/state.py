@@ -254,8 +254,7 @@ class EvalRun:
         to candidate code (`isolation.host_lock_dir`)."""
         from evaluator.isolation import host_lock_dir
 
-        host = self.config.device_lock == "host"
-        return device_lock(gpu_lock_name(self.device), host_lock_dir() if host else None)
+        return device_lock(gpu_lock_name(self.device), host_lock_dir())
 
     @contextlib.contextmanager
     def timed(self, name: str) -> Iterator[None]:

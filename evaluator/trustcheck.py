@@ -99,12 +99,22 @@ def rows(config: EvalConfig, problem_path: Path) -> list[CheckRow]:
     out.append(_page_lock_row())
     out.append(CheckRow(name="build slots", ok=True, trust=False,
                         detail=str(config.build_slots or default_slots())))
-    out.append(CheckRow(name="device lock", ok=config.device_lock == "host", trust=False,
-                        detail=config.device_lock))
+    out.append(_lock_row())
     out.append(_quiet_row())
     out.append(_ahead_row(config))
     out.append(_lean_row(config, on_gpu))
     return out
+
+
+def _lock_row() -> CheckRow:
+    """Where the device lock's files live (`isolation.host_lock_dir`): every kloop process of
+    this user on this host waits there for the others; a dir that is not ours stops every GPU
+    evaluation."""
+    try:
+        where = isolation.host_lock_dir()
+    except RuntimeError as e:
+        return CheckRow(name="device lock", ok=False, trust=False, detail=str(e))
+    return CheckRow(name="device lock", ok=True, trust=False, detail=f"host-wide: {where}")
 
 
 def _lean_row(config: EvalConfig, on_gpu: bool) -> CheckRow:

@@ -1,6 +1,6 @@
-"""GPU stages of evaluations in different processes never overlap when they share a lock dir
-(`EvalConfig.device_lock = "host"`, the default: the host's, whatever their cache dirs), and do
-without one. Runs on CPU: the lock only looks at the device name."""
+"""GPU stages of evaluations in different processes never overlap when they share a lock dir (the
+host's, whatever their cache dirs), and do in different ones. Runs on CPU: the lock only looks
+at the device name."""
 
 from __future__ import annotations
 
@@ -11,14 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from evaluator.config import EvalConfig
-
 _HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     from evaluator.devicelock import device_lock
-    lock_dir = Path(sys.argv[2]) if sys.argv[2] != "-" else None
-    with device_lock("cuda:0", lock_dir):
+    with device_lock("cuda:0", Path(sys.argv[2])):
         start = time.time()
         time.sleep(1.0)
         end = time.time()
@@ -26,10 +23,11 @@ _HOLDER = textwrap.dedent("""
 """)
 
 
-def _intervals(tmp_path: Path, lock_dir: str) -> list[tuple[float, float]]:
-    outs = [tmp_path / f"interval_{i}" for i in range(3)]
-    procs = [subprocess.Popen([sys.executable, "-c", _HOLDER, str(o), lock_dir]) for o in outs]
-    assert [p.wait(timeout=60) for p in procs] == [0, 0, 0]
+def _intervals(tmp_path: Path, lock_dirs: list[Path]) -> list[tuple[float, float]]:
+    outs = [tmp_path / f"interval_{i}" for i in range(len(lock_dirs))]
+    procs = [subprocess.Popen([sys.executable, "-c", _HOLDER, str(o), str(d)])
+             for o, d in zip(outs, lock_dirs, strict=True)]
+    assert [p.wait(timeout=60) for p in procs] == [0] * len(procs)
     spans = [tuple(map(float, o.read_text().split())) for o in outs]
     return sorted(spans)  # type: ignore[arg-type]
 
@@ -39,14 +37,14 @@ def _overlaps(spans: list[tuple[float, float]]) -> bool:
 
 
 def test_a_shared_lock_dir_serialises_processes(tmp_path):
-    spans = _intervals(tmp_path, str(tmp_path / "locks"))
+    spans = _intervals(tmp_path, [tmp_path / "locks"] * 3)
     assert not _overlaps(spans), spans
     assert (tmp_path / "locks" / "cuda_0.lock").exists()
 
 
-def test_without_a_lock_dir_processes_overlap(tmp_path):
-    # The control: the same holders overlap when nothing serialises them.
-    assert _overlaps(_intervals(tmp_path, "-"))
+def test_processes_with_different_lock_dirs_overlap(tmp_path):
+    # The control: the same holders overlap when no lock dir is shared.
+    assert _overlaps(_intervals(tmp_path, [tmp_path / f"locks_{i}" for i in range(3)]))
 
 
 _RUN_HOLDER = textwrap.dedent("""
@@ -55,7 +53,7 @@ _RUN_HOLDER = textwrap.dedent("""
     from evaluator.config import EvalConfig
     from evaluator.state import EvalRun
     run = EvalRun.__new__(EvalRun)  # only what gpu_lock reads
-    run.config = EvalConfig(cache_dir=Path(sys.argv[2]), device_lock="host")
+    run.config = EvalConfig(cache_dir=Path(sys.argv[2]))
     run.device = "cuda:0"
     with run.gpu_lock():
         start = time.time()
@@ -102,12 +100,6 @@ def test_a_lock_dir_that_is_not_ours_is_refused(tmp_path, monkeypatch):
         host_lock_dir()
     monkeypatch.setenv("KLOOP_LOCK_DIR", str(tmp_path / "mine"))
     assert host_lock_dir() == tmp_path / "mine"
-
-
-def test_host_lock_is_the_default():
-    assert EvalConfig().device_lock == "host"
-    with pytest.raises(ValueError):
-        EvalConfig(device_lock="global")
 
 
 # ---- what the device lock covers in an evaluation ---------------------------------------------
