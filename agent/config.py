@@ -294,8 +294,7 @@ _OPERATIONAL = {"problems", "level", "problems_dir", "concurrency", "runs_dir", 
                 "executor"}
 # The evaluator's machine-local knobs: where caches and work dirs live, what is kept for debugging.
 _EVAL_OPERATIONAL = {"cache_dir", "work_root", "keep_workdir", "output_tail_bytes",
-                     "template_process", "hidden_from_builds", "build_slots",
-                     "child_writable"}
+                     "hidden_from_builds", "build_slots", "child_writable"}
 
 
 def saved_config(config: Any) -> Any:

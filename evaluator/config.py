@@ -176,6 +176,8 @@ REMOVED: dict[str, str] = {
                            "candidate: superseded by paired timing (`evaluator.harness.paired`)",
     "device_lock": "`process`, a device lock among one process's evaluations only: concurrent "
                    "processes timed under each other's load; the lock is always the host's",
+    "template_process": "`false`, children started as fresh interpreters where the template "
+                        "process works: they lose its containment (`isolation_uncontained`)",
 }
 """Mechanism settings removed on 2026-12-05 (docs/performance.md has their measurements) -> what
 they chose and why they went. The evaluator runs as each one's default did. Naming one is an
@@ -248,10 +250,6 @@ class EvalConfig(BaseModel):
     template process), else `under_lock`. On the H200 at full size (10 Triton candidates,
     L3/1 and L3/4, 8 at once): 522 vs 413 candidates per GPU-hour side by side (1.26x), GPU busy
     51 % vs 39 %, `load` under the lock 0.19 s p50 vs 1.89 (2026-12-03 at 1b2062d)."""
-    template_process: bool = True
-    """Start reference, candidate and compile children as forks of a template process that has
-    imported torch and kloop's worker modules but never touched the device (Linux; elsewhere,
-    or if the template fails, children start as fresh interpreters)."""
     pch: Literal["auto", "on", "off"] = "auto"
     """Precompiled torch header for `load_inline`'s binding file (`evaluator.build.pch`, made by
     trusted code under torch's own flags for the common calls; g++ uses it only where it is

@@ -231,7 +231,7 @@ class EvalRun:
         under the lock (`EvalConfig.construct_at`): uncovering its device nodes in its mount
         namespace and restoring SCHED_OTHER need a root harness with the capabilities for
         both (`isolation.can_grant`) and the template process."""
-        return self.config.template_process and isolation.can_grant()
+        return isolation.can_grant()
 
     def ahead_paths(self) -> list[str]:
         """What a candidate child built ahead must not open before the lock."""
@@ -418,7 +418,7 @@ class EvalRun:
             private=private_roots(str(Path.home())) if contain else [],
             needed=[str(self.problem.path)] if contain else [])
         child = Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes, plan,
-                      serves=serves, template=c.template_process, confine=confine, disk=disk,
+                      serves=serves, confine=confine, disk=disk,
                       on_uncontained=lambda: self.record(Flagged(flag="isolation_uncontained")),
                       ahead=ahead)
         quiet = cores.plan()

@@ -153,7 +153,7 @@ def _ahead_row(config: EvalConfig) -> CheckRow:
     speed only; where they cannot, they build under it as before."""
     if config.construct_at == "under_lock":
         return CheckRow(name="build ahead", ok=None, trust=False, detail="off (under_lock)")
-    able = config.template_process and isolation.can_grant()
+    able = isolation.can_grant()
     missing = [name for name, cap in (("SYS_ADMIN", isolation.CAP_SYS_ADMIN),
                                       ("SYS_CHROOT", isolation.CAP_SYS_CHROOT),
                                       ("SYS_PTRACE", isolation.CAP_SYS_PTRACE),
@@ -164,8 +164,7 @@ def _ahead_row(config: EvalConfig) -> CheckRow:
         detail="models built before the device lock, the device hidden until it is held" if able
         else "models built under the device lock: " + (
             "not root" if not isolation.can_change_uid() else
-            f"the harness lacks {', '.join(missing)}" if missing else
-            "no template process" if not config.template_process else "a user namespace"))
+            f"the harness lacks {', '.join(missing)}" if missing else "a user namespace"))
 
 
 def _quiet_row() -> CheckRow:
