@@ -231,7 +231,9 @@ class EvalConfig(BaseModel):
     l2_flush: Literal["worker", "trusted"] = "worker"
     """Who flushes the L2 before each timed call: the serving process in its `prep` (a
     candidate's native code could skip it), or also a trusted flusher process of the harness's
-    on the same device (`evaluator.harness.flusher`; on CPU it runs the protocol only)."""
+    on the same device (`evaluator.harness.flusher`; on CPU it runs the protocol only).
+    `worker` by default: the trusted flush multiplied a 0.13 ms model's median by 3.7 and a
+    0.8-4 ms model's by 0.88-1.02 (`bench/clock.py`, the H200, 2026-12-01 at 6feb02e)."""
     profile: bool = True
     """One profiled forward for correct candidates."""
     construct_at: Literal["auto", "before_lock", "under_lock"] = "auto"
@@ -256,7 +258,10 @@ class EvalConfig(BaseModel):
     valid, so the binary is the one the plain build makes). `auto`: builds use a PCH that is
     there, and a CUDA build on a GPU host starts making the missing ones in the background;
     `on`: also on a CPU host (for CPU-only extensions; ~50 s of one core per variant);
-    `off`: neither."""
+    `off`: neither. The binding file built in 12.6 s with it against 29.1 s without, identical
+    `objdump -d -s` (the CPU host, 2026-12-03 at cdc2876); on the H200 a torch-free candidate's
+    cold build, lean and with it, 8.28 s p50 against plain `load_inline`'s 23.13 s (2026-12-04
+    at 680c4de)."""
     lean_cuda: Literal["off", "on"] = "on"
     """`on`: a `load_inline` `.cu` whose own text uses nothing of torch is built with the
     standard and CUDA headers `<torch/types.h>` includes in place of it (`evaluator.build.lean`
@@ -285,8 +290,11 @@ class EvalConfig(BaseModel):
     """`ncu`: at most this many kernels, most device time first, stopping once they cover 80 %
     of the custom kernels' device time."""
     triton_aot: bool = True
-    """On a machine without a GPU, also compile Triton kernels for sm_90 to catch errors the
-    interpreter misses."""
+    """On a machine without a GPU, also compile the Triton kernels a candidate launched for
+    sm_90 (`evaluator.build.triton_aot`), after its correctness trials: the interpreter runs
+    programs the GPU compiler rejects (a `tl.dot` of a 2-D and a 1-D block is `compile_error`
+    with it, `tests/evaluator/test_triton_aot_cpu.py`). Off: the tests' CPU configs, where its
+    compile time buys nothing they check."""
     cache_dir: Path = Field(default_factory=_default_cache_dir)
     """Baseline timings, extension builds, nvcc checks and inductor caches live under here
     (`private/`, harness-only when the harness is root; see `evaluator.isolation.private_dir`)."""
