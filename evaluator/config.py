@@ -182,7 +182,7 @@ REMOVED: dict[str, str] = {
 """Mechanism settings removed on 2026-12-05 (docs/performance.md has their measurements) -> what
 they chose and why they went. The evaluator runs as each one's default did. Naming one is an
 error that says so; a run's saved config from before the removal drops them on reading
-(`without_removed`): they chose how the evaluator worked, never what a verdict means."""
+(`without_removed`), so old runs still read and start again."""
 
 
 def without_removed(fields: dict[str, Any]) -> dict[str, Any]:

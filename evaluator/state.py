@@ -276,9 +276,10 @@ class EvalRun:
         """A child that uses the device. Its start and imports run outside the device lock; the
         lock is taken when the child says it is ready (its time limits stand still meanwhile),
         and given back only once the child is gone: the device work of two children never
-        overlaps, and no process start holds the device. A candidate child built ahead (`CandidateJob.construct_ahead`) gets its
-        device nodes and its CPU priority back once the lock is held (`Child.grant`); one that
-        asked to be judged again, or could not be given them, never gets `go` (`child.retry`).
+        overlaps, and no process start holds the device. A candidate child built ahead
+        (`CandidateJob.construct_ahead`) gets its device nodes and its CPU priority back once the
+        lock is held (`Child.grant`); one that asked to be judged again, or could not be given
+        them, never gets `go` (`child.retry`).
         `keep`: the child outlives the block (in `kept`, ended at `cleanup` or by its caller)
         and the lock is given back at the block's end: a trusted worker that does no device
         work until the harness asks it to, under a later hold."""
@@ -395,8 +396,8 @@ class EvalRun:
         # Covered by an empty tmpfs: the reference worker's dir and the harness's private cache
         # for every child that runs candidate code, and the candidate child's dir for the one
         # that runs before it (compile: it must not rewrite the source the static rules judged,
-        # or the trials' inputs). Modes keep a pool uid out of them, but not root
-        # without capabilities or a non-root harness's own uid.
+        # or the trials' inputs). Modes keep a pool uid out of them, but not root without
+        # capabilities or a non-root harness's own uid.
         # A harness that is not root contains through a user namespace. Everything but its
         # evaluation's dir (and the tests' drop boxes) is read-only to a contained child,
         # whatever its identity: a pool uid could otherwise write wherever modes let any uid
