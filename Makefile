@@ -12,12 +12,12 @@ $(PY) setup:
 # runs/examples/; the demo re-judges a sample of their kernels here and writes the report.
 demo: $(PY)
 	rm -rf runs/demo
-	$(PY) -m agent.demo.examples demo --out runs/demo
+	$(PY) -m kloop.agent.demo.examples demo --out runs/demo
 
 # Rewrite runs/examples/suite-* (on the H200: make record-examples DEVICE=cuda).
 DEVICE ?= auto
 record-examples: $(PY)
-	$(PY) -m agent.demo.examples record --device $(DEVICE)
+	$(PY) -m kloop.agent.demo.examples record --device $(DEVICE)
 
 # Tests run on TEST_WORKERS processes (pytest-xdist; CI has 2 cores). A test is sent to any free
 # worker, except those marked xdist_group, which share an expensive fixture and stay together.

@@ -16,8 +16,8 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from agent.budget import Meter, Spend
-from agent.episode import (
+from kloop.agent.budget import Meter, Spend
+from kloop.agent.episode import (
     EpisodeEnv,
     EpisodeSpec,
     EpisodeState,
@@ -25,14 +25,14 @@ from agent.episode import (
     decide_best,
     sha256_text,
 )
-from agent.episode import opening as turn_opening
-from agent.errors import InfraFault
-from agent.loop import check_stop
-from agent.models.base import Address, Message
-from agent.records import CallRecord, EpisodeRecord, StopReason, TurnRecord, utcnow
-from agent.tally import Unaccounted
-from agent.tools import NOT_RUN, TOOLS, Facts, run_tool
-from evaluator.result import ErrorInfo
+from kloop.agent.episode import opening as turn_opening
+from kloop.agent.errors import InfraFault
+from kloop.agent.loop import check_stop
+from kloop.agent.models.base import Address, Message
+from kloop.agent.records import CallRecord, EpisodeRecord, StopReason, TurnRecord, utcnow
+from kloop.agent.tally import Unaccounted
+from kloop.agent.tools import NOT_RUN, TOOLS, Facts, run_tool
+from kloop.evaluator.common.result import ErrorInfo
 
 __all__ = ["NOT_RUN", "TOOLS", "Facts", "run_agent_episode"]
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 import threading
 import time
 
+from kloop.agent.config import Limits
+from kloop.agent.models.base import ModelReply
 from pydantic import BaseModel, ConfigDict
-
-from agent.config import Limits
-from agent.models.base import ModelReply
 
 
 class Spend(BaseModel):

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from kloop.problems.registry import ProblemError, load_problem_set
 from rich.table import Table
 from typer.core import TyperGroup
 
 from kloop.console import make_console
 from kloop.errors import KloopError
-from problems.registry import ProblemError, load_problem_set
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 _debug = False
@@ -116,7 +116,7 @@ def _register_optional() -> None:
     """Commands of other areas register themselves here (evaluator, agent loop, reports)."""
     import importlib
 
-    for module in ("evaluator.cli", "agent.run", "agent.report_cli"):
+    for module in ("kloop.evaluator.tools.cli", "kloop.agent.run", "kloop.agent.report_cli"):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:
@@ -131,7 +131,7 @@ _register_optional()
 
 def _version(value: bool) -> None:
     if value:
-        from agent.store import kloop_version
+        from kloop.agent.store import kloop_version
 
         typer.echo(f"kloop {kloop_version()}")
         raise typer.Exit()

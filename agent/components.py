@@ -14,14 +14,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from agent.config import ConfigError, RunConfig, judged_constants
-from agent.errors import EvalInfraError
-from agent.models import get_model
-from agent.protocols import Evaluator, Model
-from evaluator.config import EvalConfig
-from evaluator.precheck import check_overrides, small_overrides
-from evaluator.result import EvalResult
-from problems.registry import Problem, ProblemError, ProblemSet, load_problem_set
+from kloop.agent.config import ConfigError, RunConfig, judged_constants
+from kloop.agent.errors import EvalInfraError
+from kloop.agent.models import get_model
+from kloop.agent.protocols import Evaluator, Model
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.common.result import EvalResult
+from kloop.evaluator.harness.precheck import check_overrides, small_overrides
+from kloop.problems.registry import Problem, ProblemError, ProblemSet, load_problem_set
 
 
 @lru_cache(maxsize=4)
@@ -104,7 +104,7 @@ class LocalEvaluator:
     def head_to_head(self, problem: Problem, challenger: str, incumbent: str) -> EvalResult:
         """`challenger` judged again with `incumbent` timed beside it in the same paired rounds
         (`evaluator.pipeline.head_to_head`): for a close call between two kernels."""
-        from evaluator.pipeline import head_to_head
+        from kloop.evaluator.harness.pipeline import head_to_head
 
         config = self.configs.get(problem.id, self.base)
         try:
@@ -119,7 +119,7 @@ class LocalEvaluator:
         ones running ahead. `submit(problem, source)` -> a future of (result, seconds from the
         evaluation's start to its result: its queue for a build slot and the device included,
         its wait to be started not)."""
-        from evaluator.scheduler import Scheduler
+        from kloop.evaluator.procs.scheduler import Scheduler
 
         with Scheduler(concurrency) as sched:
             def submit(problem: Problem, source: str) -> Future[tuple[EvalResult, float]]:
@@ -150,7 +150,7 @@ def _infra_error(problem: Problem, e: Exception) -> EvalInfraError:
 
 
 def _import_evaluate():
-    from evaluator import evaluate
+    from kloop.evaluator import evaluate
 
     return evaluate
 
@@ -159,7 +159,7 @@ def build_evaluator(cfg: RunConfig, problems: list[Problem]) -> Evaluator:
     """The evaluator of `cfg.executor`: this process's, or a pool of workers on a Ray cluster
     (`agent.executor.ray_pool`) that run the same evaluator."""
     if cfg.executor.kind == "ray":
-        from agent.executor.ray_pool import RayEvaluator
+        from kloop.agent.executor.ray_pool import RayEvaluator
 
         return RayEvaluator(cfg, problems)
     return LocalEvaluator(cfg.eval, cfg.problem_overrides, problems)

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from kloop.agent.models.base import ModelConfig
+from kloop.evaluator.common.config import EvalConfig, without_removed
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agent.models.base import ModelConfig
-from evaluator.config import EvalConfig, without_removed
 from kloop.errors import KloopError
 
 ContextPolicy = Literal["full", "last_k", "last", "digest", "summary"]
@@ -70,7 +70,7 @@ class AgentConfig(_Config):
     def _a_folder(cls, v: Path | None) -> Path | None:
         # Checked when the config is resolved, so a wrong folder fails before a run dir exists.
         if v is not None:
-            from agent.prompts import check_prompts_dir
+            from kloop.agent.prompts import check_prompts_dir
 
             check_prompts_dir(v)
         return v

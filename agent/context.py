@@ -19,11 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from agent.budget import Spend
-from agent.config import AgentConfig
-from agent.episode import EpisodeEnv, ask
-from agent.models.base import Address, Message
-from agent.records import ModelFaultInfo, SummaryCall, TurnRecord
+from kloop.agent.budget import Spend
+from kloop.agent.config import AgentConfig
+from kloop.agent.episode import EpisodeEnv, ask
+from kloop.agent.models.base import Address, Message
+from kloop.agent.records import ModelFaultInfo, SummaryCall, TurnRecord
 
 CONDENSING = ("digest", "summary")
 NOTE_CHARS = 160

@@ -13,19 +13,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from agent.budget import Meter, Spend
-from agent.config import AgentConfig, Limits, judged_constants
-from agent.errors import InfraFault
-from agent.models.base import Address, Message, ModelReply, ToolSpec
-from agent.prompts import PromptSet
-from agent.protocols import Evaluator, Model
-from agent.records import BestDecision, BestKernel, CallRecord, ModelFaultInfo, TurnRecord, TurnRef
-from agent.report.bound import Bound, bound_of
-from agent.tally import Measure, decide, replaces, speedup_interval
-from evaluator.config import Comparison
-from evaluator.result import EvalResult
-from problems.cost import cost_of
-from problems.registry import Problem
+from kloop.agent.budget import Meter, Spend
+from kloop.agent.config import AgentConfig, Limits, judged_constants
+from kloop.agent.errors import InfraFault
+from kloop.agent.models.base import Address, Message, ModelReply, ToolSpec
+from kloop.agent.prompts import PromptSet
+from kloop.agent.protocols import Evaluator, Model
+from kloop.agent.records import (
+    BestDecision,
+    BestKernel,
+    CallRecord,
+    ModelFaultInfo,
+    TurnRecord,
+    TurnRef,
+)
+from kloop.agent.report.bound import Bound, bound_of
+from kloop.agent.tally import Measure, decide, replaces, speedup_interval
+from kloop.evaluator.common.config import Comparison
+from kloop.evaluator.common.result import EvalResult
+from kloop.problems.cost import cost_of
+from kloop.problems.registry import Problem
 
 
 class TurnSink(Protocol):

@@ -24,6 +24,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+from kloop.agent.models.base import Message, ToolCall
+from kloop.agent.records import TurnRecord
+from kloop.agent.store import RunStore
+from kloop.evaluator.common.result import EvalResult
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -32,10 +36,6 @@ from pydantic import (
     model_serializer,
 )
 
-from agent.models.base import Message, ToolCall
-from agent.records import TurnRecord
-from agent.store import RunStore
-from evaluator.result import EvalResult
 from kloop.errors import KloopError
 
 EXPORT_SCHEMA_VERSION = 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from agent.errors import FormatError, NoKernelFound
+from kloop.agent.errors import FormatError, NoKernelFound
 
 # A fence line: ``` or ~~~ (3 or more), optional language tag. Blocks may be indented (lists).
 _FENCE = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[\w+.-]*)[^\n]*$", re.M)

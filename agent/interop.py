@@ -26,19 +26,19 @@ import re
 from pathlib import Path
 
 import yaml
+from kloop.agent.budget import Spend
+from kloop.agent.config import ConfigError, RunConfig, resolve
+from kloop.agent.episode import episode_key
+from kloop.agent.models.base import ModelReply
+from kloop.agent.records import EpisodeRecord, TurnRecord, utcnow
+from kloop.agent.report.load import IMPORT_MARKER, load_run
+from kloop.agent.report.metrics import problem_rows
+from kloop.agent.store import RunStore
+from kloop.agent.strategies import summarize
+from kloop.problems.registry import Problem, ProblemError, load_problem_set
 from pydantic import BaseModel, ConfigDict
 
-from agent.budget import Spend
-from agent.config import ConfigError, RunConfig, resolve
-from agent.episode import episode_key
-from agent.models.base import ModelReply
-from agent.records import EpisodeRecord, TurnRecord, utcnow
-from agent.report.load import IMPORT_MARKER, load_run
-from agent.report.metrics import problem_rows
-from agent.store import RunStore
-from agent.strategies import summarize
 from kloop.errors import KloopError
-from problems.registry import Problem, ProblemError, load_problem_set
 
 KB_NAME = re.compile(r"^level_(\d+)_problem_(\d+)_sample_(\d+)_kernel\.py$")
 EXPORT_MANIFEST = "kloop_export.json"

@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 import time
 
-from agent.budget import Meter, Spend
-from agent.context import Condensed, build_messages, condense
-from agent.episode import (
+from kloop.agent.budget import Meter, Spend
+from kloop.agent.context import Condensed, build_messages, condense
+from kloop.agent.episode import (
     EpisodeEnv,
     EpisodeSpec,
     EpisodeState,
@@ -25,12 +25,12 @@ from agent.episode import (
     opening,
     sha256_text,
 )
-from agent.errors import InfraFault, ModelFault
-from agent.extract import extract_code
-from agent.models.base import Address, ModelReply
-from agent.records import EpisodeRecord, ModelFaultInfo, StopReason, TurnRecord, utcnow
-from agent.tally import Unaccounted
-from evaluator.result import ErrorInfo, EvalResult
+from kloop.agent.errors import InfraFault, ModelFault
+from kloop.agent.extract import extract_code
+from kloop.agent.models.base import Address, ModelReply
+from kloop.agent.records import EpisodeRecord, ModelFaultInfo, StopReason, TurnRecord, utcnow
+from kloop.agent.tally import Unaccounted
+from kloop.evaluator.common.result import ErrorInfo, EvalResult
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from evaluator.result import NcuMetrics
+from kloop.evaluator.common.result import NcuMetrics
 
 BOUND_PCT = 60.0
 """A unit this busy (% of peak) while the other is less busy says which one sets the time."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from agent.models.base import Usage
+    from kloop.agent.models.base import Usage
 
 PACKAGED_PRICES = Path(__file__).with_name("prices.json")
 

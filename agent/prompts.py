@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from kloop.agent.ncu_hints import hint, stalls_text
+from kloop.evaluator.common.resources import bare_name
+from kloop.evaluator.common.result import SpeedupInterval
+from kloop.evaluator.harness.precheck import source_with_constants
 
-import prompts as prompts_package
-from agent.ncu_hints import hint, stalls_text
-from evaluator.precheck import source_with_constants
-from evaluator.resources import bare_name
-from evaluator.result import SpeedupInterval
+from kloop import prompts as prompts_package
 from kloop.errors import KloopError
 
 PACKAGED_DIR = Path(prompts_package.__file__).resolve().parent

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from agent.models.base import Address, Message, Model, ModelReply, ToolSpec
-from evaluator.result import EvalResult
-from problems.registry import Problem
+from kloop.agent.models.base import Address, Message, Model, ModelReply, ToolSpec
+from kloop.evaluator.common.result import EvalResult
+from kloop.problems.registry import Problem
 
 __all__ = ["Addressed", "Evaluator", "Model", "Resumable"]
 

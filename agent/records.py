@@ -9,11 +9,16 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Literal
 
+from kloop.agent.budget import Spend
+from kloop.agent.models.base import Message, ModelReply, ToolCall
+from kloop.evaluator.common.result import (
+    BaselineName,
+    ErrorInfo,
+    EvalResult,
+    HeadToHead,
+    SpeedupInterval,
+)
 from pydantic import BaseModel, ConfigDict, Field
-
-from agent.budget import Spend
-from agent.models.base import Message, ModelReply, ToolCall
-from evaluator.result import BaselineName, ErrorInfo, EvalResult, HeadToHead, SpeedupInterval
 
 TRAJECTORY_SCHEMA_VERSION = 1
 DECISION_SCHEMA_VERSION = 1

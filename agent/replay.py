@@ -20,21 +20,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+from kloop.agent.budget import Spend
+from kloop.agent.components import build_evaluator, load_problems, with_size
+from kloop.agent.config import ConfigError, RunConfig, resolve
+from kloop.agent.episode import EpisodeSpec, EpisodeState, feedback_template, feedback_vars
+from kloop.agent.models.replay import ReplayModel
+from kloop.agent.prompts import PromptSet
+from kloop.agent.protocols import Evaluator, Model
+from kloop.agent.records import TRAJECTORY_SCHEMA_VERSION, NodeAddress, TurnRecord, utcnow
+from kloop.agent.store import RunDirError, RunStore
+from kloop.agent.strategies import Runner, executor_report, summarize
+from kloop.agent.tally import best_per_problem
+from kloop.evaluator.common.result import EvalResult
+from kloop.problems.registry import Problem
 from pydantic import BaseModel, ConfigDict
-
-from agent.budget import Spend
-from agent.components import build_evaluator, load_problems, with_size
-from agent.config import ConfigError, RunConfig, resolve
-from agent.episode import EpisodeSpec, EpisodeState, feedback_template, feedback_vars
-from agent.models.replay import ReplayModel
-from agent.prompts import PromptSet
-from agent.protocols import Evaluator, Model
-from agent.records import TRAJECTORY_SCHEMA_VERSION, NodeAddress, TurnRecord, utcnow
-from agent.store import RunDirError, RunStore
-from agent.strategies import Runner, executor_report, summarize
-from agent.tally import best_per_problem
-from evaluator.result import EvalResult
-from problems.registry import Problem
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +215,7 @@ def fork(source_dir: Path, out: Path, at_turn: int | NodeAddress, layers: list[d
          on_turn: Callable[[TurnRecord], None] | None = None) -> Runner:
     """Continue every episode of a run after its turn `at_turn` (or, given a node address, that
     node of each problem's search tree) with another model or config."""
-    from agent.components import build_model
+    from kloop.agent.components import build_model
 
     source = RunStore.open(source_dir)
     cfg = derived_config(source, out, layers)

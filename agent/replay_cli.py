@@ -7,12 +7,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from agent import replay as replay_lib
-from agent.config import ConfigError, parse_layer
-from agent.records import NodeAddress
-from agent.run import Reporter, _setup_logging, console, print_summary
-from agent.store import RunStore
+from kloop.agent import replay as replay_lib
+from kloop.agent.config import ConfigError, parse_layer
+from kloop.agent.records import NodeAddress
+from kloop.agent.run import Reporter, _setup_logging, console, print_summary
+from kloop.agent.store import RunStore
 
 Opt = typer.Option
 

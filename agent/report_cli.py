@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from kloop.agent.report import DEFAULT_BOOTSTRAP
+from kloop.agent.store import RunDirError
 from rich.table import Table
 
-from agent.report import DEFAULT_BOOTSTRAP
-from agent.store import RunDirError
 from kloop.console import make_console
 
 Opt = typer.Option
@@ -51,8 +51,8 @@ def report_command(
     scope: Annotated[str, Opt(help="Budget curves per `problem` (default) or for the whole `run`.")] = "problem",
 ) -> None:
     """Metrics, budget curves and plots of runs, side by side (Markdown; --html, --json)."""
-    from agent.report.build import build_report, write_report
-    from agent.report.load import ReportError
+    from kloop.agent.report.build import build_report, write_report
+    from kloop.agent.report.load import ReportError
 
     if scope not in ("problem", "run"):
         raise _fail(f"--scope must be problem or run, not {scope!r}")
@@ -86,7 +86,7 @@ def show_command(
     tree: Annotated[bool, Opt("--tree", help="Draw the search tree of --problem (of every problem without it): which turn continues which.")] = False,
 ) -> None:
     """A trajectory turn by turn: prompt, reply, kernel, verdict, feedback (--tree: the search tree)."""
-    from agent.report.show import show
+    from kloop.agent.report.show import show
 
     console = make_console()
     try:
@@ -105,7 +105,7 @@ def import_kernelbench_command(
     model: Annotated[str | None, Opt(help="Name of the model that wrote the kernels (default: from generation_config.yaml).")] = None,
 ) -> None:
     """Turn KernelBench kernels into a kloop run, to judge with `kloop replay RUN --rescore`."""
-    from agent.interop import InteropError, import_kernelbench
+    from kloop.agent.interop import InteropError, import_kernelbench
 
     out = out or Path("runs") / f"import-{folder.resolve().name}"
     try:
@@ -129,8 +129,8 @@ def export_command(
     level: Annotated[int | None, Opt(help="kernelbench: level for problems whose id has none.")] = None,
 ) -> None:
     """Write a run's kernels in KernelBench's layout, or its turns as training data."""
-    from agent.interop import InteropError, export_kernels
-    from agent.report.load import ReportError
+    from kloop.agent.interop import InteropError, export_kernels
+    from kloop.agent.report.load import ReportError
 
     target = out_opt or out
     if target is None:
@@ -140,7 +140,7 @@ def export_command(
     if per not in ("turn", "episode"):
         raise _fail(f"--per must be turn or episode, not {per!r}")
     if fmt != "kernelbench":
-        from agent import export as training
+        from kloop.agent import export as training
 
         try:
             n = training.export(run_dir, target, fmt, per)  # type: ignore[arg-type]

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
 
+from kloop.agent.errors import ProviderAbort, ProviderError, ProviderRetryable
+from kloop.agent.models.base import ModelConfig, ModelReply
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -21,9 +23,6 @@ from tenacity import (
     retry_if_exception_type,
     stop_after_attempt,
 )
-
-from agent.errors import ProviderAbort, ProviderError, ProviderRetryable
-from agent.models.base import ModelConfig, ModelReply
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from kloop.agent.components import build_evaluator, build_model, load_problems, with_size
+from kloop.agent.config import ConfigError, RunConfig, dotted, merge, parse_layer, resolve
+from kloop.agent.records import EpisodeRecord, RunSummary, TurnRecord
+from kloop.agent.store import RunDirError, RunStore
+from kloop.agent.strategies import Runner
+from kloop.agent.sweep import CellProgress, is_sweep_file, run_sweep
 from rich.console import Console
 from rich.live import Live
 from rich.logging import RichHandler
@@ -30,12 +36,6 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from agent.components import build_evaluator, build_model, load_problems, with_size
-from agent.config import ConfigError, RunConfig, dotted, merge, parse_layer, resolve
-from agent.records import EpisodeRecord, RunSummary, TurnRecord
-from agent.store import RunDirError, RunStore
-from agent.strategies import Runner
-from agent.sweep import CellProgress, is_sweep_file, run_sweep
 from kloop.console import make_console
 
 console = make_console(stderr=True)
@@ -88,8 +88,8 @@ class PipelineColumn(ProgressColumn):
     each refresh, so the line moves between turns too."""
 
     def render(self, task: Task) -> Text:
-        from agent.executor import ray_pool
-        from evaluator import board
+        from kloop.agent.executor import ray_pool
+        from kloop.evaluator.procs import board
 
         return Text(ray_pool.describe() or board.describe(), style="dim")
 
@@ -265,7 +265,7 @@ def run_command(
         cfg = resolve(layers + [parse_layer(c) for c in config] + [flags])
         if size is not None:
             cfg = with_size(cfg, size)
-            from evaluator.cli import small_on_gpu
+            from kloop.evaluator.tools.cli import small_on_gpu
 
             if (warning := small_on_gpu(size, cfg.eval.device)) is not None:
                 print(warning, file=sys.stderr)
@@ -283,12 +283,12 @@ def placement(cfg: RunConfig) -> list[str]:
     """Where `cfg`'s evaluations would run, in words (`kloop run --dry-run`)."""
     ex = cfg.executor
     if ex.kind == "local":
-        from evaluator.devicepool import pool
+        from kloop.evaluator.procs.devicepool import pool
 
         return [f"local executor: evaluations run in this process on {', '.join(pool(cfg.eval.device))}"
                 f" ({cfg.concurrency} episode(s) at once)"]
-    from agent.executor.placement import describe, plan
-    from agent.executor.ray_pool import connect, import_ray
+    from kloop.agent.executor.placement import describe, plan
+    from kloop.agent.executor.ray_pool import connect, import_ray
 
     ray = import_ray()
     owns = connect(ex)
@@ -346,7 +346,7 @@ def _run_sweep(path: Path) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    from agent.replay_cli import replay_command
+    from kloop.agent.replay_cli import replay_command
 
     app.command("run")(run_command)
     app.command("replay")(replay_command)

@@ -27,10 +27,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
-
-from agent.config import RunConfig, saved_config
-from agent.records import (
+from kloop.agent.config import RunConfig, saved_config
+from kloop.agent.records import (
     TRAJECTORY_SCHEMA_VERSION,
     CallRecord,
     EpisodeRecord,
@@ -39,6 +37,8 @@ from agent.records import (
     TurnRecord,
     utcnow,
 )
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
 from kloop.errors import KloopError
 
 log = logging.getLogger(__name__)

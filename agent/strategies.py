@@ -22,14 +22,14 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
-from agent.agentic import Facts, run_agent_episode
-from agent.budget import Meter, Spend
-from agent.config import RunConfig
-from agent.episode import EpisodeEnv, EpisodeSpec, best_of, episode_key
-from agent.loop import run_episode
-from agent.prompts import PromptSet
-from agent.protocols import Evaluator, Model
-from agent.records import (
+from kloop.agent.agentic import Facts, run_agent_episode
+from kloop.agent.budget import Meter, Spend
+from kloop.agent.config import RunConfig
+from kloop.agent.episode import EpisodeEnv, EpisodeSpec, best_of, episode_key
+from kloop.agent.loop import run_episode
+from kloop.agent.prompts import PromptSet
+from kloop.agent.protocols import Evaluator, Model
+from kloop.agent.records import (
     CallRecord,
     EpisodeRecord,
     ExecutorReport,
@@ -40,10 +40,10 @@ from agent.records import (
     TurnRef,
     utcnow,
 )
-from agent.store import RunStore
-from agent.tally import Unaccounted, best_turn, rank_key, total_spend, unaccounted_calls
-from agent.tree import Tree
-from problems.registry import Problem
+from kloop.agent.store import RunStore
+from kloop.agent.tally import Unaccounted, best_turn, rank_key, total_spend, unaccounted_calls
+from kloop.agent.tree import Tree
+from kloop.problems.registry import Problem
 
 log = logging.getLogger(__name__)
 

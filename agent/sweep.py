@@ -35,9 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from agent.config import (
+from kloop.agent.config import (
     AgentConfig,
     BudgetConfig,
     ConfigError,
@@ -47,9 +45,11 @@ from agent.config import (
     parse_layer,
     resolve,
 )
-from agent.models.base import ModelConfig
-from agent.records import TRAJECTORY_SCHEMA_VERSION, EpisodeRecord, TurnRecord, utcnow
-from agent.store import RunDirError, RunStore
+from kloop.agent.models.base import ModelConfig
+from kloop.agent.records import TRAJECTORY_SCHEMA_VERSION, EpisodeRecord, TurnRecord, utcnow
+from kloop.agent.store import RunDirError, RunStore
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from kloop.errors import KloopError
 
 log = logging.getLogger(__name__)
@@ -381,7 +381,7 @@ Components = Callable[[RunConfig, list], tuple[Any, Any]]
 
 
 def _default_components(cfg: RunConfig, problems: list) -> tuple[Any, Any]:
-    from agent.components import build_evaluator, build_model
+    from kloop.agent.components import build_evaluator, build_model
 
     return build_model(cfg), build_evaluator(cfg, problems)
 
@@ -438,8 +438,8 @@ def run_sweep(source: str | Path | SweepFile, *, only: list[str] | None = None,
     `concurrency` applies. `on_cell` hears every cell's progress: all of them waiting first,
     then each as it starts, after each of its turns, and when it is done.
     """
-    from agent.components import load_problems
-    from agent.strategies import Runner
+    from kloop.agent.components import load_problems
+    from kloop.agent.strategies import Runner
 
     if isinstance(source, SweepFile):
         sweep, base_dir = source.sweep, Path(".")
@@ -491,7 +491,7 @@ def run_sweep(source: str | Path | SweepFile, *, only: list[str] | None = None,
 
 
 def _planned(cfg: RunConfig, problems: int) -> int:
-    from agent.run import planned_turns
+    from kloop.agent.run import planned_turns
 
     return planned_turns(cfg, problems)
 

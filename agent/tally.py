@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from agent.budget import Spend
-from agent.records import BestDecision, CallRecord, EpisodeRecord, TurnRecord, TurnRef
-from evaluator.result import BaselineName, EvalResult, HeadToHead, SpeedupInterval
+from kloop.agent.budget import Spend
+from kloop.agent.records import BestDecision, CallRecord, EpisodeRecord, TurnRecord, TurnRef
+from kloop.evaluator.common.result import BaselineName, EvalResult, HeadToHead, SpeedupInterval
 
 # How far a kernel got, best first: beam search keeps the furthest when none is correct yet.
 STATUS_RANK = {"correct": 0, "incorrect": 1, "not_run": 2, "rejected": 3, "timeout": 4,

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
-from agent.components import problem_configs
-from agent.episode import (
+from kloop.agent.components import problem_configs
+from kloop.agent.episode import (
     EpisodeEnv,
     EpisodeSpec,
     EpisodeState,
@@ -21,12 +21,12 @@ from agent.episode import (
     feedback_vars,
     sha256_text,
 )
-from agent.episode import opening as turn_opening
-from agent.loop import evaluate_timed, extract
-from agent.models.base import ModelReply, ToolCall, ToolSpec
-from agent.records import ModelFaultInfo
-from evaluator.config import EvalConfig
-from evaluator.result import EvalResult
+from kloop.agent.episode import opening as turn_opening
+from kloop.agent.loop import evaluate_timed, extract
+from kloop.agent.models.base import ModelReply, ToolCall, ToolSpec
+from kloop.agent.records import ModelFaultInfo
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.common.result import EvalResult
 
 _CODE = {"type": "object", "required": ["code"], "additionalProperties": False,
          "properties": {"code": {"type": "string", "description": "The complete Python module: "

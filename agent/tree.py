@@ -15,11 +15,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from kloop.agent.records import NodeAddress, TurnRecord, TurnRef
+from kloop.agent.tally import STATUS_RANK, best_turn, host_speedup, speedup_interval
+from kloop.evaluator.common.result import SpeedupInterval
 from pydantic import BaseModel, ConfigDict
-
-from agent.records import NodeAddress, TurnRecord, TurnRef
-from agent.tally import STATUS_RANK, best_turn, host_speedup, speedup_interval
-from evaluator.result import SpeedupInterval
 
 
 def node_value(rec: TurnRecord) -> float:

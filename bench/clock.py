@@ -33,11 +33,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
 import torch  # noqa: E402
-
-from evaluator.config import EvalConfig  # noqa: E402
-from evaluator.pipeline import evaluate  # noqa: E402
-from evaluator.worker.construct import as_output_list  # noqa: E402
-from problems.registry import get_problem, reference_as_candidate  # noqa: E402
+from kloop.evaluator.common.config import EvalConfig  # noqa: E402
+from kloop.evaluator.harness.pipeline import evaluate  # noqa: E402
+from kloop.evaluator.worker.construct import as_output_list  # noqa: E402
+from kloop.problems.registry import get_problem, reference_as_candidate  # noqa: E402
 
 MLP = {"input_size": 4096, "layer_sizes": [4096, 4096], "output_size": 2048}
 MODELS = [

@@ -23,7 +23,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
-from evaluator.correctness import compare_outputs  # noqa: E402
+from kloop.evaluator.common.correctness import compare_outputs  # noqa: E402
 
 
 def load_other(root: Path):

@@ -95,10 +95,9 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-
-    from evaluator.config import EvalConfig
-    from evaluator.pipeline import evaluate
-    from problems.registry import get_problem
+    from kloop.evaluator.common.config import EvalConfig
+    from kloop.evaluator.harness.pipeline import evaluate
+    from kloop.problems.registry import get_problem
 
     os.makedirs("/var/lib/kloop-diag", exist_ok=True)
     os.chmod("/var/lib/kloop-diag", 0o1777)

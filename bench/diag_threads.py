@@ -71,7 +71,7 @@ def cpu_mechanism(threads: int, rounds: int = 60) -> float:
 @contextlib.contextmanager
 def _default_threads():
     """The served-call loop left at torch's default thread count (this process only)."""
-    from evaluator.harness import served
+    from kloop.evaluator.harness import served
 
     one = served.one_cpu_thread
     served.one_cpu_thread = contextlib.nullcontext

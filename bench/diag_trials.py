@@ -24,8 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 import same_code_ab  # noqa: E402
-
-from evaluator import stages  # noqa: E402
+from kloop.evaluator.harness import stages  # noqa: E402
 
 _with_trials = stages.candidate_job
 

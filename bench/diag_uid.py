@@ -26,7 +26,7 @@ MODES = ["root", "nnp+nocaps", "uid65534", "uid65534+nnp+nocaps", "root-again"]
 
 def become(mode: str) -> None:
     sys.path[:0] = [str(REPO)]
-    from evaluator import isolation
+    from kloop.evaluator.procs import isolation
 
     if "uid65534" in mode:
         os.setgroups([])
@@ -41,8 +41,7 @@ def child(mode: str, calls: int) -> None:
     # Imports first, as root, then the identity, then CUDA: what a candidate child does.
     sys.path[:0] = [str(REPO)]
     import torch
-
-    from problems.registry import get_problem
+    from kloop.problems.registry import get_problem
 
     cases = [("L3/1-b8", "L3/1", {"batch_size": 8, "input_size": 1024, "layer_sizes": [1024],
                                   "output_size": 1024}),

@@ -31,9 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "evaluator")]
 
 from eval_helpers import CANDIDATES, candidate  # noqa: E402
-
-from evaluator.config import EvalConfig  # noqa: E402
-from evaluator.pipeline import evaluate  # noqa: E402
+from kloop.evaluator.common.config import EvalConfig  # noqa: E402
+from kloop.evaluator.harness.pipeline import evaluate  # noqa: E402
 
 MLP_MEDIUM = {"batch_size": 64, "input_size": 4096, "layer_sizes": [4096, 4096],
               "output_size": 2048}
@@ -69,7 +68,7 @@ import importlib.util, os, sys, time
 mode, path, root = sys.argv[1:4]
 if mode == "kloop":
     from pathlib import Path
-    from evaluator.build import buildcache
+    from kloop.evaluator.build import buildcache
     buildcache.install_load_inline_cache(Path(root), arch=None)
 else:
     os.environ["TORCH_EXTENSIONS_DIR"] = root
@@ -145,7 +144,7 @@ def compile_times(pairs: bool, sources: list[str] | None = None, at_once: int | 
     `EvalConfig.lean_cuda: on`, the default (a torch-free `.cu`, e.g. `mlp_cuda_relu_lean.py`,
     built lean). By default both forms of the three CUDA candidates, with a p50 for each form."""
     names = sources or CUDA_SOURCES + LEAN_SOURCES
-    from evaluator.build import cxx_pch, pch
+    from kloop.evaluator.build import cxx_pch, pch
 
     # The trusted builder's precompiled torch header (made once per host and flag set, like a
     # baseline): kloop's builds below find it, plain load_inline never looks.
@@ -156,7 +155,7 @@ def compile_times(pairs: bool, sources: list[str] | None = None, at_once: int | 
           f"({root}) ==")
     if root is not None and ready:
         os.environ[cxx_pch.ROOT_ENV] = str(root)
-    from evaluator.build import lean
+    from kloop.evaluator.build import lean
 
     os.environ.pop(lean.ENV, None)
     if lean_cuda:  # read by kloop's nvcc (evaluator.build.nvcc_parallel); plain never asks

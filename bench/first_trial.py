@@ -50,7 +50,7 @@ launch = lambda: add_one[(triton.cdiv(n, 1024),)](x, y, n, BLOCK=1024)
 lap("triton_jit_1st", launch)
 lap("triton_launch_2nd", launch)
 
-from evaluator.worker.probes import hooked_triton_launches
+from kloop.evaluator.worker.probes import hooked_triton_launches
 with hooked_triton_launches({"add_one"}) as seen:
     lap("triton_launch_hooked", launch)
 t["hook_count"] = seen.count

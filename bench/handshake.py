@@ -41,9 +41,8 @@ def worker(fds: str, layout_json: str, stamps_path: str, device: str, busy: str)
     import math
 
     import torch
-
-    from evaluator.worker.construct import seed_all
-    from evaluator.worker.serve import ServeLayout, Server
+    from kloop.evaluator.worker.construct import seed_all
+    from kloop.evaluator.worker.serve import ServeLayout, Server
 
     class Stamped(Server):
         """The real server, with a timestamp at each phase of a call."""
@@ -108,8 +107,8 @@ def run_size(label: str, numel: int, calls: int, device: str, busy: str,
              gap_ms: float) -> list[dict]:
     import secrets
 
-    from evaluator.harness.clock import CallChannel
-    from evaluator.worker.serve import ServeLayout
+    from kloop.evaluator.harness.clock import CallChannel
+    from kloop.evaluator.worker.serve import ServeLayout
 
     class Timed(CallChannel):
         got: float = 0.0

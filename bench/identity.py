@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
-from evaluator.config import EvalConfig  # noqa: E402
-from evaluator.pipeline import evaluate_many  # noqa: E402
-from problems.registry import get_problem, load_problem_set, reference_as_candidate  # noqa: E402
+from kloop.evaluator.common.config import EvalConfig  # noqa: E402
+from kloop.evaluator.harness.pipeline import evaluate_many  # noqa: E402
+from kloop.problems.registry import get_problem, load_problem_set, reference_as_candidate  # noqa: E402
 
 
 def row(pid: str, r, wall_s: float) -> dict:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
-from evaluator.config import EvalConfig  # noqa: E402
-from evaluator.pipeline import evaluate  # noqa: E402
-from problems.registry import get_problem, reference_as_candidate  # noqa: E402
+from kloop.evaluator.common.config import EvalConfig  # noqa: E402
+from kloop.evaluator.harness.pipeline import evaluate  # noqa: E402
+from kloop.problems.registry import get_problem, reference_as_candidate  # noqa: E402
 
 
 def main() -> int:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
-from evaluator.build import lean  # noqa: E402
+from kloop.evaluator.build import lean  # noqa: E402
 
 PROLOGUE = "".join(line + "\n" for line in lean.PROLOGUE)
 """What `load_inline` puts in front of `cuda_sources`."""

@@ -30,9 +30,9 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
-from evaluator.harness.expected import ExpectedStore  # noqa: E402
-from evaluator.harness.output import Output  # noqa: E402
-from evaluator.worker.serve import DTYPES, ServeLayout  # noqa: E402
+from kloop.evaluator.harness.expected import ExpectedStore  # noqa: E402
+from kloop.evaluator.harness.output import Output  # noqa: E402
+from kloop.evaluator.worker.serve import DTYPES, ServeLayout  # noqa: E402
 
 
 def copied(layout: ServeLayout, fd: int) -> list[torch.Tensor]:

@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.components import LocalEvaluator, load_problems  # noqa: E402
-from agent.config import resolve  # noqa: E402
-from agent.demo.kernels import SIZES, source  # noqa: E402
-from agent.executor.ray_pool import RayEvaluator, close_pools, import_ray  # noqa: E402
+from kloop.agent.components import LocalEvaluator, load_problems  # noqa: E402
+from kloop.agent.config import resolve  # noqa: E402
+from kloop.agent.demo.kernels import SIZES, source  # noqa: E402
+from kloop.agent.executor.ray_pool import RayEvaluator, close_pools, import_ray  # noqa: E402
 
 CASES = [("L3/1", "ok"), ("L3/1", "wrong"), ("L3/4", "ok"), ("L3/4", "crash")]
 

@@ -15,9 +15,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from clock import MODELS, honest_source
-
-from evaluator.config import EvalConfig
-from evaluator.pipeline import evaluate
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.harness.pipeline import evaluate
 
 Variant = Callable[[], AbstractContextManager]
 

@@ -23,9 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "evaluator")]
 
 from eval_helpers import MLP_SMALL, candidate, plain_start  # noqa: E402
-
-from evaluator.config import EvalConfig  # noqa: E402
-from evaluator.pipeline import evaluate  # noqa: E402
+from kloop.evaluator.common.config import EvalConfig  # noqa: E402
+from kloop.evaluator.harness.pipeline import evaluate  # noqa: E402
 
 
 def main() -> None:

@@ -73,8 +73,8 @@ def batch(sizes: str = "examples", cuda_form: str = "torch") -> list[dict]:
     torch's API, built the plain way) or in the form the CUDA prompt asks for since e01758c
     (`lean`: the same kernels in a torch-free `.cu`, the wrappers in `cpp_sources`)."""
     sys.path[:0] = [str(REPO)]
-    from agent.demo.kernels import SIZES, source
-    from problems.registry import get_problem, reference_as_candidate
+    from kloop.agent.demo.kernels import SIZES, source
+    from kloop.problems.registry import get_problem, reference_as_candidate
 
     out = [{"label": f"{pid} triton {v}", "problem": pid, "source": source(pid, v),
             "overrides": SIZES[pid] if sizes == "examples" else {}}
@@ -102,8 +102,8 @@ def warm_baselines(items: list[dict], device: str, concurrency: int, cache: Path
     seconds it took."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from evaluator.config import EvalConfig
-    from evaluator.pipeline import build_baselines
+    from kloop.evaluator.common.config import EvalConfig
+    from kloop.evaluator.harness.pipeline import build_baselines
 
     seen = {(it["problem"], json.dumps(it["overrides"], sort_keys=True)): it for it in items}
     t0 = time.monotonic()
@@ -135,7 +135,7 @@ def seed_baselines(src: Path, dst: Path) -> int:
     baselines twice (~340 s for the whole batch on the H200). Returns how many were copied."""
     import shutil
 
-    from evaluator.isolation import private_dir
+    from kloop.evaluator.procs.isolation import private_dir
 
     to = private_dir(dst) / "baselines"
     to.mkdir(parents=True, exist_ok=True)
@@ -153,7 +153,7 @@ def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path 
     leaves what it finished). `warm`: baselines first (`warm_baselines`), off the clock.
     `concurrency` evaluations at once in their device stages, up to `ahead` more building
     ahead of them (`evaluator.scheduler`; a checkout without it: one pool of `concurrency`)."""
-    from evaluator.config import EvalConfig
+    from kloop.evaluator.common.config import EvalConfig
 
     with tempfile.TemporaryDirectory(prefix="kloop-throughput-") as cache:
         if baselines_from is not None:
@@ -199,11 +199,11 @@ def _pool(concurrency: int, ahead: int | None):
     """`submit(problem, source, config) -> Future`: the evaluator's scheduler where this checkout
     has one, else (`--kloop-root` of an older commit) `concurrency` threads calling `evaluate`."""
     try:
-        from evaluator.scheduler import Scheduler
+        from kloop.evaluator.procs.scheduler import Scheduler
     except ImportError:
         from concurrent.futures import ThreadPoolExecutor
 
-        from evaluator.pipeline import evaluate
+        from kloop.evaluator.harness.pipeline import evaluate
 
         with ThreadPoolExecutor(concurrency) as pool:
             yield lambda *a: pool.submit(evaluate, *a)
@@ -343,7 +343,7 @@ def main() -> int:
 
             handler = logging.FileHandler(args.trace)
             handler.setFormatter(logging.Formatter("%(relativeCreated)d ms %(message)s"))
-            logger = logging.getLogger("evaluator.stages")
+            logger = logging.getLogger("kloop.evaluator.harness.stages")
             logger.setLevel(logging.DEBUG)
             logger.addHandler(handler)
         items = json.loads(args.inner.read_text())

@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.2.0"
 
 _EXPORTS = {
-    "evaluate": "evaluator.pipeline",
-    "evaluate_many": "evaluator.pipeline",
-    "EvalConfig": "evaluator.config",
-    "Policy": "evaluator.config",
-    "POLICIES": "evaluator.config",
-    "get_policy": "evaluator.config",
-    "UnknownPolicyError": "evaluator.config",
-    "EvalResult": "evaluator.result",
-    "ReferenceFailure": "evaluator.reference",
+    "evaluate": "kloop.evaluator.harness.pipeline",
+    "evaluate_many": "kloop.evaluator.harness.pipeline",
+    "EvalConfig": "kloop.evaluator.common.config",
+    "Policy": "kloop.evaluator.common.config",
+    "POLICIES": "kloop.evaluator.common.config",
+    "get_policy": "kloop.evaluator.common.config",
+    "UnknownPolicyError": "kloop.evaluator.common.config",
+    "EvalResult": "kloop.evaluator.common.result",
+    "ReferenceFailure": "kloop.evaluator.harness.reference",
 }
 __all__ = [
     "POLICIES", "EvalConfig", "EvalResult", "Policy", "ReferenceFailure", "UnknownPolicyError",
@@ -28,10 +28,16 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from evaluator.config import POLICIES, EvalConfig, Policy, UnknownPolicyError, get_policy
-    from evaluator.pipeline import evaluate, evaluate_many
-    from evaluator.reference import ReferenceFailure
-    from evaluator.result import EvalResult
+    from kloop.evaluator.common.config import (
+        POLICIES,
+        EvalConfig,
+        Policy,
+        UnknownPolicyError,
+        get_policy,
+    )
+    from kloop.evaluator.common.result import EvalResult
+    from kloop.evaluator.harness.pipeline import evaluate, evaluate_many
+    from kloop.evaluator.harness.reference import ReferenceFailure
 
 
 def __getattr__(name: str) -> Any:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from agent.config import parse_layer, resolve
-from agent.models.base import Message
-from agent.models.scripted import ScriptedModel
-from agent.rl import RewardConfig, make_env
-from agent.run import DEMO_DIR
+from kloop.agent.config import parse_layer, resolve
+from kloop.agent.models.base import Message
+from kloop.agent.models.scripted import ScriptedModel
+from kloop.agent.rl import RewardConfig, make_env
+from kloop.agent.run import DEMO_DIR
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

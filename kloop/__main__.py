@@ -1,5 +1,5 @@
 """`python -m kloop ...` is `kloop ...`."""
 
-from agent.cli import main
+from kloop.agent.cli import main
 
 main()

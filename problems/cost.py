@@ -15,9 +15,8 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
+from kloop.problems.registry import BUNDLED_DIR, Problem, load_problem_set
 from pydantic import BaseModel, ConfigDict, Field
-
-from problems.registry import BUNDLED_DIR, Problem, load_problem_set
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     problems = load_problem_set().filter(level=3)
     if args.write:
-        from problems.counting import count_all
+        from kloop.problems.counting import count_all
 
         table = count_all(problems)
         COST_FILE.write_text(table.model_dump_json(indent=1) + "\n")

@@ -23,12 +23,11 @@ import logging
 from typing import Any, Literal, NamedTuple
 
 import torch
+from kloop.problems.cost import CostTable, ProblemCost
+from kloop.problems.registry import Problem
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
-
-from problems.cost import CostTable, ProblemCost
-from problems.registry import Problem
 
 log = logging.getLogger(__name__)
 

@@ -56,7 +56,7 @@ def output_tolerance(expected: dict[str, Any]) -> float:
 
 def check_problem(path: Path, expected: dict[str, Any]) -> list[str]:
     """Rebuild the problem at `path` with the fingerprint's overrides; return the differences."""
-    from problems.registry import load_module
+    from kloop.problems.registry import load_module
 
     torch.set_num_threads(2)
     diffs: list[str] = []

@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv > "$OUT/env.txt" 2>&1
 if [ -n "${K10:-}" ]; then
   for pol in strict kernelbench; do
-    timeout 120 python3 -m agent.cli eval tests/exploits/candidates/k10_fp32_probes_low_precision_timed.py \
+    timeout 120 python3 -m kloop.agent.cli eval tests/exploits/candidates/k10_fp32_probes_low_precision_timed.py \
       --problem L3/4 --policy $pol --json > "$OUT/k10_$pol.json" 2>> "$OUT/k10.err"
     python3 -c "import json; r=json.load(open('$OUT/k10_$pol.json')); print('K10 $pol', r['status'], sorted({v['rule'] for v in r['violations']}), r['precision_calls'])"
   done

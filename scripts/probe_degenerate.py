@@ -25,15 +25,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from evaluator.protocol import ProblemSpec  # noqa: E402
-from evaluator.worker.construct import (  # noqa: E402
+from kloop.evaluator.common.protocol import ProblemSpec  # noqa: E402
+from kloop.evaluator.worker.construct import (  # noqa: E402
     as_output_list,
     construct,
     draw_inputs,
     init_inputs,
     noisy_model,
 )
-from problems.registry import load_problem_set  # noqa: E402
+from kloop.problems.registry import load_problem_set  # noqa: E402
 
 SCALES = (3.0, 1e2, 1e4)
 

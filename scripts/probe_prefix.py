@@ -38,16 +38,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from evaluator.config import POLICIES  # noqa: E402
-from evaluator.protocol import ProblemSpec  # noqa: E402
-from evaluator.worker.construct import (  # noqa: E402
+from kloop.evaluator.common.config import POLICIES  # noqa: E402
+from kloop.evaluator.common.protocol import ProblemSpec  # noqa: E402
+from kloop.evaluator.worker.construct import (  # noqa: E402
     as_output_list,
     construct,
     draw_inputs,
     init_inputs,
     noisy_model,
 )
-from problems.registry import Problem, get_problem  # noqa: E402
+from kloop.problems.registry import Problem, get_problem  # noqa: E402
 
 
 class Sequence(NamedTuple):

@@ -87,8 +87,7 @@ def drop_box():
     import tempfile
 
     import eval_helpers
-
-    from evaluator.worker.zygote import SHARED_SCRATCH
+    from kloop.evaluator.worker.zygote import SHARED_SCRATCH
 
     top = None
     if os.geteuid() == 0:
@@ -116,7 +115,7 @@ def _pch_store_built():
     import shutil
     import tempfile
 
-    from evaluator.build import pch
+    from kloop.evaluator.build import pch
 
     base = Path(tempfile.mkdtemp(prefix="kloop-pch-test-"))
     base.chmod(0o755)
@@ -135,7 +134,7 @@ def _pch_store_built():
 @pytest.fixture
 def pch_store(_pch_store_built, monkeypatch):
     """(root, key) of the session's PCH store, which is the harness's store for this test."""
-    from evaluator.build import pch
+    from kloop.evaluator.build import pch
 
     root, key = _pch_store_built
     monkeypatch.setenv(pch.DIR_ENV, str(root))

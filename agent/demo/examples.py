@@ -25,9 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
+from kloop.agent.demo.kernels import FAMILY, SIZES, Variant, reply
 from pydantic import BaseModel, ConfigDict
-
-from agent.demo.kernels import FAMILY, SIZES, Variant, reply
 
 DEMO_DIR = Path(__file__).resolve().parent
 EXAMPLES = Path("runs/examples")
@@ -82,7 +81,7 @@ def record(device: str, concurrency: int = 1) -> None:
     only the wall time: timed work never overlaps (the device lock)."""
     import shutil
 
-    from agent.cli import main
+    from kloop.agent.cli import main
 
     for strategy, path in write_scripts().items():
         out = EXAMPLES / RUNS[strategy]
@@ -122,7 +121,7 @@ class Rejudged(BaseModel):
 
 def sample(run: Path) -> list:
     """Per problem: its best kernel and its first kernel that was not correct."""
-    from agent.store import RunStore
+    from kloop.agent.store import RunStore
 
     turns = RunStore.open(run).turns()
     picked = []
@@ -139,8 +138,8 @@ def sample(run: Path) -> list:
 
 def rejudge(run: Path, device: str) -> list[Rejudged]:
     """Judge the sample again with today's evaluator on this machine (two at a time)."""
-    from agent.components import build_evaluator, load_problems
-    from agent.store import RunStore
+    from kloop.agent.components import build_evaluator, load_problems
+    from kloop.agent.store import RunStore
 
     cfg = RunStore.open(run).config_record().config
     # No profiler pass: the verdict is what is compared, and it keeps the demo short.
@@ -169,7 +168,7 @@ def _ms(v: float | None) -> str:
 
 def demo(out: Path, device: str) -> int:
     """Re-judge a sample of the recorded kernels, then write the report of both runs."""
-    from agent.cli import main
+    from kloop.agent.cli import main
 
     start = time.monotonic()
     runs = [EXAMPLES / RUNS["sequential"], EXAMPLES / RUNS["best_of_n"]]
@@ -191,7 +190,7 @@ def demo(out: Path, device: str) -> int:
 
 
 def write_summary(out: Path, runs: list[Path], checked: list[Rejudged]) -> None:
-    from agent.store import RunStore
+    from kloop.agent.store import RunStore
 
     lines = ["# kloop demo: sequential refinement vs best-of-4 at a matched budget", "",
              "Five KernelBench Level 3 problems of different families; each strategy gets 4 LLM",

@@ -29,14 +29,15 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from agent.config import ExecutorConfig, RunConfig
-from agent.errors import EvalInfraError
-from agent.executor.placement import NodeSlots, plan
-from agent.executor.ray_worker import EvalWorker, WorkerInfo
-from agent.records import ExecutorReport, NodeReport
-from evaluator.result import EvalResult
+from kloop.agent.config import ExecutorConfig, RunConfig
+from kloop.agent.errors import EvalInfraError
+from kloop.agent.executor.placement import NodeSlots, plan
+from kloop.agent.executor.ray_worker import EvalWorker, WorkerInfo
+from kloop.agent.records import ExecutorReport, NodeReport
+from kloop.evaluator.common.result import EvalResult
+from kloop.problems.registry import Problem
+
 from kloop.errors import KloopError
-from problems.registry import Problem
 
 log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 300.0
@@ -330,7 +331,7 @@ class RayEvaluator:
     """The loop's `Evaluator` on the ray executor: a run's per-problem configs over the pool."""
 
     def __init__(self, cfg: RunConfig, problems: list[Problem]) -> None:
-        from agent.components import problem_configs
+        from kloop.agent.components import problem_configs
 
         self.pool = pool(cfg.executor, cfg.eval.device)
         self.base = cfg.eval.model_dump_json()

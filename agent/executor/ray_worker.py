@@ -14,10 +14,9 @@ import socket
 import tempfile
 from pathlib import Path
 
+from kloop.evaluator.common.config import EvalConfig
+from kloop.problems.registry import Problem
 from pydantic import BaseModel, ConfigDict
-
-from evaluator.config import EvalConfig
-from problems.registry import Problem
 
 
 class WorkerInfo(BaseModel):
@@ -64,7 +63,7 @@ class EvalWorker:
     def evaluate(self, problem: Problem, source: str, config_json: str) -> str:
         """The EvalResult (as JSON) of kloop's evaluator; its exceptions propagate to the driver,
         which treats them as it does locally (an infrastructure fault of the evaluator)."""
-        from evaluator import evaluate
+        from kloop.evaluator import evaluate
 
         config = EvalConfig.model_validate_json(config_json)
         return evaluate(self.local_problem(problem), source, config).model_dump_json()

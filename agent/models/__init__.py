@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import importlib
 
-from agent.models.base import Message, Model, ModelConfig, ModelReply, Usage
+from kloop.agent.models.base import Message, Model, ModelConfig, ModelReply, Usage
 
 __all__ = ["PROVIDERS", "Message", "Model", "ModelConfig", "ModelReply", "Usage", "get_model"]
 
 PROVIDERS: dict[str, str] = {
-    "openai": "agent.models.openai:OpenAIModel",
-    "anthropic": "agent.models.anthropic:AnthropicModel",
-    "scripted": "agent.models.scripted:ScriptedModel.from_spec",
-    "replay": "agent.models.replay:ReplayModel.from_spec",
+    "openai": "kloop.agent.models.openai:OpenAIModel",
+    "anthropic": "kloop.agent.models.anthropic:AnthropicModel",
+    "scripted": "kloop.agent.models.scripted:ScriptedModel.from_spec",
+    "replay": "kloop.agent.models.replay:ReplayModel.from_spec",
 }
 
 

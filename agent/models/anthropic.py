@@ -10,9 +10,8 @@ import json
 import os
 
 import anthropic
-
-from agent.errors import ProviderAbort
-from agent.models.base import (
+from kloop.agent.errors import ProviderAbort
+from kloop.agent.models.base import (
     Message,
     ModelConfig,
     ModelReply,
@@ -21,9 +20,9 @@ from agent.models.base import (
     Usage,
     provider_slots,
 )
-from agent.models.http import exchange
-from agent.pricing import load_prices
-from agent.retry import call_with_retries
+from kloop.agent.models.http import exchange
+from kloop.agent.pricing import load_prices
+from kloop.agent.retry import call_with_retries
 
 _FINISH = {
     "end_turn": "stop",

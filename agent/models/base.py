@@ -7,6 +7,8 @@ import threading
 from pathlib import Path
 from typing import Literal, Protocol
 
+from kloop.agent.errors import ProviderRetryable
+from kloop.agent.pricing import ModelPrice
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -14,9 +16,6 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     model_serializer,
 )
-
-from agent.errors import ProviderRetryable
-from agent.pricing import ModelPrice
 
 
 class ToolCall(BaseModel):

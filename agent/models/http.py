@@ -10,12 +10,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kloop.agent.errors import ProviderRetryable
+from kloop.agent.models.base import ModelReply, json_body
+from kloop.agent.pricing import PriceTable
+from kloop.agent.retry import classify_status
 from pydantic import ValidationError
-
-from agent.errors import ProviderRetryable
-from agent.models.base import ModelReply, json_body
-from agent.pricing import PriceTable
-from agent.retry import classify_status
 
 
 def exchange(provider: str, send: Callable[[], Any], parse: Callable[[dict], ModelReply],

@@ -11,9 +11,8 @@ import os
 import re
 
 import openai
-
-from agent.errors import ProviderAbort, ProviderRetryable
-from agent.models.base import (
+from kloop.agent.errors import ProviderAbort, ProviderRetryable
+from kloop.agent.models.base import (
     Message,
     ModelConfig,
     ModelReply,
@@ -22,9 +21,9 @@ from agent.models.base import (
     Usage,
     provider_slots,
 )
-from agent.models.http import exchange
-from agent.pricing import load_prices
-from agent.retry import call_with_retries
+from kloop.agent.models.http import exchange
+from kloop.agent.pricing import load_prices
+from kloop.agent.retry import call_with_retries
 
 # OpenAI's reasoning families; the Responses API is the one that returns their reasoning summaries.
 _REASONING_MODEL = re.compile(r"^(o\d|gpt-5)")

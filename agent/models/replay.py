@@ -22,8 +22,8 @@ import json
 import threading
 from pathlib import Path
 
-from agent.errors import ScriptExhausted
-from agent.models.base import Address, Message, ModelConfig, ModelReply, ToolSpec
+from kloop.agent.errors import ScriptExhausted
+from kloop.agent.models.base import Address, Message, ModelConfig, ModelReply, ToolSpec
 
 
 def _digest(parts: list[tuple]) -> str:
@@ -80,7 +80,7 @@ class ReplayModel:
 
     @classmethod
     def from_run(cls, run_dir: str | Path) -> ReplayModel:
-        from agent.store import RunStore
+        from kloop.agent.store import RunStore
 
         store = RunStore.open(Path(run_dir))
         turns = sorted(store.turns(), key=lambda t: (t.problem_id, t.episode, t.turn))

@@ -22,11 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
+from kloop.agent.errors import ScriptExhausted
+from kloop.agent.models.base import Address, Message, ModelConfig, ModelReply, ToolSpec, Usage
+from kloop.agent.tokens import COUNTER, count_tokens
 from pydantic import ConfigDict, Field, ValidationError
-
-from agent.errors import ScriptExhausted
-from agent.models.base import Address, Message, ModelConfig, ModelReply, ToolSpec, Usage
-from agent.tokens import COUNTER, count_tokens
 
 
 class ScriptedEntry(ModelReply):

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from kloop.evaluator.common.result import EvalResult
+from kloop.problems.cost import ProblemCost
 from pydantic import BaseModel, ConfigDict
-
-from evaluator.result import EvalResult
-from problems.cost import ProblemCost
 
 _DATASHEET_NOTE = ("NVIDIA datasheet; tensor-core figures there are with 2:4 sparsity, halved "
                    "here for dense")

@@ -10,14 +10,12 @@ import logging
 from datetime import datetime
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from agent.budget import Spend
-from agent.report import DEFAULT_BOOTSTRAP, plots
-from agent.report.bound import PEAKS, DevicePeaks
-from agent.report.curves import Curve, MatchedBudget, Scope, matched_budgets, run_curves
-from agent.report.load import Loaded, RunData, load_targets
-from agent.report.metrics import (
+from kloop.agent.budget import Spend
+from kloop.agent.report import DEFAULT_BOOTSTRAP, plots
+from kloop.agent.report.bound import PEAKS, DevicePeaks
+from kloop.agent.report.curves import Curve, MatchedBudget, Scope, matched_budgets, run_curves
+from kloop.agent.report.load import Loaded, RunData, load_targets
+from kloop.agent.report.metrics import (
     P_VALUES,
     Counts,
     Metrics,
@@ -27,9 +25,10 @@ from agent.report.metrics import (
     count,
     problem_rows,
 )
-from agent.store import kloop_version
-from agent.tally import total_spend
-from agent.tree import Tree, TreeRow
+from kloop.agent.store import kloop_version
+from kloop.agent.tally import total_spend
+from kloop.agent.tree import Tree, TreeRow
+from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger(__name__)
 
@@ -247,8 +246,8 @@ def draw(report: Report, out: Path) -> dict[str, str]:
 
 def write_report(report: Report, out: Path, html: bool = False, json: bool = False) -> ReportFiles:
     """Write report.md and its PNGs into `out` (and report.html, report.json if asked)."""
-    from agent.report import document, markdown
-    from agent.report import html as html_mod
+    from kloop.agent.report import document, markdown
+    from kloop.agent.report import html as html_mod
 
     out.mkdir(parents=True, exist_ok=True)
     images = draw(report, out)

@@ -25,13 +25,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+from kloop.agent.budget import Spend
+from kloop.agent.report.load import RunData
+from kloop.agent.report.metrics import P_VALUES
+from kloop.agent.tally import host_speedup
+from kloop.evaluator.common.result import BaselineName, EvalResult
 from pydantic import BaseModel, ConfigDict, Field
-
-from agent.budget import Spend
-from agent.report.load import RunData
-from agent.report.metrics import P_VALUES
-from agent.tally import host_speedup
-from evaluator.result import BaselineName, EvalResult
 
 Scope = Literal["problem", "run"]
 AXES: dict[str, str] = {

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent.report.build import Report, RunReport
-from agent.report.curves import AXES, MatchedBudget
-from agent.report.metrics import P_VALUES, VS, Counts, Estimate, Metrics, ProblemRow
-from evaluator.result import SpeedupInterval
+from kloop.agent.report.build import Report, RunReport
+from kloop.agent.report.curves import AXES, MatchedBudget
+from kloop.agent.report.metrics import P_VALUES, VS, Counts, Estimate, Metrics, ProblemRow
+from kloop.evaluator.common.result import SpeedupInterval
 
 _P1 = P_VALUES.index(1.0)
 MAX_SIDE_BY_SIDE = 8

@@ -8,7 +8,7 @@ import html
 import re
 from pathlib import Path
 
-from agent.report.document import Bullets, Document, Heading, Image, Para, Table
+from kloop.agent.report.document import Bullets, Document, Heading, Image, Para, Table
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }

@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from agent.components import chosen_problems
-from agent.config import RunConfig
-from agent.records import EpisodeRecord, TurnRecord
-from agent.store import RunConfigRecord, RunDirError, RunStore
-from agent.sweep import MANIFEST_NAME, ExperimentManifest
+from kloop.agent.components import chosen_problems
+from kloop.agent.config import RunConfig
+from kloop.agent.records import EpisodeRecord, TurnRecord
+from kloop.agent.store import RunConfigRecord, RunDirError, RunStore
+from kloop.agent.sweep import MANIFEST_NAME, ExperimentManifest
+from kloop.problems.cost import ProblemCost, cost_of
+from kloop.problems.registry import ProblemError, ProblemSet, load_problem_set
+
 from kloop.errors import KloopError
-from problems.cost import ProblemCost, cost_of
-from problems.registry import ProblemError, ProblemSet, load_problem_set
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ def _problem_set(problems_dir: Path | None) -> ProblemSet:
 
 def run_tolerance(cfg: RunConfig) -> float | None:
     """The correctness tolerance of the run's policy and precision (None if unknown)."""
-    from evaluator.config import UnknownPolicyError, get_policy
+    from kloop.evaluator.common.config import UnknownPolicyError, get_policy
 
     try:
         policy = get_policy(cfg.eval.policy)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.report.document import Bullets, Document, Heading, Image, Para, Table
+from kloop.agent.report.document import Bullets, Document, Heading, Image, Para, Table
 
 
 def _cell(text: str) -> str:

@@ -28,15 +28,14 @@ from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
+from kloop.agent.budget import Spend
+from kloop.agent.records import TurnRecord
+from kloop.agent.report.bound import bound_of
+from kloop.agent.report.load import RunData
+from kloop.agent.tally import best_turn, host_speedup, total_spend
+from kloop.evaluator.common.result import BaselineName, EvalResult, SpeedupInterval
+from kloop.evaluator.harness.baselines import best_of
 from pydantic import BaseModel, ConfigDict, Field
-
-from agent.budget import Spend
-from agent.records import TurnRecord
-from agent.report.bound import bound_of
-from agent.report.load import RunData
-from agent.tally import best_turn, host_speedup, total_spend
-from evaluator.baselines import best_of
-from evaluator.result import BaselineName, EvalResult, SpeedupInterval
 
 P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 _STATUS_ORDER = ("correct", "incorrect", "not_run", "rejected", "timeout", "runtime_error",

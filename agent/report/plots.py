@@ -14,10 +14,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from kloop.agent.report.curves import AXES, Curve  # noqa: E402
+from kloop.agent.report.metrics import P_VALUES, Metrics, ProblemRow  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
-
-from agent.report.curves import AXES, Curve  # noqa: E402
-from agent.report.metrics import P_VALUES, Metrics, ProblemRow  # noqa: E402
 
 DPI = 80
 _P1 = P_VALUES.index(1.0)

@@ -7,17 +7,16 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from kloop.agent.records import EpisodeRecord, TurnRecord
+from kloop.agent.report.metrics import turn_status
+from kloop.agent.store import RunStore
+from kloop.agent.tree import Tree, draw
+from kloop.evaluator.common.result import EvalResult
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
-
-from agent.records import EpisodeRecord, TurnRecord
-from agent.report.metrics import turn_status
-from agent.store import RunStore
-from agent.tree import Tree, draw
-from evaluator.result import EvalResult
 
 CLIP_CHARS = 2500
 CLIP_LINES = 120

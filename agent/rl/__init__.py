@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agent.rl.reward import RewardConfig
+from kloop.agent.rl.reward import RewardConfig
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from agent.config import RunConfig
-    from agent.rl.env import KernelEnv
+    from kloop.agent.config import RunConfig
+    from kloop.agent.rl.env import KernelEnv
 
 __all__ = ["RewardConfig", "make_env"]
 
@@ -22,9 +22,9 @@ def make_env(cfg: RunConfig, reward_config: RewardConfig | None = None,
     """A KernelEnv over a run config's problems, evaluator (its `eval` and `executor`, size
     overrides included), agent settings and `strategy.turns`; with `run_dir`, every step is
     written to a new run directory there."""
-    from agent.components import build_evaluator, load_problems
-    from agent.rl.env import KernelEnv
-    from agent.store import RunStore
+    from kloop.agent.components import build_evaluator, load_problems
+    from kloop.agent.rl.env import KernelEnv
+    from kloop.agent.store import RunStore
 
     problems = load_problems(cfg)
     evaluator = build_evaluator(cfg, problems)

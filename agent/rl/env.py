@@ -33,10 +33,10 @@ try:
 except ImportError as e:  # an optional extra: say how to get it
     raise KloopError('KernelEnv needs gymnasium: pip install -e ".[rl]" in the kloop clone') from e
 
-from agent.budget import Meter, Spend
-from agent.config import AgentConfig, Limits
-from agent.context import build_messages, condense
-from agent.episode import (
+from kloop.agent.budget import Meter, Spend
+from kloop.agent.config import AgentConfig, Limits
+from kloop.agent.context import build_messages, condense
+from kloop.agent.episode import (
     EpisodeEnv,
     EpisodeSpec,
     EpisodeState,
@@ -46,15 +46,15 @@ from agent.episode import (
     opening,
     sha256_text,
 )
-from agent.loop import extract
-from agent.models.base import Address, ModelReply
-from agent.prompts import PromptSet
-from agent.protocols import Evaluator
-from agent.records import ModelFaultInfo, TurnRecord, utcnow
-from agent.rl.reward import RewardConfig, reward
-from evaluator.config import Comparison, EvalConfig
-from evaluator.result import EvalResult
-from problems.registry import Problem
+from kloop.agent.loop import extract
+from kloop.agent.models.base import Address, ModelReply
+from kloop.agent.prompts import PromptSet
+from kloop.agent.protocols import Evaluator
+from kloop.agent.records import ModelFaultInfo, TurnRecord, utcnow
+from kloop.agent.rl.reward import RewardConfig, reward
+from kloop.evaluator.common.config import Comparison, EvalConfig
+from kloop.evaluator.common.result import EvalResult
+from kloop.problems.registry import Problem
 
 
 class Chat(spaces.Space):

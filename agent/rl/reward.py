@@ -14,9 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
+from kloop.evaluator.common.result import EvalResult
 from pydantic import BaseModel, ConfigDict, Field
-
-from evaluator.result import EvalResult
 
 
 class RewardConfig(BaseModel):

@@ -38,18 +38,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
-
-from evaluator.build import cxx_pch, lean, nvcc_parallel, pch
-from evaluator.build.diagnostics import build_source_map, make_compile_log, parse_nvcc_log
-from evaluator.build.nvcc import (
+from kloop.evaluator.build import cxx_pch, lean, nvcc_parallel, pch
+from kloop.evaluator.build.diagnostics import build_source_map, make_compile_log, parse_nvcc_log
+from kloop.evaluator.build.nvcc import (
     CPP_IMPLICIT_HEADERS,
     CUDA_IMPLICIT_HEADERS,
     as_list,
     nvcc_check,
     nvcc_version,
 )
-from evaluator.result import CompileLog
+from kloop.evaluator.common.result import CompileLog
+from pydantic import BaseModel, ConfigDict
 
 log = logging.getLogger(__name__)
 

@@ -38,10 +38,9 @@ import stat
 import uuid
 from pathlib import Path
 
+from kloop.evaluator.build.buildcache import META_FILE
+from kloop.evaluator.procs.isolation import VAULT_UID, SandboxPlan, private_dir
 from pydantic import BaseModel, ConfigDict, ValidationError
-
-from evaluator.build.buildcache import META_FILE
-from evaluator.isolation import VAULT_UID, SandboxPlan, private_dir
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +289,7 @@ def _hand_over(dest: Path, plan: SandboxPlan | None) -> None:
 def install_checks(check_dir: Path, store: Path, candidate_sha256: str) -> list[str]:
     """Install the nvcc check results a compile child left in `check_dir` (plain files named by
     their key that parse as a check) under `candidate_sha256`; the first result of a key stays."""
-    from evaluator.build.nvcc import RawCheck
+    from kloop.evaluator.build.nvcc import RawCheck
 
     try:
         top = _open_dir(check_dir)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from evaluator.result import CompileDiagnostic, CompileLog
+from kloop.evaluator.common.result import CompileDiagnostic, CompileLog
 
 LOG_TAIL_BYTES = 4096
 

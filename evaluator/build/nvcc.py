@@ -27,17 +27,16 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from pydantic import BaseModel
-
-from evaluator.build import lean
-from evaluator.build.diagnostics import (
+from kloop.evaluator.build import lean
+from kloop.evaluator.build.diagnostics import (
     build_source_map,
     locate_string,
     make_compile_log,
     parse_nvcc_log,
 )
-from evaluator.resources import parse_ptxas_verbose
-from evaluator.result import CompileDiagnostic, CompileLog
+from kloop.evaluator.common.resources import parse_ptxas_verbose
+from kloop.evaluator.common.result import CompileDiagnostic, CompileLog
+from pydantic import BaseModel
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 if __package__ in (None, ""):  # run as a script (torch's build calls it as its nvcc)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from evaluator.build import lean  # noqa: E402
+from kloop.evaluator.build import lean  # noqa: E402
 
 SHELL = "/bin/sh"  # what ninja runs commands with; the scripts here are POSIX
 REPORT_ENV = "KLOOP_NVCC_REPORT"

@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from evaluator.build import cxx_pch
-from evaluator.isolation import VAULT_UID
+from kloop.evaluator.build import cxx_pch
+from kloop.evaluator.procs.isolation import VAULT_UID
 
 log = logging.getLogger(__name__)
 

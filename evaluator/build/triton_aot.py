@@ -23,12 +23,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from kloop.evaluator.build.diagnostics import diagnostic_from_exception, make_compile_log
+from kloop.evaluator.build.triton_compat import compiler_mode, snapshot_language, to_jit
+from kloop.evaluator.common.resources import cubin_resources
+from kloop.evaluator.common.result import CompileDiagnostic, CompileLog, KernelResources
 from pydantic import BaseModel, ConfigDict, Field
-
-from evaluator.build.diagnostics import diagnostic_from_exception, make_compile_log
-from evaluator.resources import cubin_resources
-from evaluator.result import CompileDiagnostic, CompileLog, KernelResources
-from evaluator.worker.triton_compat import compiler_mode, snapshot_language, to_jit
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from evaluator.isolation import private_dir
+from kloop.evaluator.procs.isolation import private_dir
 
 log = logging.getLogger(__name__)
 

@@ -36,9 +36,8 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from evaluator.harness.output import LINE, Output
-from evaluator.worker.serve import (
+from kloop.evaluator.harness.output import LINE, Output
+from kloop.evaluator.worker.serve import (
     OK,
     OP_CALL,
     OP_NULL,

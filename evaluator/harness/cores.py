@@ -55,7 +55,7 @@ def place(pid: int, cores: frozenset[int] | None) -> str | None:
     None when done (or nothing to do), else why not."""
     if not cores:
         return None
-    from evaluator.isolation import each_thread
+    from kloop.evaluator.procs.isolation import each_thread
 
     return each_thread(pid, lambda tid: os.sched_setaffinity(tid, cores))
 

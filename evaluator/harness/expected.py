@@ -12,10 +12,9 @@ import secrets
 from collections.abc import Sequence
 
 import torch
-
-from evaluator.correctness import compare_outputs
-from evaluator.harness.output import Output
-from evaluator.result import OutputDiff
+from kloop.evaluator.common.correctness import compare_outputs
+from kloop.evaluator.common.result import OutputDiff
+from kloop.evaluator.harness.output import Output
 
 FULL_BUDGET_BYTES = 512 << 20
 SAMPLES = 1 << 14

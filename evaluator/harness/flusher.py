@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from evaluator import isolation
+from kloop.evaluator.procs import isolation
 
 _START_S = 120.0
 _FLUSH_S = 10.0
@@ -69,7 +69,7 @@ class Flusher:
             with isolation.SPAWN_LOCK:
                 self._proc = subprocess.Popen(
                     # It sees only its GPU (child_env), as device 0.
-                    [sys.executable, "-m", "evaluator.worker.flush_worker",
+                    [sys.executable, "-m", "kloop.evaluator.worker.flush_worker",
                      "cpu" if self.device == "cpu" else "cuda:0", str(req_r), str(rep_w)],
                     pass_fds=(req_r, rep_w), env=self.env, cwd=self.env.get("HOME", "/"),
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -117,7 +117,7 @@ _guard = threading.Lock()
 
 def flusher(device: str) -> Flusher:
     """This harness's flusher for `device` (`cpu` or `cuda:N`)."""
-    from evaluator.sandbox import child_env
+    from kloop.evaluator.procs.sandbox import child_env
 
     with _guard:
         if device not in _flushers:

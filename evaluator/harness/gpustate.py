@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import threading
 
-from evaluator.result import GpuSample
+from kloop.evaluator.common.result import GpuSample
 
 _NVML_CLOCK_SM, _NVML_CLOCK_MEM, _NVML_TEMPERATURE_GPU = 1, 2, 0
 _REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap",

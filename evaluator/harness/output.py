@@ -25,8 +25,7 @@ import math
 
 import numpy as np
 import torch
-
-from evaluator.worker.serve import DTYPES, ServeLayout
+from kloop.evaluator.worker.serve import DTYPES, ServeLayout
 
 LINE = 64
 """The unit of the clock's snapshot (bytes)."""

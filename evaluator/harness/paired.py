@@ -30,13 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from evaluator.harness import cores, gpustate
-from evaluator.harness.clock import CallChannel, CallResult, ChannelBroken
-from evaluator.harness.cputhreads import one_cpu_thread
-from evaluator.harness.flusher import flusher
-from evaluator.harness.served import Served
-from evaluator.worker.serve import OK
+from kloop.evaluator.harness import cores, gpustate
+from kloop.evaluator.harness.clock import CallChannel, CallResult, ChannelBroken
+from kloop.evaluator.harness.cputhreads import one_cpu_thread
+from kloop.evaluator.harness.flusher import flusher
+from kloop.evaluator.harness.served import Served
+from kloop.evaluator.worker.serve import OK
 
 ROUNDS = 10
 """Rounds per evaluation (fewer when there are fewer timed calls): enough rounds for a

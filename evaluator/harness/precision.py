@@ -15,13 +15,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-
-from evaluator.checks import violate
-from evaluator.outcome import Flagged, Precision, violated
-from evaluator.result import PrecisionCheck
+from kloop.evaluator.common.result import PrecisionCheck
+from kloop.evaluator.harness.checks import violate
+from kloop.evaluator.harness.outcome import Flagged, Precision, violated
 
 if TYPE_CHECKING:
-    from evaluator.state import EvalRun
+    from kloop.evaluator.harness.state import EvalRun
 
 FLOOR = 2.0 ** -24
 

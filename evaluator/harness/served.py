@@ -15,13 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from evaluator.harness import cores, gpustate
-from evaluator.harness.clock import CallChannel, CallResult, ChannelBroken
-from evaluator.harness.cputhreads import one_cpu_thread
-from evaluator.harness.flusher import flusher
-from evaluator.result import BoundedEvents, GpuSample, TimingStats
-from evaluator.worker.serve import OK
+from kloop.evaluator.common.result import BoundedEvents, GpuSample, TimingStats
+from kloop.evaluator.harness import cores, gpustate
+from kloop.evaluator.harness.clock import CallChannel, CallResult, ChannelBroken
+from kloop.evaluator.harness.cputhreads import one_cpu_thread
+from kloop.evaluator.harness.flusher import flusher
+from kloop.evaluator.worker.serve import OK
 
 _MAX_WARMUP_CALLS = 1000
 

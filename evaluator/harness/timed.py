@@ -6,20 +6,19 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from evaluator import procwatch
-from evaluator.checks import violate
-from evaluator.harness.clock import CallResult, ChannelBroken
-from evaluator.harness.paired import (
-    PairedServed,
-    Side,
-    own_handshake,
-    per_call,
-    run_paired,
-    speedup_interval,
+from kloop.evaluator.common.protocol import ROLES, Control, FlagMsg
+from kloop.evaluator.common.result import (
+    CorrectnessTrial,
+    ErrorInfo,
+    HeadToHead,
+    OutputDiff,
+    PairedSummary,
+    SpeedupInterval,
+    TimingStats,
 )
-from evaluator.harness.precision import precision_on_call
-from evaluator.harness.served import CallPlan, run_plan, timing_stats
-from evaluator.outcome import (
+from kloop.evaluator.harness.checks import violate
+from kloop.evaluator.harness.clock import CallResult, ChannelBroken
+from kloop.evaluator.harness.outcome import (
     Compared,
     Decided,
     Entered,
@@ -31,20 +30,21 @@ from evaluator.outcome import (
     Paired,
     violated,
 )
-from evaluator.protocol import ROLES, Control, FlagMsg
-from evaluator.result import (
-    CorrectnessTrial,
-    ErrorInfo,
-    HeadToHead,
-    OutputDiff,
-    PairedSummary,
-    SpeedupInterval,
-    TimingStats,
+from kloop.evaluator.harness.paired import (
+    PairedServed,
+    Side,
+    own_handshake,
+    per_call,
+    run_paired,
+    speedup_interval,
 )
-from evaluator.worker.serve import BAD_OUTPUT, OK
+from kloop.evaluator.harness.precision import precision_on_call
+from kloop.evaluator.harness.served import CallPlan, run_plan, timing_stats
+from kloop.evaluator.procs import procwatch
+from kloop.evaluator.worker.serve import BAD_OUTPUT, OK
 
 if TYPE_CHECKING:
-    from evaluator.state import EvalRun
+    from kloop.evaluator.harness.state import EvalRun
 
 TIMED_TRIAL_BASE = 1000
 _UNSERVED = "the output could not be served"
@@ -184,7 +184,9 @@ def _record_paired(run: EvalRun, paired: PairedServed, n_seeds: int) -> None:
     """The numbers of record from the rounds, each speedup with its interval over the rounds.
     A baseline's calls are net of the reference worker's fastest null call of these rounds, a
     candidate's of the fastest of those and its own process's (`own_handshake`)."""
-    from evaluator.state import speedup_clock  # the clock rule lives with the speedups
+    from kloop.evaluator.harness.state import (
+        speedup_clock,  # the clock rule lives with the speedups
+    )
 
     ref = run.reference
     assert ref is not None

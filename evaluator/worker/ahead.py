@@ -17,11 +17,9 @@ import stat
 from dataclasses import dataclass, field
 
 import torch
-from pydantic import BaseModel
-
-from evaluator.protocol import CandidateJob, CompileMsg, FlagMsg
-from evaluator.worker.child import apply_overrides
-from evaluator.worker.construct import (
+from kloop.evaluator.common.protocol import CandidateJob, CompileMsg, FlagMsg
+from kloop.evaluator.worker.child import apply_overrides
+from kloop.evaluator.worker.construct import (
     apply_numerics,
     construct,
     init_inputs,
@@ -29,8 +27,9 @@ from evaluator.worker.construct import (
     noisy_model,
     prepare_budget,
 )
-from evaluator.worker.probes import Baseline
-from evaluator.worker.trials import Loaded
+from kloop.evaluator.worker.probes import Baseline
+from kloop.evaluator.worker.trials import Loaded
+from pydantic import BaseModel
 
 AHEAD_BYTES: int | None = None
 """At most this much of models (the main one and the reparam trials') is built before the lock;
@@ -84,7 +83,7 @@ def build_ahead(job: CandidateJob) -> Ahead | str:
     pending: list[BaseModel] = []
     apply_numerics(spec.allow_tf32)
     if job.cpu_emulation:
-        from evaluator.worker import emulation
+        from kloop.evaluator.worker import emulation
 
         emulation.install()
         pending.append(FlagMsg(flag="cpu_emulation"))
@@ -101,7 +100,7 @@ def build_ahead(job: CandidateJob) -> Ahead | str:
 
 
 def _build_ahead(job: CandidateJob, base: Baseline, pending: list[BaseModel]) -> Ahead | str:
-    from evaluator.worker.candidate import _before_import, _import, builds_log
+    from kloop.evaluator.worker.candidate import _before_import, _import, builds_log
 
     spec = job.problem
     _before_import(job)

@@ -21,9 +21,7 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
-from pydantic import BaseModel
-
-from evaluator.protocol import (
+from kloop.evaluator.common.protocol import (
     AwaitMsg,
     CallProblemMsg,
     CandidateJob,
@@ -37,9 +35,9 @@ from evaluator.protocol import (
     ReadyMsg,
     RetryMsg,
 )
-from evaluator.result import CompileLog, ErrorInfo
-from evaluator.worker.ahead import Ahead, build_ahead, device_unusable, kept_from_device
-from evaluator.worker.child import (
+from kloop.evaluator.common.result import CompileLog, ErrorInfo
+from kloop.evaluator.worker.ahead import Ahead, build_ahead, device_unusable, kept_from_device
+from kloop.evaluator.worker.child import (
     Channel,
     apply_overrides,
     call_server,
@@ -48,7 +46,7 @@ from evaluator.worker.child import (
     read_control,
     wait_for_device,
 )
-from evaluator.worker.construct import (
+from kloop.evaluator.worker.construct import (
     apply_numerics,
     construct,
     draw_inputs,
@@ -57,8 +55,9 @@ from evaluator.worker.construct import (
     load_problem,
     sync,
 )
-from evaluator.worker.probes import Baseline
-from evaluator.worker.trials import Loaded, preload_inputs, run_trial
+from kloop.evaluator.worker.probes import Baseline
+from kloop.evaluator.worker.trials import Loaded, preload_inputs, run_trial
+from pydantic import BaseModel
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +108,7 @@ def run_candidate(job: CandidateJob, ch: Channel,
 def _load_under_lock(job: CandidateJob, ch: Channel) -> tuple[Baseline, Loaded | None]:
     apply_numerics(job.problem.allow_tf32)
     if job.cpu_emulation:
-        from evaluator.worker import emulation
+        from kloop.evaluator.worker import emulation
 
         emulation.install()
         ch.send(FlagMsg(flag="cpu_emulation"))
@@ -205,7 +204,7 @@ def run_forward(job: CandidateJob, ch: Channel, calls: int = 2) -> None:
 def _before_import(job: CandidateJob) -> None:
     _install_build_cache(job.build_dir, job.candidate_path, check_only=False)
     if job.cpu_emulation:
-        from evaluator.build.triton_aot import install_triton_launch_recorder
+        from kloop.evaluator.build.triton_aot import install_triton_launch_recorder
 
         # Records launches for the sm_90 check and names them in the CPU profile.
         install_triton_launch_recorder()
@@ -213,7 +212,7 @@ def _before_import(job: CandidateJob) -> None:
 
 def _import(job: CandidateJob) -> tuple[ModuleType, set[str]]:
     """The candidate imported (after `_before_import`); its own kernel names."""
-    from evaluator.backend import custom_kernel_names
+    from kloop.evaluator.common.backend import custom_kernel_names
 
     module = import_candidate(job.candidate_path)
     return module, custom_kernel_names(Path(job.candidate_path).read_text())
@@ -248,7 +247,7 @@ def _fail(ch: Channel, stage: str, exc: BaseException, job: CandidateJob,
           import_time: bool = False) -> None:
     """Build errors (at import: also a failed import; later: Triton or extension builds that
     happen lazily) are compile errors, everything else a runtime error."""
-    from evaluator.worker.child import is_build_error
+    from kloop.evaluator.worker.child import is_build_error
 
     if is_build_error(exc) and (import_time or not isinstance(exc, ImportError)):
         report_build_error(ch, stage, exc, job.candidate_path, job.backend)
@@ -273,8 +272,8 @@ def _first_message(log_: CompileLog) -> str:
 def _profile(model: torch.nn.Module, job: CandidateJob, ch: Channel) -> None:
     ch.stage("profile")
     try:
-        from evaluator.backend import custom_kernel_names
-        from evaluator.worker.profile import profile_forward
+        from kloop.evaluator.common.backend import custom_kernel_names
+        from kloop.evaluator.worker.profile import profile_forward
 
         problem = load_problem(job.problem)
         inputs = draw_inputs(problem, 0, job.problem)
@@ -294,7 +293,7 @@ def _profile(model: torch.nn.Module, job: CandidateJob, ch: Channel) -> None:
 def run_compile(job: CompileJob, ch: Channel) -> None:
     """Import the candidate only to build its extensions into the cache (GPU machine, GPU
     hidden) or, without a GPU, to compile-check their sources with nvcc."""
-    from evaluator.build import buildcache
+    from kloop.evaluator.build import buildcache
 
     ch.stage("compile")
     _install_build_cache(job.build_dir, job.candidate_path, check_only=job.device == "cpu")
@@ -318,7 +317,7 @@ def _install_build_cache(build_dir: str | None, candidate_path: str, check_only:
     through an nvcc compile check that raises `CudaNotAvailable`). `build_dir` holds the builds
     the harness verified for this file (read-only); new builds go to `build/` beside the
     candidate, for the harness to install (`evaluator.build.buildstore`)."""
-    from evaluator.build import buildcache
+    from kloop.evaluator.build import buildcache
 
     if build_dir is None:
         return
@@ -337,7 +336,7 @@ def _install_build_cache(build_dir: str | None, candidate_path: str, check_only:
 
 def builds_log() -> CompileLog | None:
     """One CompileLog for every `load_inline` call the candidate made (None if it made none)."""
-    from evaluator.build.buildcache import BUILD_RECORDS
+    from kloop.evaluator.build.buildcache import BUILD_RECORDS
 
     if not BUILD_RECORDS:
         return None
@@ -363,7 +362,7 @@ def builds_log() -> CompileLog | None:
 def report_build_error(ch: Channel, stage: str, exc: BaseException, path: str,
                        backend: str) -> None:
     """A build error as a compile log with a location in candidate.py, and as the error."""
-    from evaluator.build.diagnostics import diagnostic_from_exception, make_compile_log
+    from kloop.evaluator.build.diagnostics import diagnostic_from_exception, make_compile_log
 
     info = error_info(exc, path)
     log_ = builds_log()
@@ -375,7 +374,7 @@ def report_build_error(ch: Channel, stage: str, exc: BaseException, path: str,
 
 
 def _import_error(ch: Channel, exc: BaseException, path: str, backend: str) -> None:
-    from evaluator.worker.child import is_build_error
+    from kloop.evaluator.worker.child import is_build_error
 
     if is_build_error(exc):
         report_build_error(ch, "compile", exc, path, backend)
@@ -385,7 +384,7 @@ def _import_error(ch: Channel, exc: BaseException, path: str, backend: str) -> N
 
 def triton_aot(job: CandidateJob, ch: Channel) -> CompileLog | None:
     """Compile the Triton kernels the candidate launched (under the interpreter) for sm_90."""
-    from evaluator.build.triton_aot import recorded_launches, triton_aot_check
+    from kloop.evaluator.build.triton_aot import recorded_launches, triton_aot_check
 
     if not recorded_launches():
         return None

@@ -20,9 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from pydantic import BaseModel
-
-from evaluator.protocol import (
+from kloop.evaluator.common.protocol import (
     CandidateJob,
     CompileJob,
     Control,
@@ -31,7 +29,8 @@ from evaluator.protocol import (
     ReferenceJob,
     StageMsg,
 )
-from evaluator.result import ErrorInfo
+from kloop.evaluator.common.result import ErrorInfo
+from pydantic import BaseModel
 
 _TB_TAIL_FRAMES = 3
 _MAX_TB_CHARS = 6000
@@ -84,7 +83,7 @@ def is_build_error(exc: BaseException) -> bool:
     name, module = type(exc).__name__, type(exc).__module__
     if module.startswith("triton") and "Compilation" in name:
         return True
-    if module.startswith("evaluator.compile"):
+    if module.startswith("kloop.evaluator.compile"):
         return True
     return "Error building extension" in str(exc)
 
@@ -127,7 +126,7 @@ def read_control() -> Control:
 
 def call_server(fds: tuple[int, int, int] | None, layout_json: str | None, device: str):
     """The worker's end of the trusted clock's call channel, with the layout the harness sent."""
-    from evaluator.worker.serve import ServeLayout, Server
+    from kloop.evaluator.worker.serve import ServeLayout, Server
 
     if fds is None or layout_json is None:
         raise RuntimeError("the harness opened no call channel for this worker")
@@ -138,7 +137,7 @@ def main(argv: list[str]) -> int:
     mode, job_path, fd = argv[1], Path(argv[2]), int(argv[3])
     fds = tuple(int(x) for x in argv[4].split(",")) if len(argv) > 4 else None
     if mode in ("candidate", "compile", "forward"):
-        from evaluator.isolation import confine_child
+        from kloop.evaluator.procs.isolation import confine_child
 
         confine_child()
     channel = Channel(fd)
@@ -146,19 +145,19 @@ def main(argv: list[str]) -> int:
     if mode == "candidate":
         job = CandidateJob.model_validate_json(raw)
         limit_memory(job.memory_limit_bytes)
-        from evaluator.worker.candidate import run_candidate
+        from kloop.evaluator.worker.candidate import run_candidate
 
         run_candidate(job, channel, fds)  # type: ignore[arg-type]
     elif mode == "forward":
-        from evaluator.worker.candidate import run_forward
+        from kloop.evaluator.worker.candidate import run_forward
 
         run_forward(CandidateJob.model_validate_json(raw), channel)
     elif mode == "reference":
-        from evaluator.worker.reference_worker import run_reference
+        from kloop.evaluator.worker.reference_worker import run_reference
 
         run_reference(ReferenceJob.model_validate_json(raw), channel, fds)  # type: ignore[arg-type]
     elif mode == "compile":
-        from evaluator.worker.candidate import run_compile
+        from kloop.evaluator.worker.candidate import run_compile
 
         run_compile(CompileJob.model_validate_json(raw), channel)
     else:

@@ -20,10 +20,9 @@ from types import ModuleType
 from typing import Any
 
 import torch
-
-from evaluator.protocol import ProblemSpec
-from evaluator.result import EnvInfo
-from problems.registry import load_module
+from kloop.evaluator.common.protocol import ProblemSpec
+from kloop.evaluator.common.result import EnvInfo
+from kloop.problems.registry import load_module
 
 CONSTRUCTION_SEED = 42
 PREPARE_SHARE = 16

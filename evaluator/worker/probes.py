@@ -37,9 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from evaluator.protocol import ProbeMsg
-from evaluator.worker.refswap import swapped
+from kloop.evaluator.common.protocol import ProbeMsg
+from kloop.evaluator.worker.refswap import swapped
 
 # Functions a candidate could replace to fake a time, a synchronisation or a comparison. Not
 # torch.manual_seed: importing torch._dynamo (the profiler may) wraps it.
@@ -51,13 +50,13 @@ WATCHED = (
     "torch.allclose", "torch.isclose", "torch.equal", "torch.testing.assert_close",
     "torch.save", "torch.load", "torch.Tensor.cpu", "torch.Tensor.detach",
     "torch.Tensor.clone", "torch.Tensor.copy_", "torch.Tensor.to", "torch.Tensor.__eq__",
-    "numpy.median", "numpy.percentile", "os.write", "evaluator.worker.child.Channel.send",
+    "numpy.median", "numpy.percentile", "os.write", "kloop.evaluator.worker.child.Channel.send",
 )
 # kloop's own code in this process: every module-level function must stay the same object with
 # the same code.
-OWN_MODULES = ("evaluator.worker.serve", "evaluator.worker.candidate", "evaluator.worker.trials",
-               "evaluator.worker.probes", "evaluator.worker.child", "evaluator.worker.construct",
-               "evaluator.correctness")
+OWN_MODULES = ("kloop.evaluator.worker.serve", "kloop.evaluator.worker.candidate", "kloop.evaluator.worker.trials",
+               "kloop.evaluator.worker.probes", "kloop.evaluator.worker.child", "kloop.evaluator.worker.construct",
+               "kloop.evaluator.common.correctness")
 
 
 def _effective(precision: str, allow_tf32: bool) -> str:
@@ -403,7 +402,7 @@ def _swap_extensions(make: Callable[[str, Any], Any]) -> Iterator[None]:
     `make(name, function)` wherever anything the garbage collector sees refers to them: the
     extension modules, the candidate's module and modules, and any list, tuple, closure,
     partial, default argument or class attribute (`evaluator.worker.refswap`)."""
-    from evaluator.build.buildcache import LOADED_MODULES
+    from kloop.evaluator.build.buildcache import LOADED_MODULES
 
     names: dict[int, str] = {}
     originals: list[Any] = []
@@ -452,9 +451,8 @@ def custom_launches(call: Callable[[], Any], names: set[str]) -> tuple[Any, int 
     count is None when there are no names to look for."""
     if not names:  # nothing to count: no profiler (CUPTI can slow the calls timed later)
         return call(), None
+    from kloop.evaluator.worker.profile import _rows, classify
     from torch.profiler import ProfilerActivity, profile
-
-    from evaluator.worker.profile import _rows, classify
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         result = call()

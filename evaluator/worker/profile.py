@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from evaluator.backend import custom_kernel_names
-from evaluator.resources import bare_name
-from evaluator.result import ProfileKernel, ProfileSummary
+from kloop.evaluator.common.backend import custom_kernel_names
+from kloop.evaluator.common.resources import bare_name
+from kloop.evaluator.common.result import ProfileKernel, ProfileSummary
 
 TOP_KERNELS = 20
 _NAME_WIDTH = 90

@@ -20,9 +20,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
-
-from evaluator.protocol import (
+from kloop.evaluator.common.protocol import (
     ROLES,
     DoneMsg,
     EnvMsg,
@@ -32,9 +30,9 @@ from evaluator.protocol import (
     Served64,
     ServeMsg,
 )
-from evaluator.result import ErrorInfo
-from evaluator.worker.child import Channel, call_server, read_control, wait_for_device
-from evaluator.worker.construct import (
+from kloop.evaluator.common.result import ErrorInfo
+from kloop.evaluator.worker.child import Channel, call_server, read_control, wait_for_device
+from kloop.evaluator.worker.construct import (
     apply_numerics,
     as_output_list,
     clone_all,
@@ -49,7 +47,8 @@ from evaluator.worker.construct import (
     sync,
     to_device,
 )
-from evaluator.worker.serve import output_specs
+from kloop.evaluator.worker.serve import output_specs
+from torch.overrides import TorchFunctionMode
 
 PREPARED_BYTES: int | None = None
 """At most this much (the main model, inputs and second models, on CPU) is prepared before the

@@ -17,11 +17,9 @@ from types import ModuleType
 from typing import Any
 
 import torch
-from pydantic import BaseModel
-
-from evaluator.correctness import compare_outputs
-from evaluator.protocol import CandidateJob, CandTrial, ProbeMsg, TrialMsg
-from evaluator.worker.construct import (
+from kloop.evaluator.common.correctness import compare_outputs
+from kloop.evaluator.common.protocol import CandidateJob, CandTrial, ProbeMsg, TrialMsg
+from kloop.evaluator.worker.construct import (
     as_output_list,
     clone_all,
     init_inputs,
@@ -30,7 +28,7 @@ from evaluator.worker.construct import (
     sync,
     to_device,
 )
-from evaluator.worker.probes import (
+from kloop.evaluator.worker.probes import (
     custom_launches,
     ghost_compiled_launches,
     ghost_extensions,
@@ -39,6 +37,7 @@ from evaluator.worker.probes import (
     record_extension_outputs,
     triton_launches,
 )
+from pydantic import BaseModel
 
 
 @dataclass

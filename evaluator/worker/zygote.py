@@ -99,10 +99,10 @@ def preload() -> None:
     import torch._dynamo  # noqa: F401
 
     _import_cpp_extension()
-    import evaluator.worker.candidate  # noqa: F401
-    import evaluator.worker.child  # noqa: F401
-    import evaluator.worker.reference_worker  # noqa: F401
-    import evaluator.worker.serve  # noqa: F401
+    import kloop.evaluator.worker.candidate  # noqa: F401
+    import kloop.evaluator.worker.child  # noqa: F401
+    import kloop.evaluator.worker.reference_worker  # noqa: F401
+    import kloop.evaluator.worker.serve  # noqa: F401
 
 
 class GrantRequest(BaseModel):
@@ -245,7 +245,7 @@ def _become_child(req: ForkRequest, fds: list[int], sock: socket.socket) -> None
         if req.hide or req.keep:
             _contain(req)
         if req.userns:  # root in its own user namespace only: give that up too
-            from evaluator.isolation import CONFINE_ENV
+            from kloop.evaluator.procs.isolation import CONFINE_ENV
 
             os.environ[CONFINE_ENV] = "caps"
         if req.gid is not None:
@@ -259,7 +259,7 @@ def _become_child(req: ForkRequest, fds: list[int], sock: socket.socket) -> None
 
             torch.set_num_threads(int(threads))
         sys.argv = list(req.argv)
-        from evaluator.worker.child import main
+        from kloop.evaluator.worker.child import main
 
         rc = main(sys.argv)
     except SystemExit as e:
@@ -371,7 +371,7 @@ def _contain(req: ForkRequest) -> None:
         try:
             _scratch(libc)
             if req.private:
-                from evaluator.worker.hostview import show_only_needed
+                from kloop.evaluator.common.hostview import show_only_needed
 
                 show_only_needed(libc, req.private, _needed(req))
             _keep_only(libc, req.keep, fd)

@@ -18,8 +18,8 @@ import threading
 import time
 from typing import NamedTuple
 
-from agent.errors import EvalInfraError
-from evaluator.result import (
+from kloop.agent.errors import EvalInfraError
+from kloop.evaluator.common.result import (
     CompileDiagnostic,
     CompileLog,
     CorrectnessTrial,
@@ -33,7 +33,7 @@ from evaluator.result import (
     Violation,
     WorstElement,
 )
-from problems.registry import Problem
+from kloop.problems.registry import Problem
 
 EAGER_MS = 2.0
 
@@ -135,7 +135,7 @@ class FakeEvaluator:
 
 def make_config(**layer):
     """A RunConfig for L3/1 with a scripted model; keyword args are merged config layers."""
-    from agent.config import resolve
+    from kloop.agent.config import resolve
 
     base = {"model": {"spec": "scripted:unused"}, "problems": ["L3/1"], "concurrency": 1}
     return resolve([base, layer])
@@ -143,9 +143,9 @@ def make_config(**layer):
 
 def make_runner(tmp_path, replies, evaluator=None, run_id="run", **layer):
     """A Runner over a fresh run directory, with a ScriptedModel of `replies`."""
-    from agent.models.scripted import ScriptedModel
-    from agent.store import RunStore
-    from agent.strategies import Runner
+    from kloop.agent.models.scripted import ScriptedModel
+    from kloop.agent.store import RunStore
+    from kloop.agent.strategies import Runner
 
     cfg = make_config(**layer)
     store = RunStore.create(tmp_path / run_id, cfg)
@@ -165,7 +165,7 @@ class KloopResult(NamedTuple):
 
 def run_kloop(*args: object) -> KloopResult:
     """`kloop ARGS` in this process through `agent.cli.main`, its error handling included."""
-    from agent.cli import main
+    from kloop.agent.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

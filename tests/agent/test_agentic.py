@@ -7,14 +7,13 @@ import json
 
 import pytest
 from agent_fakes import FakeEvaluator, kernel, make_config, make_runner, reply
-
-from agent.agentic import NOT_RUN, TOOLS
-from agent.components import load_problems
-from agent.extract import extract_code
-from agent.models.scripted import ScriptedModel
-from agent.store import RunStore
-from agent.strategies import Runner
-from problems.registry import Problem
+from kloop.agent.agentic import NOT_RUN, TOOLS
+from kloop.agent.components import load_problems
+from kloop.agent.extract import extract_code
+from kloop.agent.models.scripted import ScriptedModel
+from kloop.agent.store import RunStore
+from kloop.agent.strategies import Runner
+from kloop.problems.registry import Problem
 
 
 def call(name: str, code: str | None = None, *, id: str | None = None, text: str = "") -> dict:
@@ -123,7 +122,7 @@ def test_the_tools_offered_are_the_four_documented():
 
 
 def test_the_agent_strategy_needs_the_full_context():
-    from agent.config import ConfigError
+    from kloop.agent.config import ConfigError
 
     with pytest.raises(ConfigError, match="agent.context must be full"):
         make_config(strategy={"kind": "agent"}, agent={"context": "last"})
@@ -148,7 +147,7 @@ class FailsOnce(FakeEvaluator):
     def evaluate(self, problem, source):
         if len(self.calls) == 1 and not getattr(self, "failed", False):
             self.failed = True
-            from agent.errors import EvalInfraError
+            from kloop.agent.errors import EvalInfraError
 
             raise EvalInfraError("GPU worker lost (fake)")
         return super().evaluate(problem, source)
@@ -180,8 +179,8 @@ def test_a_step_cut_off_by_an_infra_fault_resumes_with_its_recorded_call(tmp_pat
 
 
 def test_a_sweep_compares_the_agent_with_the_turn_loop_at_a_matched_budget(tmp_path):
-    from agent.report.build import build_report
-    from agent.sweep import run_sweep
+    from kloop.agent.report.build import build_report
+    from kloop.agent.sweep import run_sweep
 
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(f"""sweep:
@@ -214,9 +213,9 @@ def test_a_sweep_compares_the_agent_with_the_turn_loop_at_a_matched_budget(tmp_p
 
 @pytest.mark.slow
 def test_an_agent_run_through_the_real_evaluator_on_cpu(tmp_path):
-    from agent.components import build_evaluator
-    from agent.config import parse_layer, resolve
-    from agent.run import DEMO_DIR
+    from kloop.agent.components import build_evaluator
+    from kloop.agent.config import parse_layer, resolve
+    from kloop.agent.run import DEMO_DIR
 
     demo = ScriptedModel.from_file(DEMO_DIR / "replies.yaml")
     correct, faster = [extract_code(demo.query([]).text, "stop") for _ in range(4)][2:]

@@ -9,12 +9,11 @@ import json
 import pytest
 from agent_fakes import FakeEvaluator, kernel, run_kloop
 from fake_llm_server import FakeLLMServer, anthropic_message, chat_completion, responses_body
-
-from agent import components
-from agent.agentic import TOOLS
-from agent.models import ModelConfig, get_model
-from agent.models.base import Message, ToolCall
-from agent.store import RunStore
+from kloop.agent import components
+from kloop.agent.agentic import TOOLS
+from kloop.agent.models import ModelConfig, get_model
+from kloop.agent.models.base import Message, ToolCall
+from kloop.agent.store import RunStore
 
 WRONG, FAST = kernel("BUG"), kernel(runtime_ms=0.5)
 CONVERSATION = [
@@ -109,8 +108,8 @@ def responder(provider: str):
 def fake_evaluator(monkeypatch):
     ev = FakeEvaluator()
     monkeypatch.setattr(components, "build_evaluator", lambda cfg, problems: ev)
-    monkeypatch.setattr("agent.run.build_evaluator", lambda cfg, problems: ev)
-    monkeypatch.setattr("agent.replay.build_evaluator", lambda cfg, problems: ev)
+    monkeypatch.setattr("kloop.agent.run.build_evaluator", lambda cfg, problems: ev)
+    monkeypatch.setattr("kloop.agent.replay.build_evaluator", lambda cfg, problems: ev)
     return ev
 
 

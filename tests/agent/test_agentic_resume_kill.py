@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 from agent_fakes import kernel
 from fake_llm_server import FakeLLMServer, anthropic_message, chat_completion
+from kloop.agent.store import RunStore
 from test_resume_kill import finish, kloop
-
-from agent.store import RunStore
 
 PLAN = [("evaluate", kernel("BUG")), ("evaluate", kernel(runtime_ms=0.5)),
         ("evaluate", kernel(runtime_ms=0.4)), ("submit", kernel(runtime_ms=0.4))]

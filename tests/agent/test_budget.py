@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 from agent_fakes import FakeEvaluator, kernel, make_runner, reply
-
-from agent.components import load_problems
+from kloop.agent.components import load_problems
 
 
 def priced(cost: float | None = 0.01, tokens: int = 1000, out: int = 100, reasoning: int = 0) -> dict:
@@ -67,9 +66,9 @@ def test_unknown_cost_cannot_pass_a_dollar_limit(tmp_path):
 
 
 def test_unknown_usage_is_not_zero_tokens():
-    from agent.budget import Meter, Spend
-    from agent.config import Limits
-    from agent.models.base import ModelReply, Usage
+    from kloop.agent.budget import Meter, Spend
+    from kloop.agent.config import Limits
+    from kloop.agent.models.base import ModelReply, Usage
 
     def reply(usage):
         return ModelReply(text="", usage=usage, cost_usd=None, finish_reason=None, latency_s=0.0,

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from agent_fakes import FakeEvaluator, kernel, reply, run_kloop
-
-from agent import components
+from kloop.agent import components
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,8 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 def fake_evaluator(monkeypatch):
     ev = FakeEvaluator()
     monkeypatch.setattr(components, "build_evaluator", lambda cfg, problems: ev)
-    monkeypatch.setattr("agent.run.build_evaluator", lambda cfg, problems: ev)
-    monkeypatch.setattr("agent.replay.build_evaluator", lambda cfg, problems: ev)
+    monkeypatch.setattr("kloop.agent.run.build_evaluator", lambda cfg, problems: ev)
+    monkeypatch.setattr("kloop.agent.replay.build_evaluator", lambda cfg, problems: ev)
     return ev
 
 
@@ -159,7 +158,7 @@ def test_ctrl_c_says_how_to_continue(tmp_path, fake_evaluator, monkeypatch):
 
 
 def test_problems_show_prints_the_source_as_is():
-    from problems.registry import get_problem
+    from kloop.problems.registry import get_problem
 
     res = run_kloop("problems", "show", "L3/4")
     assert res.exit_code == 0
@@ -171,7 +170,7 @@ def test_rescore_counts_no_llm_calls(tmp_path, source_run):
     out = tmp_path / "rescored"
     res = run_kloop("replay", source_run, "--rescore", "--out", out)
     assert res.exit_code == 0, res.output
-    from agent.store import RunStore
+    from kloop.agent.store import RunStore
 
     spend = RunStore.open(out).summary().spend
     assert (spend.calls, spend.total_tokens) == (0, 0) and spend.eval_s >= 0

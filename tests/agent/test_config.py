@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from agent.config import ConfigError, RunConfig, load_config
+from kloop.agent.config import ConfigError, RunConfig, load_config
 
 
 def test_files_overrides_and_flags_merge_in_order(tmp_path):
@@ -36,7 +35,7 @@ def test_a_removed_evaluator_setting_is_refused_by_name_and_old_run_configs_stil
     (its config.json holds all six at their defaults) still reads, and starts again."""
     from pathlib import Path
 
-    from agent.store import RunConfigRecord
+    from kloop.agent.store import RunConfigRecord
 
     exp = tmp_path / "exp.yaml"
     exp.write_text("model:\n  spec: scripted:x\neval:\n  jit_warmup: auto\n")
@@ -53,7 +52,7 @@ def test_a_removed_evaluator_setting_is_refused_by_name_and_old_run_configs_stil
 
 
 def test_saved_config_json_round_trips_and_the_digest_ignores_where_it_runs(tmp_path):
-    from agent.store import RunStore
+    from kloop.agent.store import RunStore
 
     cfg = load_config(["model.spec=scripted:x", "problems=[L3/1]", "strategy.turns=2"])
     store = RunStore.create(tmp_path / "r", cfg)

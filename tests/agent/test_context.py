@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 from agent_fakes import FakeEvaluator, kernel, make_runner, reply, run_kloop
-
-from agent import replay as replay_lib
-from agent.components import load_problems
-from agent.config import AgentConfig
-from agent.context import condensed_count, digest_rows
-from agent.models.scripted import ScriptedModel
-from agent.prompts import PromptSet
-from agent.store import RunStore
+from kloop.agent import replay as replay_lib
+from kloop.agent.components import load_problems
+from kloop.agent.config import AgentConfig
+from kloop.agent.context import condensed_count, digest_rows
+from kloop.agent.models.scripted import ScriptedModel
+from kloop.agent.prompts import PromptSet
+from kloop.agent.store import RunStore
 
 REPLIES = [reply(kernel("SYNTAX"), "turn 1 plan"), "no code at all", reply(kernel("BUG"), "turn 3 plan"),
            reply(kernel("CRASH"), "turn 4 plan"), reply(kernel(runtime_ms=1.0), "turn 5 plan"),

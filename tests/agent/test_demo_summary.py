@@ -8,15 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent_fakes import FakeEvaluator, run_kloop
-
-from agent.store import RunStore
+from kloop.agent.store import RunStore
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_summary_example_condenses_older_turns_with_recorded_calls(tmp_path, monkeypatch):
     ev = FakeEvaluator()
-    monkeypatch.setattr("agent.run.build_evaluator", lambda cfg, problems: ev)
+    monkeypatch.setattr("kloop.agent.run.build_evaluator", lambda cfg, problems: ev)
     monkeypatch.chdir(REPO)  # the config names its replies relative to the repository root
     out = tmp_path / "summary"
     res = run_kloop("run", "-c", "agent/demo/summary.yaml", "--out", out)

@@ -9,10 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from kloop.agent.cli import app
+from kloop.agent.store import RunStore
 from typer.testing import CliRunner
-
-from agent.cli import app
-from agent.store import RunStore
 
 
 @pytest.mark.slow
@@ -77,7 +76,7 @@ def test_make_demo_rejudges_the_examples_and_writes_a_full_report(tmp_path):
     import json
     import time
 
-    from agent.demo.examples import cli
+    from kloop.agent.demo.examples import cli
 
     start = time.monotonic()
     assert cli(["demo", "--out", str(tmp_path), "--device", "cpu"]) == 0

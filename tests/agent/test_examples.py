@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from agent.config import load_config
-from agent.models.base import Usage
-from agent.pricing import load_prices
-from agent.sweep import plan
+from kloop.agent.config import load_config
+from kloop.agent.models.base import Usage
+from kloop.agent.pricing import load_prices
+from kloop.agent.sweep import plan
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

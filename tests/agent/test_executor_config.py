@@ -4,9 +4,8 @@ one)."""
 from __future__ import annotations
 
 import pytest
-
-from agent.config import ConfigError, resolve
-from agent.executor.placement import describe, plan
+from kloop.agent.config import ConfigError, resolve
+from kloop.agent.executor.placement import describe, plan
 
 BASE = {"problems": ["L3/1"], "model": {"spec": "scripted:x.yaml"}}
 

@@ -10,9 +10,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 from agent_fakes import EAGER_MS, FakeEvaluator, kernel, make_runner, reply, run_kloop
-
-from agent import components
-from agent.export import REDACTED, RewardConfig, _interval, examples, reward
+from kloop.agent import components
+from kloop.agent.export import REDACTED, RewardConfig, _interval, examples, reward
 
 TOKEN, SALT, KEY = "tok-PLANTED-0123456789", "salt-PLANTED-9876543210", "sk-PLANTED-KEY-55555"
 
@@ -21,7 +20,7 @@ TOKEN, SALT, KEY = "tok-PLANTED-0123456789", "salt-PLANTED-9876543210", "sk-PLAN
 def run_dir(tmp_path, monkeypatch):
     ev = FakeEvaluator()
     monkeypatch.setattr(components, "build_evaluator", lambda cfg, problems: ev)
-    monkeypatch.setattr("agent.run.build_evaluator", lambda cfg, problems: ev)
+    monkeypatch.setattr("kloop.agent.run.build_evaluator", lambda cfg, problems: ev)
     script = tmp_path / "replies.yaml"
     script.write_text(yaml.safe_dump([reply(kernel("BUG")), reply(kernel(runtime_ms=0.5)),
                                       "no code here", reply(kernel("CHEAT"))]))
@@ -88,7 +87,7 @@ def test_parquet_and_jsonl_load_with_datasets(run_dir, tmp_path, monkeypatch):
 
 def test_reward_is_one_configurable_function_and_reads_an_interval_if_recorded():
     ev = FakeEvaluator().evaluate
-    from problems.registry import get_problem
+    from kloop.problems.registry import get_problem
 
     p = get_problem("L3/1")
     fast, bad = ev(p, kernel(runtime_ms=1.0)), ev(p, kernel("CHEAT"))
@@ -111,10 +110,9 @@ def test_examples_skip_imported_kernels_never_judged(tmp_path):
 
 
 def test_an_agent_run_exports_its_tool_calls_and_results(tmp_path):
+    from kloop.agent.components import load_problems
+    from kloop.agent.export import export
     from test_agentic import FAST, WRONG, call
-
-    from agent.components import load_problems
-    from agent.export import export
 
     replies = [call("problem"), call("evaluate", WRONG), call("evaluate", FAST), call("submit", FAST)]
     runner, _ = make_runner(tmp_path, replies, FakeEvaluator(), strategy={"kind": "agent", "turns": 8})

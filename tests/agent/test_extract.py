@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from agent.errors import FormatError, NoKernelFound
-from agent.extract import extract_code
+from kloop.agent.errors import FormatError, NoKernelFound
+from kloop.agent.extract import extract_code
 
 NEW = "class ModelNew(nn.Module):\n    pass\n"
 

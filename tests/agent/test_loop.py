@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 from agent_fakes import FakeEvaluator, kernel, make_runner, reply
-
-from agent.components import load_problems
-from agent.models.base import ModelReply, Usage
-from agent.records import TurnRecord
+from kloop.agent.components import load_problems
+from kloop.agent.models.base import ModelReply, Usage
+from kloop.agent.records import TurnRecord
 
 
 def run(runner):

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 from agent_fakes import FakeEvaluator, kernel
+from kloop.agent.config import AgentConfig
+from kloop.agent.ncu_hints import hint, stalls_text, top_stalls
+from kloop.evaluator.common.result import NcuMetrics
+from kloop.evaluator.harness.ncu import parse_ncu_kernels
 from test_prompts import PROBLEM, render_feedback, turn_with
-
-from agent.config import AgentConfig
-from agent.ncu_hints import hint, stalls_text, top_stalls
-from evaluator.ncu import parse_ncu_kernels
-from evaluator.result import NcuMetrics
 
 CSV = (Path(__file__).resolve().parents[1] / "data" / "ncu_three_kernels.csv").read_text()
 LINEAR, NORM, SOFTMAX = parse_ncu_kernels(

@@ -1,4 +1,4 @@
-"""Checks that need no GPU run before anything that does (evaluator/precheck.py)."""
+"""Checks that need no GPU run before anything that does (evaluator/harness/precheck.py)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,14 @@ import time
 
 import pytest
 from agent_fakes import run_kloop
-
-from evaluator.precheck import (
+from kloop.evaluator.harness.precheck import (
     UnknownConstant,
     check_overrides,
     module_constants,
     precheck_source,
     small_overrides,
 )
-from problems.registry import get_problem, load_problem_set
+from kloop.problems.registry import get_problem, load_problem_set
 
 
 @pytest.mark.parametrize(("source", "kind"), [

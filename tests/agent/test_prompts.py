@@ -5,16 +5,15 @@ from __future__ import annotations
 import jinja2
 import pytest
 from agent_fakes import FakeEvaluator, kernel, timing, with_interval
-
-from agent.budget import Spend
-from agent.config import AgentConfig
-from agent.episode import EpisodeSpec, EpisodeState, feedback_template, feedback_vars
-from agent.models.base import ModelReply, Usage
-from agent.prompts import PACKAGED_DIR, PromptSet, clip
-from agent.records import ModelFaultInfo, TurnRecord
-from evaluator.config import POLICIES, EvalConfig
-from evaluator.result import ErrorInfo, OutputDiff, Violation
-from problems.registry import get_problem
+from kloop.agent.budget import Spend
+from kloop.agent.config import AgentConfig
+from kloop.agent.episode import EpisodeSpec, EpisodeState, feedback_template, feedback_vars
+from kloop.agent.models.base import ModelReply, Usage
+from kloop.agent.prompts import PACKAGED_DIR, PromptSet, clip
+from kloop.agent.records import ModelFaultInfo, TurnRecord
+from kloop.evaluator.common.config import POLICIES, EvalConfig
+from kloop.evaluator.common.result import ErrorInfo, OutputDiff, Violation
+from kloop.problems.registry import get_problem
 
 MARKERS = {"compile_error": "SYNTAX", "runtime_error": "CRASH", "timeout": "HANG", "incorrect": "BUG",
            "rejected": "CHEAT", "not_run": "CUDA_ONLY", "correct": ""}
@@ -131,9 +130,9 @@ def test_feedback_shows_the_reduce_overhead_baseline_and_the_fastest():
 
 
 def test_gpu_feedback_states_the_share_of_speed_of_light():
-    from agent.report.bound import PEAKS, sol_ms
-    from evaluator.result import EnvInfo
-    from problems.cost import cost_of
+    from kloop.agent.report.bound import PEAKS, sol_ms
+    from kloop.evaluator.common.result import EnvInfo
+    from kloop.problems.cost import cost_of
 
     h200 = EnvInfo(python="3.12", torch="2.9", device_name="NVIDIA H200")
     result = FakeEvaluator().evaluate(PROBLEM, kernel(runtime_ms=0.5)).model_copy(update={"env": h200})
@@ -275,7 +274,7 @@ def test_clip_keeps_head_and_tail():
 def test_feedback_says_why_a_cuda_build_took_the_slow_path():
     """The model learns why its `.cu` could not build lean (and how long it took), on every
     outcome after a build but a compile error (where the error comes first)."""
-    from evaluator.result import CompileLog
+    from kloop.evaluator.common.result import CompileLog
 
     why = "it names `torch`, which is torch's"
     slow = CompileLog(backend="cuda", ok=True, seconds=41.2,

@@ -4,11 +4,10 @@ import json
 
 import pytest
 from fake_llm_server import FakeLLMServer, anthropic_message, chat_completion, responses_body
-
-from agent.errors import ProviderAbort, ScriptExhausted
-from agent.models import Message, ModelConfig, ModelReply, Usage, get_model
-from agent.models.scripted import ScriptedModel
-from agent.pricing import load_prices
+from kloop.agent.errors import ProviderAbort, ScriptExhausted
+from kloop.agent.models import Message, ModelConfig, ModelReply, Usage, get_model
+from kloop.agent.models.scripted import ScriptedModel
+from kloop.agent.pricing import load_prices
 
 KEY = "sk-test-DO-NOT-LOG-4242"
 MESSAGES = [

@@ -6,8 +6,7 @@ Models can be changed with KLOOP_TEST_OPENAI_MODEL / KLOOP_TEST_ANTHROPIC_MODEL.
 import os
 
 import pytest
-
-from agent.models import Message, ModelConfig, get_model
+from kloop.agent.models import Message, ModelConfig, get_model
 
 MESSAGES = [
     Message(role="system", content="Answer with one word."),

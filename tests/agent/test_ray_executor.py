@@ -20,12 +20,11 @@ import time
 from pathlib import Path
 
 import pytest
-
-from agent.config import resolve
-from agent.demo.kernels import SIZES, source
-from agent.executor import ray_pool
-from agent.run import start
-from agent.store import RunStore
+from kloop.agent.config import resolve
+from kloop.agent.demo.kernels import SIZES, source
+from kloop.agent.executor import ray_pool
+from kloop.agent.run import start
+from kloop.agent.store import RunStore
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -74,7 +73,7 @@ def verdicts(root: Path) -> dict[tuple[str, int, int], str]:
 def test_dry_run_prints_one_worker_per_stand_in_gpu_on_every_node(cluster, tmp_path):
     c, _ = cluster
     out = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "run", "-p", "L3/1", "--model", f"scripted:{REPLIES}",
+        [sys.executable, "-m", "kloop.agent.cli", "run", "-p", "L3/1", "--model", f"scripted:{REPLIES}",
          "--executor", "ray", "--ray-address", c.address, "-c", "executor.resource=kslot",
          "--concurrency", "2", "--dry-run", "--runs-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=120, cwd=REPO)
@@ -96,7 +95,7 @@ def test_a_killed_driver_resumes_on_the_cluster_with_no_turn_lost_or_repeated(cl
             "--samples", "4", "--concurrency", "1", "--device", "cpu", "--executor", "ray",
             "--ray-address", c.address, "-c", "executor.resource=kslot", "--out", str(run_dir)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", *args], cwd=tmp_path, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "kloop.agent.cli", *args], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     turns = run_dir / "turns.jsonl"
     deadline = time.monotonic() + 180
@@ -109,7 +108,7 @@ def test_a_killed_driver_resumes_on_the_cluster_with_no_turn_lost_or_repeated(cl
     proc.wait()
     done = RunStore.open(run_dir).turns()
     assert 2 <= len(done) < 4
-    resumed = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--resume", str(run_dir)],
+    resumed = subprocess.run([sys.executable, "-m", "kloop.agent.cli", "run", "--resume", str(run_dir)],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     got = verdicts(run_dir)
@@ -124,7 +123,7 @@ def test_a_killed_driver_resumes_on_the_cluster_with_no_turn_lost_or_repeated(cl
     assert summary.executor.address == c.address
 
     # Rescored on the cluster (as an imported KernelBench folder would be): the same verdicts.
-    from agent.replay import rescore
+    from kloop.agent.replay import rescore
 
     report = rescore(run_dir, tmp_path / "rescored", executor={
         "kind": "ray", "address": c.address, "resource": "kslot"})
@@ -137,10 +136,10 @@ def test_a_worker_that_keeps_dying_drains_its_node_and_the_candidate_goes_elsewh
     """A worker killed under an evaluation (its node alive): the candidate is judged again on
     another node, and with `drain_after: 1` that node gets no more work. An exception of the
     evaluator itself (a device the worker lacks) is the evaluator's fault, as it is locally."""
-    from agent.components import load_problems
-    from agent.errors import EvalInfraError
-    from agent.executor.ray_pool import RayEvaluator
-    from evaluator.config import EvalConfig
+    from kloop.agent.components import load_problems
+    from kloop.agent.errors import EvalInfraError
+    from kloop.agent.executor.ray_pool import RayEvaluator
+    from kloop.evaluator.common.config import EvalConfig
 
     c, _ = cluster
     cfg = resolve([run_layer(tmp_path, "drain", ["L3/1"], kind="ray", address=c.address,

@@ -8,10 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from agent.executor.ray_worker import EvalWorker, WorkerInfo
-from evaluator.config import EvalConfig
-from problems.registry import get_problem
+from kloop.agent.executor.ray_worker import EvalWorker, WorkerInfo
+from kloop.evaluator.common.config import EvalConfig
+from kloop.problems.registry import get_problem
 
 CANDIDATES = Path(__file__).resolve().parents[1] / "evaluator" / "candidates"
 
@@ -29,7 +28,7 @@ def test_the_worker_judges_a_problem_sent_by_content_on_its_gpu(tmp_path):
                         problem_overrides={"batch_size": 64})
     out = worker.evaluate(problem, (CANDIDATES / "mlp_triton.py").read_text(),
                           config.model_dump_json())
-    from evaluator.result import EvalResult
+    from kloop.evaluator.common.result import EvalResult
 
     result = EvalResult.model_validate_json(out)
     assert result.status == "correct", result.error

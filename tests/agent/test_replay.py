@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 from agent_fakes import FakeEvaluator, kernel, make_runner, reply
-
-from agent import replay as replay_lib
-from agent.components import load_problems
-from agent.models.base import Message, ModelReply
-from agent.models.replay import ReplayModel
-from agent.models.scripted import ScriptedModel
-from agent.store import RunStore
+from kloop.agent import replay as replay_lib
+from kloop.agent.components import load_problems
+from kloop.agent.models.base import Message, ModelReply
+from kloop.agent.models.replay import ReplayModel
+from kloop.agent.models.scripted import ScriptedModel
+from kloop.agent.store import RunStore
 
 TRAJECTORY = [
     reply(kernel("SYNTAX")), "no code this time", reply(kernel("BUG")),
@@ -71,8 +70,8 @@ def test_replay_model_serves_identical_prompts_in_recorded_order():
 def test_replay_model_serves_a_turn_whose_templates_changed_by_its_address_and_history():
     """A run recorded by an older kloop (other system, task or feedback text) replays: the reply
     recorded at the same problem, episode and turn after the same model replies is served."""
-    from agent.errors import ScriptExhausted
-    from agent.models.base import Address, Message
+    from kloop.agent.errors import ScriptExhausted
+    from kloop.agent.models.base import Address, Message
 
     def asked(system: str, *replies: str) -> list[Message]:
         msgs = [Message(role="system", content=system), Message(role="user", content="task")]
@@ -127,9 +126,8 @@ def test_fork_continues_each_trajectory_with_another_model(tmp_path):
     # node keeps the source's episode number and names the source node it continues.
     from io import StringIO
 
+    from kloop.agent.report.show import show
     from rich.console import Console
-
-    from agent.report.show import show
 
     assert [(t.turn, t.position) for t in new.turns()] == [(1, 2), (2, 3)]
     out = StringIO()
@@ -141,7 +139,7 @@ def test_fork_continues_each_trajectory_with_another_model(tmp_path):
 
 
 def test_replay_provider_by_name_answers_a_recorded_prompt(tmp_path):
-    from agent.models import ModelConfig, get_model
+    from kloop.agent.models import ModelConfig, get_model
 
     source = recorded_run(tmp_path)
     model = get_model(f"replay:{source.root}", ModelConfig(spec=f"replay:{source.root}"))

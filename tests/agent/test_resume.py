@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 from agent_fakes import FakeEvaluator, kernel, make_config, reply
-
-from agent.components import load_problems
-from agent.models.scripted import ScriptedModel
-from agent.store import RunDirError, RunStore
-from agent.strategies import Runner
+from kloop.agent.components import load_problems
+from kloop.agent.models.scripted import ScriptedModel
+from kloop.agent.store import RunDirError, RunStore
+from kloop.agent.strategies import Runner
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -114,10 +113,10 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from pathlib import Path
     from agent_fakes import FakeEvaluator, kernel, make_config, reply
-    from agent.components import load_problems
-    from agent.models.scripted import ScriptedModel
-    from agent.store import RunStore
-    from agent.strategies import Runner
+    from kloop.agent.components import load_problems
+    from kloop.agent.models.scripted import ScriptedModel
+    from kloop.agent.store import RunStore
+    from kloop.agent.strategies import Runner
 
     class SlowEvaluator(FakeEvaluator):
         def evaluate(self, problem, source):

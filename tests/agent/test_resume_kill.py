@@ -20,8 +20,7 @@ import pytest
 import yaml
 from agent_fakes import kernel, reply
 from fake_llm_server import FakeLLMServer, anthropic_message, chat_completion
-
-from agent.store import RunStore
+from kloop.agent.store import RunStore
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parent
@@ -33,11 +32,11 @@ CHILD = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     from agent_fakes import FakeEvaluator
-    import agent.replay, agent.run
+    import kloop.agent.replay, kloop.agent.run
     evaluator = FakeEvaluator(delay_s={delay})
     agent.run.build_evaluator = lambda cfg, problems: evaluator
     agent.replay.build_evaluator = lambda cfg, problems: evaluator
-    from agent.cli import main
+    from kloop.agent.cli import main
     main(sys.argv[1:])
 """)
 

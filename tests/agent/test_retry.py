@@ -6,10 +6,9 @@ import time
 
 import pytest
 from fake_llm_server import FakeLLMServer, anthropic_message, chat_completion
-
-from agent.errors import InfraFault, ProviderAbort, ProviderRetryable
-from agent.models import Message, ModelConfig, get_model
-from agent.retry import retry_after_s
+from kloop.agent.errors import InfraFault, ProviderAbort, ProviderRetryable
+from kloop.agent.models import Message, ModelConfig, get_model
+from kloop.agent.retry import retry_after_s
 
 MESSAGES = [Message(role="user", content="Write ModelNew.")]
 
@@ -37,7 +36,7 @@ def model_for(server: FakeLLMServer, provider: str = "openai", **kw):
 def test_rate_limit_with_retry_after_zero_then_success(server, caplog):
     server.error(429, "Rate limit reached", headers={"retry-after": "0"})
     server.add(chat_completion("ok"))
-    with caplog.at_level(logging.WARNING, logger="agent.retry"):
+    with caplog.at_level(logging.WARNING, logger="kloop.agent.retry"):
         reply = model_for(server).query(MESSAGES)
     assert (reply.text, reply.retries, len(server.requests)) == ("ok", 1, 2)
     assert "Rate limit reached" in caplog.text  # logged before sleeping

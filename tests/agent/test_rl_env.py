@@ -15,13 +15,13 @@ import gymnasium
 import pytest
 from agent_fakes import EAGER_MS, FakeEvaluator, kernel, make_config, reply
 from gymnasium.utils.env_checker import check_env
+from kloop.agent.components import load_problems
+from kloop.agent.config import AgentConfig
+from kloop.agent.rl import RewardConfig
+from kloop.agent.rl.env import KernelEnv, step_many
+from kloop.agent.rl.reward import reward, speedup_of
+from kloop.agent.store import RunStore
 
-from agent.components import load_problems
-from agent.config import AgentConfig
-from agent.rl import RewardConfig
-from agent.rl.env import KernelEnv, step_many
-from agent.rl.reward import reward, speedup_of
-from agent.store import RunStore
 from kloop.errors import KloopError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,10 +143,10 @@ def test_the_example_runs_a_scripted_policy_through_the_real_evaluator_on_cpu():
 
 @pytest.mark.slow
 def test_step_many_judges_through_the_evaluators_one_queue_on_cpu(tmp_path):
-    from agent.config import parse_layer, resolve
-    from agent.models.scripted import ScriptedModel
-    from agent.rl import make_env as env_of
-    from agent.run import DEMO_DIR
+    from kloop.agent.config import parse_layer, resolve
+    from kloop.agent.models.scripted import ScriptedModel
+    from kloop.agent.rl import make_env as env_of
+    from kloop.agent.run import DEMO_DIR
 
     cfg = resolve([parse_layer(str(DEMO_DIR / "demo.yaml")),
                    {"model": {"spec": "scripted:policy"}, "eval": {"device": "cpu"}}])

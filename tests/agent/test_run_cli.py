@@ -11,17 +11,16 @@ import json
 import pytest
 import yaml
 from agent_fakes import FakeEvaluator, kernel, reply, run_kloop
-
-from agent import components
-from agent.store import RunStore
+from kloop.agent import components
+from kloop.agent.store import RunStore
 
 
 @pytest.fixture
 def fake_evaluator(monkeypatch):
     ev = FakeEvaluator()
     monkeypatch.setattr(components, "build_evaluator", lambda cfg, problems: ev)
-    monkeypatch.setattr("agent.run.build_evaluator", lambda cfg, problems: ev)
-    monkeypatch.setattr("agent.replay.build_evaluator", lambda cfg, problems: ev)
+    monkeypatch.setattr("kloop.agent.run.build_evaluator", lambda cfg, problems: ev)
+    monkeypatch.setattr("kloop.agent.replay.build_evaluator", lambda cfg, problems: ev)
     return ev
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 from agent_fakes import FakeEvaluator, kernel, make_config, make_runner, reply
-
-from agent.components import load_problems
-from agent.config import ConfigError
+from kloop.agent.components import load_problems
+from kloop.agent.config import ConfigError
 
 
 def run(runner):
@@ -141,9 +140,9 @@ def test_a_resumed_addressed_run_continues_with_the_replies_of_its_turns(tmp_pat
     """Addressed replies need no position: a run whose script lacked some turns stops those
     episodes as infrastructure faults; resumed with the whole script, it asks for exactly the
     missing turns by address, at any concurrency."""
-    from agent.models.scripted import ScriptedModel
-    from agent.store import RunStore
-    from agent.strategies import Runner
+    from kloop.agent.models.scripted import ScriptedModel
+    from kloop.agent.store import RunStore
+    from kloop.agent.strategies import Runner
 
     replies = _addressed(["L3/1"], 2, 3)
     have = [r for r in replies if (r["at"]["episode"], r["at"]["turn"]) in {(0, 1), (0, 2), (1, 1)}]
@@ -181,7 +180,7 @@ def test_ordered_replies_run_one_episode_at_a_time(tmp_path, caplog):
     ([{"text": "a", "at": {"problem": "L3/1", "episode": 0, "turn": 0}}], "greater than or equal"),
 ])
 def test_a_badly_addressed_script_is_refused_with_the_entry_named(entries, match):
-    from agent.models.scripted import ScriptedModel
+    from kloop.agent.models.scripted import ScriptedModel
 
     with pytest.raises(ValueError, match=match):
         ScriptedModel(entries)

@@ -4,17 +4,16 @@ interval clears the incumbent's; a close call keeps the incumbent and is recorde
 from __future__ import annotations
 
 from agent_fakes import FakeEvaluator, kernel, make_config, make_runner, reply, with_interval
-
-from agent.budget import Spend
-from agent.components import load_problems
-from agent.models.base import ModelReply, Usage
-from agent.models.scripted import ScriptedModel
-from agent.records import TurnRecord
-from agent.store import RunStore
-from agent.strategies import Runner
-from agent.tally import best_turn, challenge
-from agent.tree import Tree, draw, node_value
-from problems.registry import get_problem
+from kloop.agent.budget import Spend
+from kloop.agent.components import load_problems
+from kloop.agent.models.base import ModelReply, Usage
+from kloop.agent.models.scripted import ScriptedModel
+from kloop.agent.records import TurnRecord
+from kloop.agent.store import RunStore
+from kloop.agent.strategies import Runner
+from kloop.agent.tally import best_turn, challenge
+from kloop.agent.tree import Tree, draw, node_value
+from kloop.problems.registry import get_problem
 
 PROBLEM = get_problem("L3/1")
 
@@ -127,7 +126,7 @@ class HeadToHeadEvaluator(FakeEvaluator):
         self.ratio, self.interval, self.compared = ratio, interval, []
 
     def head_to_head(self, problem, challenger, incumbent):
-        from evaluator.result import HeadToHead
+        from kloop.evaluator.common.result import HeadToHead
 
         self.compared.append((challenger, incumbent))
         result = self.evaluate(problem, challenger)

@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 from agent_fakes import EAGER_MS, FakeEvaluator, kernel, make_config, make_runner, reply, run_kloop
-
-from agent import replay as replay_lib
-from agent.components import load_problems
-from agent.config import ConfigError
-from agent.models.scripted import ScriptedModel
-from agent.records import NodeAddress, TurnRef
-from agent.replay_cli import fork_point
-from agent.store import RunStore
-from agent.strategies import Runner
+from kloop.agent import replay as replay_lib
+from kloop.agent.components import load_problems
+from kloop.agent.config import ConfigError
+from kloop.agent.models.scripted import ScriptedModel
+from kloop.agent.records import NodeAddress, TurnRef
+from kloop.agent.replay_cli import fork_point
+from kloop.agent.store import RunStore
+from kloop.agent.strategies import Runner
 
 # What each episode's reply holds (every episode here runs one turn unless a test says otherwise):
 # speedups vs eager 1x, 2x, wrong, 4x, syntax error, 2.5x.
@@ -215,7 +214,7 @@ def test_a_batch_step_spreads_its_picks(tmp_path):
 def test_the_report_draws_the_tree_beside_beam_and_sequential_at_matched_budgets(tmp_path):
     """Three strategies of 6 calls each over the same replies: the report reads them at equal
     budgets and draws the tree run's tree."""
-    from agent.report.build import build_report, write_report
+    from kloop.agent.report.build import build_report, write_report
 
     flat = [reply(b, f"reply {i}") for i, b in enumerate(BODIES)]
     dirs = []
@@ -249,10 +248,9 @@ def test_the_example_sweep_compares_the_three_strategies_and_reports_the_tree(tm
     import shutil
 
     import yaml
-
-    from agent.components import build_model
-    from agent.report.build import build_report
-    from agent.sweep import run_sweep
+    from kloop.agent.components import build_model
+    from kloop.agent.report.build import build_report
+    from kloop.agent.sweep import run_sweep
 
     demo = Path(__file__).resolve().parents[2] / "agent" / "demo"
     data = yaml.safe_load((demo / "search.yaml").read_text())
@@ -280,7 +278,7 @@ def test_replay_of_a_tree_run_grows_the_same_tree(tmp_path):
 
 def test_records_from_before_turns_carried_their_parent_make_the_same_tree(tmp_path):
     """Older runs: a turn's parent is its episode's previous turn, or the episode record's parent."""
-    from agent.tree import Tree
+    from kloop.agent.tree import Tree
 
     runner, _ = tree_run(tmp_path, strategy={**TREE, "turns": 2}, run_id="two")
     turns, episodes = runner.store.turns(), runner.store.episodes()
@@ -294,7 +292,7 @@ def test_records_from_before_turns_carried_their_parent_make_the_same_tree(tmp_p
 def test_on_cpu_nodes_are_valued_and_drawn_by_cpu_time(tmp_path):
     """A host clock records no speedup; the ratio of CPU times still tells a 2 ms kernel from
     a 0.5 ms one, labelled as not comparable."""
-    from agent.tree import Tree, draw, node_value
+    from kloop.agent.tree import Tree, draw, node_value
 
     runner, _ = make_runner(tmp_path, script(), evaluator=FakeEvaluator(comparable=False),
                             strategy=TREE)

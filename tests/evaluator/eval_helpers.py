@@ -7,7 +7,7 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
-from evaluator.config import EvalConfig, StageTimeouts
+from kloop.evaluator.common.config import EvalConfig, StageTimeouts
 
 CANDIDATES = Path(__file__).parent / "candidates"
 
@@ -52,7 +52,7 @@ def plain_start() -> Iterator[None]:
     """Within the block, children of this process start as fresh interpreters, as where the
     template process cannot be used (not Linux, no subreaper): templates of their own that find
     it unusable, so the ones already running are left as they are."""
-    from evaluator import forkserver
+    from kloop.evaluator.procs import forkserver
 
     saved = forkserver._SERVERS, forkserver.usable
     forkserver._SERVERS = {k: forkserver.ForkServer(interpret=k) for k in (False, True)}

@@ -8,8 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from eval_helpers import MLP_SMALL, candidate, cpu_config
-
-from evaluator.pipeline import evaluate
+from kloop.evaluator.harness.pipeline import evaluate
 
 DEEP_NARROW = {"batch_size": 2, "input_size": 64, "hidden_layer_sizes": [32] * 16,
                "output_size": 128}

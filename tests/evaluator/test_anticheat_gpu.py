@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 from eval_helpers import MLP_SMALL, candidate
-
-from evaluator.config import EvalConfig
-from evaluator.pipeline import evaluate, evaluate_many
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.harness.pipeline import evaluate, evaluate_many
 
 pytestmark = pytest.mark.gpu
 
@@ -123,10 +122,9 @@ def test_triton_launches_are_counted_by_the_hook_and_a_zero_by_the_profiler(tmp_
     from types import SimpleNamespace
 
     import torch
-
-    from evaluator.worker import trials
-    from evaluator.worker.probes import custom_launches, hooked_triton_launches
-    from evaluator.worker.trials import Loaded, _gpu_launches
+    from kloop.evaluator.worker import trials
+    from kloop.evaluator.worker.probes import custom_launches, hooked_triton_launches
+    from kloop.evaluator.worker.trials import Loaded, _gpu_launches
 
     path = tmp_path / "add_one_kernel.py"
     path.write_text(_ADD_ONE)
@@ -161,9 +159,8 @@ def test_triton_launches_are_counted_by_the_hook_and_a_zero_by_the_profiler(tmp_
     monkeypatch.setattr(trials, "custom_launches", no_profiler)
     assert _gpu_launches(loaded, job, launch, launch)[1] == 1  # the hook's count
     monkeypatch.undo()
+    from kloop.evaluator.worker.probes import _launch_knobs
     from triton.compiler.compiler import LazyDict
-
-    from evaluator.worker.probes import _launch_knobs
 
     def fake() -> None:  # launches nothing, calls the hook with the kernel's name
         _launch_knobs().launch_enter_hook(LazyDict({"name": "add_one"}))

@@ -14,14 +14,13 @@ from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
-
-from evaluator import isolation
-from evaluator.build import buildcache
-from evaluator.checks import determinism
-from evaluator.config import get_policy
-from evaluator.protocol import ProblemSpec
-from evaluator.worker.construct import noisy_model
-from evaluator.worker.probes import Baseline, ghost_extensions, record_extension_outputs
+from kloop.evaluator.build import buildcache
+from kloop.evaluator.common.config import get_policy
+from kloop.evaluator.common.protocol import ProblemSpec
+from kloop.evaluator.harness.checks import determinism
+from kloop.evaluator.procs import isolation
+from kloop.evaluator.worker.construct import noisy_model
+from kloop.evaluator.worker.probes import Baseline, ghost_extensions, record_extension_outputs
 
 _SPEC = ProblemSpec(path="unused", sha256="0", overrides={}, device="cpu", precision="fp32",
                     allow_tf32=False)
@@ -245,7 +244,7 @@ def test_ghost_stubs_reach_the_function_wherever_the_candidate_keeps_it(monkeypa
 
 
 def test_ghost_check_is_inconclusive_when_other_inputs_give_the_same_output():
-    from evaluator.worker.trials import _Ghost, _ghost_verdict
+    from kloop.evaluator.worker.trials import _Ghost, _ghost_verdict
 
     out = [torch.linspace(0, 1, 16)]
     ghost = _Ghost([out[0].clone()], "3 kernel calls stubbed")
@@ -261,7 +260,7 @@ def test_ghost_check_is_inconclusive_when_other_inputs_give_the_same_output():
 
 
 def test_the_served_draw_seeds_the_same_streams_as_manual_seed():
-    from evaluator.worker.construct import seed_all
+    from kloop.evaluator.worker.construct import seed_all
 
     torch.manual_seed(77)
     want = (torch.randn(5), torch.randint(0, 9, (5,)), torch.rand(3))
@@ -275,8 +274,8 @@ def test_the_served_draw_seeds_the_same_streams_as_manual_seed():
 def test_a_ready_message_from_candidate_code_is_out_of_sequence():
     """The harness takes the child's `ready` before any candidate code is imported; one that
     comes later was written by candidate code (it would ask for the device lock again)."""
-    from evaluator.judge import Sequence, _out_of_sequence
-    from evaluator.protocol import ReadyMsg
+    from kloop.evaluator.common.protocol import ReadyMsg
+    from kloop.evaluator.harness.judge import Sequence, _out_of_sequence
 
     assert "ready" in (_out_of_sequence(Sequence(), ReadyMsg(), None) or "")
 
@@ -286,9 +285,8 @@ def test_the_launch_hook_counts_only_the_candidates_kernels_and_leaves_other_hoo
     object: launches (as the launcher reports them) of the candidate's kernels count, others
     (torch.compile's, say) do not; a hook the candidate set still runs; nothing is left behind."""
     import triton  # noqa: F401  (the probe looks for an imported Triton)
+    from kloop.evaluator.worker.probes import _launch_knobs, hooked_triton_launches
     from triton.compiler.compiler import LazyDict
-
-    from evaluator.worker.probes import _launch_knobs, hooked_triton_launches
 
     knobs = _launch_knobs()
     assert knobs is not None
@@ -325,7 +323,7 @@ def test_the_launch_hook_counts_only_the_candidates_kernels_and_leaves_other_hoo
 
 
 def test_a_ghost_verdict_of_the_hook_count_is_dropped_when_the_profiler_saw_bypasses():
-    from evaluator.worker.trials import _Ghost, _ghost_verdict, _rechecked
+    from kloop.evaluator.worker.trials import _Ghost, _ghost_verdict, _rechecked
 
     out = [torch.linspace(0, 1, 16)]
     ghost = _Ghost([out[0].clone()], "2 kernel calls stubbed", recheck=lambda: 4)
@@ -342,10 +340,9 @@ def test_a_launch_hook_the_candidate_calls_itself_is_no_launch(monkeypatch):
     Triton's launch hook with its kernel's name. No real launch went through Triton's JIT entry,
     so the count comes from the profiler (here a stand-in that launches nothing: 0)."""
     import triton  # noqa: F401  (the probe looks for an imported Triton)
+    from kloop.evaluator.worker import trials
+    from kloop.evaluator.worker.probes import _launch_knobs
     from triton.compiler.compiler import LazyDict
-
-    from evaluator.worker import trials
-    from evaluator.worker.probes import _launch_knobs
 
     knobs = _launch_knobs()
     assert knobs is not None
@@ -398,11 +395,10 @@ def test_a_real_launch_of_another_kernel_and_a_faked_hook_are_no_launch_of_its_o
     takes only the candidate's own kernels, so the profiler decides (its stand-in: 0)."""
     import importlib.util
 
+    from kloop.evaluator.worker import trials
+    from kloop.evaluator.worker.probes import _launch_knobs, triton_launches
     from triton.compiler.compiler import LazyDict
     from triton.runtime.interpreter import InterpretedFunction
-
-    from evaluator.worker import trials
-    from evaluator.worker.probes import _launch_knobs, triton_launches
 
     path = tmp_path / "two_kernels.py"
     path.write_text(_TWO_KERNELS)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from evaluator.backend import cuda_kernel_names, custom_kernel_names, detect_backend
+from kloop.evaluator.common.backend import cuda_kernel_names, custom_kernel_names, detect_backend
 
 FIXTURES = Path(__file__).parent / "fixtures_e2"
 

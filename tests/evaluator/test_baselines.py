@@ -8,16 +8,21 @@ from pathlib import Path
 
 import pytest
 from eval_helpers import UNCOMPILABLE, candidate, cpu_config
-
-from evaluator.baselines import BestBaseline, best_of
-from evaluator.isolation import private_dir
-from evaluator.outcome import Decided, Measured
-from evaluator.pipeline import evaluate
-from evaluator.protocol import TimingSpec
-from evaluator.reference import BaselineRecord, ReferenceOutput, Serving, _cached, _store
-from evaluator.result import BoundedEvents, EnvInfo, EvalResult, TimingStats
-from evaluator.state import EvalRun
-from problems.registry import get_problem, load_problem_set, reference_as_candidate
+from kloop.evaluator.common.protocol import TimingSpec
+from kloop.evaluator.common.result import BoundedEvents, EnvInfo, EvalResult, TimingStats
+from kloop.evaluator.harness.baselines import BestBaseline, best_of
+from kloop.evaluator.harness.outcome import Decided, Measured
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.harness.reference import (
+    BaselineRecord,
+    ReferenceOutput,
+    Serving,
+    _cached,
+    _store,
+)
+from kloop.evaluator.harness.state import EvalRun
+from kloop.evaluator.procs.isolation import private_dir
+from kloop.problems.registry import get_problem, load_problem_set, reference_as_candidate
 
 
 def stats(ms: float, events_ms: float | None = None) -> TimingStats:

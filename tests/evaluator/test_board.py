@@ -7,9 +7,8 @@ import threading
 import time
 
 from eval_helpers import candidate, cpu_config
-
-from evaluator import board
-from evaluator.pipeline import evaluate_many
+from kloop.evaluator.harness.pipeline import evaluate_many
+from kloop.evaluator.procs import board
 
 
 def test_evaluations_pass_through_build_and_device_and_leave_nothing_behind(cache_dir):
@@ -37,9 +36,8 @@ def test_evaluations_pass_through_build_and_device_and_leave_nothing_behind(cach
 
 
 def test_the_progress_line_names_the_phases():
+    from kloop.agent.run import PipelineColumn
     from rich.progress import Progress
-
-    from agent.run import PipelineColumn
 
     progress = Progress()
     progress.add_task("turns")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import evaluator
+from kloop import evaluator
 
 ROOT = Path(evaluator.__file__).parent
 # Modules that run inside worker processes (candidate or reference).
@@ -25,7 +25,7 @@ def _imports(path: Path) -> set[str]:
 
 def test_worker_code_never_imports_harness_code():
     offenders = {
-        p.name: sorted(n for n in _imports(p) if n.startswith("evaluator.harness"))
+        p.name: sorted(n for n in _imports(p) if n.startswith("kloop.evaluator.harness"))
         for p in WORKER_MODULES
     }
     assert {k: v for k, v in offenders.items() if v} == {}
@@ -33,6 +33,6 @@ def test_worker_code_never_imports_harness_code():
 
 def test_the_boundary_test_sees_an_import():
     sample = ROOT / "harness" / "timed.py"
-    assert any(n.startswith("evaluator.harness") for n in _imports(sample))
+    assert any(n.startswith("kloop.evaluator.harness") for n in _imports(sample))
     assert {p.name for p in WORKER_MODULES} >= {"serve.py", "child.py", "candidate.py",
                                                 "trials.py", "probes.py", "construct.py"}

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 from eval_helpers import candidate, cpu_config
-
-from evaluator.pipeline import evaluate, evaluate_many
+from kloop.evaluator.harness.pipeline import evaluate, evaluate_many
 
 BROKEN = [
     "syntax_error.py", "no_modelnew.py", "off_by_little.py", "wrong_shape.py",

@@ -20,9 +20,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from evaluator import isolation
-from evaluator.build import buildcache, buildstore
+from kloop.evaluator.build import buildcache, buildstore
+from kloop.evaluator.procs import isolation
 
 REPO = Path(__file__).resolve().parents[2]
 EXT = """#include <pybind11/pybind11.h>
@@ -44,7 +43,7 @@ VALUE = ext.twice(21)
 ATTACKER = f'''import hashlib, json, os, shutil
 from pathlib import Path
 from torch.utils.cpp_extension import load_inline
-from evaluator.build import buildcache
+from kloop.evaluator.build import buildcache
 
 HONEST = {HONEST!r}
 PAYLOAD = {PAYLOAD!r}
@@ -78,10 +77,10 @@ VALUE = ext.twice(21)
 
 CHILD = """
 import json, sys
-from evaluator import isolation
-from evaluator.build import buildcache
-from evaluator.worker.candidate import _install_build_cache
-from evaluator.worker.child import import_candidate
+from kloop.evaluator.procs import isolation
+from kloop.evaluator.build import buildcache
+from kloop.evaluator.worker.candidate import _install_build_cache
+from kloop.evaluator.worker.child import import_candidate
 isolation.confine_child()
 _install_build_cache(sys.argv[1], sys.argv[2], check_only=False)
 mod = import_candidate(sys.argv[2])
@@ -276,10 +275,10 @@ def test_staging_never_follows_a_link_put_in_place_of_its_directory(tmp_path, st
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the vault needs a root harness")
 def test_store_and_baselines_sit_in_the_vault(tmp_path):
-    from evaluator.config import EvalConfig
-    from evaluator.stages import reference_serving
-    from evaluator.state import EvalRun
-    from problems.registry import get_problem
+    from kloop.evaluator.common.config import EvalConfig
+    from kloop.evaluator.harness.stages import reference_serving
+    from kloop.evaluator.harness.state import EvalRun
+    from kloop.problems.registry import get_problem
 
     cache = tmp_path / "cache"
     run = EvalRun.create(get_problem("L3/1"), "x = 1\n", EvalConfig(device="cpu", cache_dir=cache))
@@ -328,8 +327,7 @@ class ModelNew(nn.Module):
 @pytest.mark.slow
 def test_the_compile_stage_installs_and_the_next_evaluation_hits(tmp_path):
     from eval_helpers import cpu_config
-
-    from evaluator.pipeline import evaluate
+    from kloop.evaluator.harness.pipeline import evaluate
 
     config = cpu_config(tmp_path / "cache")
     first = evaluate("L3/1", E2E, config)
@@ -362,7 +360,7 @@ def nvcc_poisoner(honest: str) -> str:
     return E2E.replace('"""L3/1 with', '"""Poisons nvcc checks; L3/1 with', 1) + f'''
 import os, shutil
 from pathlib import Path
-from evaluator.build import nvcc
+from kloop.evaluator.build import nvcc
 
 FORGED = nvcc.RawCheck(returncodes=[1], output="cuda.cu(12): error: forged by another file",
                        seconds=1.0)
@@ -384,9 +382,8 @@ for target in (Path(os.environ[nvcc.CHECK_VERIFIED_ENV]),
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_a_forged_nvcc_check_never_speaks_for_another_file(tmp_path, monkeypatch):
     from eval_helpers import candidate, cpu_config
-
-    from evaluator.build import nvcc
-    from evaluator.pipeline import evaluate
+    from kloop.evaluator.build import nvcc
+    from kloop.evaluator.harness.pipeline import evaluate
 
     honest = candidate("mlp_cuda_relu.py")
     poisoner = nvcc_poisoner(honest)

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from evaluator.buildslots import build_slot
+from kloop.evaluator.procs.buildslots import build_slot
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,13 +11,12 @@ import sys
 
 import pytest
 from eval_helpers import candidate, cpu_config, drop_rows
-
-from evaluator import isolation
-from evaluator.judge import candidate_job
-from evaluator.pipeline import evaluate
-from evaluator.stages import forward_command, reference_job
-from evaluator.state import EvalRun
-from problems.registry import get_problem
+from kloop.evaluator.harness.judge import candidate_job
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.harness.stages import forward_command, reference_job
+from kloop.evaluator.harness.state import EvalRun
+from kloop.evaluator.procs import isolation
+from kloop.problems.registry import get_problem
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Linux scheduling and /proc")
 

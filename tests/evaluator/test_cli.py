@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 from eval_helpers import CANDIDATES, MLP_SMALL
-
-from evaluator.result import EvalResult
+from kloop.evaluator.common.result import EvalResult
 
 REPO = Path(__file__).resolve().parents[2]
 SIZES = [arg for k, v in MLP_SMALL.items() for arg in ("--set", f"{k}={json.dumps(v)}")]
@@ -57,8 +56,7 @@ def test_baseline_times_and_caches_the_reference(cache_dir):
 
 def test_small_sizes_on_a_gpu_come_with_a_warning_and_never_on_cpu(monkeypatch):
     import torch
-
-    from evaluator.cli import small_on_gpu
+    from kloop.evaluator.tools.cli import small_on_gpu
 
     assert small_on_gpu("small", "cpu") is None
     assert small_on_gpu("full", "cuda") is None

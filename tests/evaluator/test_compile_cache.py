@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from evaluator.build import buildcache
+from kloop.evaluator.build import buildcache
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures_e2"
@@ -28,7 +27,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("twice", &twice); }
 CPU_SCRIPT = f"""
 import json, sys
 from pathlib import Path
-from evaluator.build import buildcache
+from kloop.evaluator.build import buildcache
 buildcache.install_load_inline_cache(Path(sys.argv[1]), arch=None)
 from torch.utils.cpp_extension import load_inline
 m = load_inline(name="kloop_cpu_twice", cpp_sources={CPU_EXT!r}, no_implicit_headers=True)
@@ -40,7 +39,7 @@ GPU_SCRIPT = """
 import json, runpy, sys
 from pathlib import Path
 import torch
-from evaluator.build import buildcache
+from kloop.evaluator.build import buildcache
 buildcache.install_load_inline_cache(Path(sys.argv[1]), arch=None)
 ns = runpy.run_path(sys.argv[2])
 a = torch.randn(1000, device="cuda"); b = torch.randn(1000, device="cuda")
@@ -130,7 +129,7 @@ def test_key_tracks_what_changes_the_binary():
 PARALLEL_NVCC_SCRIPT = """
 import json, os, sys
 from torch.utils import cpp_extension
-from evaluator.build import buildcache
+from kloop.evaluator.build import buildcache
 cpp_extension.CUDA_HOME = sys.argv[1] or None  # what a CUDA build of torch finds (CPU: None)
 print(json.dumps({"env": buildcache.parallel_nvcc_env(), "left": os.environ.get("PYTORCH_NVCC")}))
 """
@@ -162,7 +161,7 @@ def test_torchs_build_calls_the_parallel_nvcc_unless_the_user_chose_one():
 CPU_SCRIPT_ENV_AFTER = """
 import json, os, sys
 from pathlib import Path
-from evaluator.build import buildcache
+from kloop.evaluator.build import buildcache
 buildcache.install_load_inline_cache(Path(sys.argv[1]), arch=None)
 from torch.utils.cpp_extension import load_inline
 load_inline(name="kloop_cpu_twice_env", cpp_sources={src!r}, no_implicit_headers=True)

@@ -7,15 +7,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from evaluator.build.diagnostics import (
+from kloop.evaluator.build.diagnostics import (
     LOG_TAIL_BYTES,
     build_source_map,
     diagnostic_from_exception,
     make_compile_log,
     parse_nvcc_log,
 )
-from evaluator.resources import parse_ptxas_verbose
+from kloop.evaluator.common.resources import parse_ptxas_verbose
 
 FIXTURES = Path(__file__).parent / "fixtures_e2"
 BUILD = "/root/.cache/torch_extensions/py311_cu130/add_ext"
@@ -178,7 +177,7 @@ def test_compile_log_keeps_a_tail_and_writes_the_full_log(tmp_path):
 
 
 def test_candidate_arch_flags_are_dropped_for_the_check():
-    from evaluator.build.nvcc import without_arch_flags
+    from kloop.evaluator.build.nvcc import without_arch_flags
 
     flags = ["-O3", "-arch=sm_80", "--use_fast_math", "-gencode", "arch=compute_90,code=sm_90",
              "-gencode=arch=compute_80,code=sm_80", "-lineinfo"]
@@ -186,7 +185,7 @@ def test_candidate_arch_flags_are_dropped_for_the_check():
 
 
 def test_bound_function_missing_from_cpp_sources_is_reported():
-    from evaluator.build.nvcc import _undeclared
+    from kloop.evaluator.build.nvcc import _undeclared
 
     cpp = "torch::Tensor fwd(torch::Tensor x);  // bwd( is only mentioned in a comment"
     cand = f'CPP = "{cpp}"\n'

@@ -12,9 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from evaluator.build import buildcache
-from evaluator.build.nvcc import CHECK_CACHE_ENV, nvcc_check
+from kloop.evaluator.build import buildcache
+from kloop.evaluator.build.nvcc import CHECK_CACHE_ENV, nvcc_check
 
 FIXTURES = Path(__file__).parent / "fixtures_e2"
 
@@ -114,8 +113,7 @@ def test_cuda_context_include_is_checked_completely(tmp_path):
     scripts/cuda_headers.sh installs: with them, a type error is reported at the candidate's line
     and a correct file gets a complete check."""
     from eval_helpers import candidate, cpu_config
-
-    from evaluator.pipeline import evaluate_many
+    from kloop.evaluator.harness.pipeline import evaluate_many
 
     ok, broken = evaluate_many(
         [("L3/1", candidate("mlp_cuda_context_ok.py")),
@@ -136,7 +134,7 @@ def test_the_toolkit_headers_are_found_through_a_wrapper_nvcc(tmp_path, monkeypa
     """g++'s check of main.cpp needs the toolkit's headers (`<c10/cuda/CUDAStream.h>` includes
     `cuda_runtime_api.h`); an `nvcc` on PATH that is a wrapper script has no toolkit beside it,
     so they come from nvcc's own `--dryrun`."""
-    from evaluator.build import nvcc
+    from kloop.evaluator.build import nvcc
 
     wrapper = tmp_path / "bin" / "nvcc"
     wrapper.parent.mkdir()
@@ -157,8 +155,7 @@ def test_the_prompts_cuda_form_passes_the_cpu_check(tmp_path):
     include `<c10/cuda/CUDAStream.h>`) is checked completely on a host without a GPU: the
     prompt's own example, and a candidate written that way."""
     from eval_helpers import candidate, cpu_config
-
-    from evaluator.pipeline import evaluate
+    from kloop.evaluator.harness.pipeline import evaluate
 
     text = (Path(__file__).parents[2] / "prompts" / "_example_cuda.j2").read_text()
     s = strings(text.split("```python\n", 1)[1].split("```", 1)[0])

@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from evaluator.build.triton_aot import TritonLaunch
-from evaluator.result import CompileLog, ProfileSummary
+from kloop.evaluator.build.triton_aot import TritonLaunch
+from kloop.evaluator.common.result import CompileLog, ProfileSummary
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures_e2"
@@ -27,9 +26,9 @@ import importlib.util, json, os, sys
 from pathlib import Path
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
-from evaluator.build import triton_aot as ta
-from evaluator.backend import custom_kernel_names
-from evaluator.worker.profile import profile_forward
+from kloop.evaluator.build import triton_aot as ta
+from kloop.evaluator.common.backend import custom_kernel_names
+from kloop.evaluator.worker.profile import profile_forward
 
 fixtures, work = Path(sys.argv[1]), Path(sys.argv[2])
 assert ta.install_triton_launch_recorder()

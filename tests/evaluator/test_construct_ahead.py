@@ -18,8 +18,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-from evaluator import forkserver, isolation
+from kloop.evaluator.procs import forkserver, isolation
 
 pytestmark = pytest.mark.skipif(
     not (forkserver.usable() and isolation.can_grant()),
@@ -51,8 +50,7 @@ def test_a_retry_names_the_first_cuda_query_made_before_the_lock():
     """What a retry's flag says about its cause: the first `torch.cuda` query made while the
     build ahead ran, where it was made; the functions are torch's own again afterwards."""
     import torch
-
-    from evaluator.worker.ahead import CudaQueries
+    from kloop.evaluator.worker.ahead import CudaQueries
 
     before = torch.cuda.is_available
     CudaQueries.first = None
@@ -71,10 +69,9 @@ def test_a_child_not_kept_from_the_device_builds_under_the_lock_and_says_so(tmp_
     result says the lock paid for the build."""
     sys.path.insert(0, str(Path(__file__).parent))
     from eval_helpers import cpu_config
-
-    from evaluator.pipeline import evaluate
-    from evaluator.sandbox import KLOOP_ROOT
-    from problems.registry import get_problem, reference_as_candidate
+    from kloop.evaluator.harness.pipeline import evaluate
+    from kloop.evaluator.procs.sandbox import KLOOP_ROOT
+    from kloop.problems.registry import get_problem, reference_as_candidate
 
     # Beside kloop's own files, which every child sees: under /tmp (tmp_path) the host view
     # hides the whole directory, and a path the child cannot see at all it is kept from.

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 from eval_helpers import candidate, cpu_config, drop_rows
-
-from evaluator import isolation
-from evaluator.pipeline import evaluate, evaluate_many
+from kloop.evaluator.harness.pipeline import evaluate, evaluate_many
+from kloop.evaluator.procs import isolation
 
 pytestmark = pytest.mark.skipif(not isolation.can_change_uid(), reason="needs a root harness")
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import threading
 
 import torch
+from kloop.evaluator.harness import cputhreads
 from test_trusted_clock import _serve
-
-from evaluator.harness import cputhreads
 
 
 def _in_thread(fn):

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 from eval_helpers import candidate, cpu_config
-
-from evaluator.pipeline import evaluate_many
+from kloop.evaluator.harness.pipeline import evaluate_many
 
 
 @pytest.mark.slow

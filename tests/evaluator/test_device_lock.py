@@ -14,7 +14,7 @@ import pytest
 _HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from evaluator.devicelock import device_lock
+    from kloop.evaluator.procs.devicelock import device_lock
     with device_lock("cuda:0", Path(sys.argv[2])):
         start = time.time()
         time.sleep(1.0)
@@ -50,8 +50,8 @@ def test_processes_with_different_lock_dirs_overlap(tmp_path):
 _RUN_HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from evaluator.config import EvalConfig
-    from evaluator.state import EvalRun
+    from kloop.evaluator.common.config import EvalConfig
+    from kloop.evaluator.harness.state import EvalRun
     run = EvalRun.__new__(EvalRun)  # only what gpu_lock reads
     run.config = EvalConfig(cache_dir=Path(sys.argv[2]))
     run.device = "cuda:0"
@@ -77,7 +77,7 @@ def test_runs_with_different_cache_dirs_wait_for_each_other(tmp_path, monkeypatc
 
 
 def test_one_gpu_named_two_ways_has_one_lock(monkeypatch):
-    from evaluator.state import gpu_lock_name
+    from kloop.evaluator.harness.state import gpu_lock_name
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")  # one process: GPU 1 is its cuda:1
     second, first = gpu_lock_name("cuda:1"), gpu_lock_name("cuda")
@@ -90,7 +90,7 @@ def test_one_gpu_named_two_ways_has_one_lock(monkeypatch):
 
 
 def test_a_lock_dir_that_is_not_ours_is_refused(tmp_path, monkeypatch):
-    from evaluator.isolation import host_lock_dir
+    from kloop.evaluator.procs.isolation import host_lock_dir
 
     target = tmp_path / "elsewhere"
     target.mkdir()
@@ -112,8 +112,8 @@ def _observed(monkeypatch, lock_dir: Path):
     import threading
     import time
 
-    from evaluator.devicelock import device_lock
-    from evaluator.state import EvalRun
+    from kloop.evaluator.harness.state import EvalRun
+    from kloop.evaluator.procs.devicelock import device_lock
 
     record: list[dict] = []
     spawn = EvalRun.spawn
@@ -147,8 +147,7 @@ def _observed(monkeypatch, lock_dir: Path):
 def test_the_device_lock_is_taken_after_the_child_started_and_given_back_after_it_ended(
         monkeypatch, tmp_path):
     from eval_helpers import candidate, cpu_config
-
-    from evaluator.pipeline import evaluate
+    from kloop.evaluator.harness.pipeline import evaluate
 
     record = _observed(monkeypatch, tmp_path / "locks")
     r = evaluate("L3/1", candidate("mlp_torch.py"), cpu_config(tmp_path / "cache"))
@@ -167,8 +166,7 @@ def test_the_device_lock_is_taken_after_the_child_started_and_given_back_after_i
 def test_two_evaluations_start_their_processes_while_the_other_holds_the_device(
         monkeypatch, tmp_path):
     from eval_helpers import candidate, cpu_config
-
-    from evaluator.pipeline import evaluate_many
+    from kloop.evaluator.harness.pipeline import evaluate_many
 
     record = _observed(monkeypatch, tmp_path / "locks")
     results = evaluate_many([("L3/1", candidate("mlp_torch.py"))] * 2,
@@ -187,8 +185,7 @@ def test_each_device_child_reports_how_long_it_held_the_device(tmp_path):
     `correctness`: the breakdown bench/throughput.py prints."""
     sys.path.insert(0, str(Path(__file__).parent))
     from eval_helpers import candidate, cpu_config
-
-    from evaluator.pipeline import evaluate
+    from kloop.evaluator.harness.pipeline import evaluate
 
     r = evaluate("L3/1", candidate("mlp_torch.py"), cpu_config(tmp_path / "c", baselines="eager"))
     s = r.stage_seconds

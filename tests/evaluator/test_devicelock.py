@@ -14,13 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
-
-from evaluator.devicelock import device_lock
+from kloop.evaluator.procs.devicelock import device_lock
 
 _HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from evaluator.devicelock import device_lock
+    from kloop.evaluator.procs.devicelock import device_lock
     out, lock_dir, hold = sys.argv[1:4]
     with device_lock("cuda:0", Path(lock_dir)):
         Path(out + ".in").write_text("")
@@ -30,7 +29,7 @@ _HOLDER = textwrap.dedent("""
 _ACQUIRE = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from evaluator.devicelock import device_lock
+    from kloop.evaluator.procs.devicelock import device_lock
     device, lock_dir = sys.argv[1:3]
     with device_lock(device, Path(lock_dir)):
         pass

@@ -7,11 +7,10 @@ import threading
 
 import pytest
 from eval_helpers import candidate, cpu_config
-
-from evaluator import devicepool
-from evaluator.pipeline import evaluate
-from evaluator.state import EvalRun
-from problems.registry import get_problem
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.harness.state import EvalRun
+from kloop.evaluator.procs import devicepool
+from kloop.problems.registry import get_problem
 
 
 def busy(prefix: str = "cuda") -> dict[str, int]:

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from evaluator.harness import expected as expected_mod
-from evaluator.harness.expected import ExpectedStore
+from kloop.evaluator.harness import expected as expected_mod
+from kloop.evaluator.harness.expected import ExpectedStore
 
 
 def _edge_pair(dtype: torch.dtype, n: int = 4096, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -84,9 +83,8 @@ def test_sampled_outputs_are_tested_at_the_same_secret_positions(monkeypatch):
 def _served(outs: list[torch.Tensor]):
     """`outs` as a served call leaves them: in one buffer laid out by `ServeLayout`."""
     import numpy as np
-
-    from evaluator.harness.output import Output
-    from evaluator.worker.serve import ServeLayout
+    from kloop.evaluator.harness.output import Output
+    from kloop.evaluator.worker.serve import ServeLayout
 
     layout = ServeLayout.of([(list(o.shape), str(o.dtype)) for o in outs])
     buf = np.zeros(layout.total, dtype=np.uint8)
@@ -117,7 +115,7 @@ def test_a_sampled_store_reads_only_its_positions_of_a_served_output(monkeypatch
     """The reference's and the candidate's outputs come as served `Output`s: a sampled store
     keeps and compares the same elements it would have taken from whole tensors, and never
     copies an output out whole (the cost it exists to avoid)."""
-    from evaluator.harness.output import Output
+    from kloop.evaluator.harness.output import Output
 
     monkeypatch.setattr(expected_mod, "FULL_BUDGET_BYTES", 1024)
 

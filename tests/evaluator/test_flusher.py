@@ -10,9 +10,8 @@ import signal
 
 import pytest
 from eval_helpers import candidate, cpu_config
-
-from evaluator.harness.flusher import Flusher, FlushFailed, flusher
-from evaluator.pipeline import evaluate
+from kloop.evaluator.harness.flusher import Flusher, FlushFailed, flusher
+from kloop.evaluator.harness.pipeline import evaluate
 
 
 def test_every_served_call_is_preceded_by_a_trusted_flush(tmp_path):

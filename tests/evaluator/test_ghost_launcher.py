@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from evaluator.worker.probes import _launcher_class, function_name, ghost_compiled_launches
+from kloop.evaluator.worker.probes import _launcher_class, function_name, ghost_compiled_launches
 
 KERNELS = '''
 import triton

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import pytest
 from eval_helpers import MLP_SMALL, UNCOMPILABLE, candidate
-
-from evaluator.config import EvalConfig
-from evaluator.isolation import private_dir
-from evaluator.pipeline import evaluate
-from evaluator.reference import BaselineRecord
-from problems.registry import load_problem_set, reference_as_candidate
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.harness.reference import BaselineRecord
+from kloop.evaluator.procs.isolation import private_dir
+from kloop.problems.registry import load_problem_set, reference_as_candidate
 
 pytestmark = pytest.mark.gpu
 

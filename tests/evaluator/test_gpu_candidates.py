@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import pytest
 from eval_helpers import MLP_SMALL, candidate
-
-from evaluator.config import EvalConfig, StageTimeouts
-from evaluator.pipeline import evaluate, evaluate_many
+from kloop.evaluator.common.config import EvalConfig, StageTimeouts
+from kloop.evaluator.harness.pipeline import evaluate, evaluate_many
 
 pytestmark = pytest.mark.gpu
 
@@ -173,9 +172,9 @@ def test_ncu_metrics_for_the_top_custom_kernel(cache_dir):
 def test_ncu_table_for_a_triton_candidate(cache_dir):
     """`eval.ncu: true` on a Triton MLP: one ncu run (under the sandbox identity, as every ncu
     pass) profiles its kernel with every curated metric, and the feedback's table shows it."""
-    from agent.prompts import PromptSet
-    from evaluator.ncu import METRICS, STALL_REASONS
-    from evaluator.resources import bare_name
+    from kloop.agent.prompts import PromptSet
+    from kloop.evaluator.common.resources import bare_name
+    from kloop.evaluator.harness.ncu import METRICS, STALL_REASONS
 
     r = evaluate("L3/1", candidate("mlp_triton.py"),
                  gpu_config(cache_dir, problem_overrides=MLP_MEDIUM, ncu=True))
@@ -200,8 +199,7 @@ def test_ncu_table_for_a_triton_candidate(cache_dir):
 
 def test_the_served_draw_seeds_cuda_streams_as_manual_seed_does():
     import torch
-
-    from evaluator.worker.construct import seed_all
+    from kloop.evaluator.worker.construct import seed_all
 
     torch.manual_seed(91)
     want = torch.randn(1000, device="cuda"), torch.randint(0, 7, (50,), device="cuda")
@@ -220,7 +218,7 @@ def test_a_profiled_process_launches_as_fast_afterwards_with_the_childrens_envir
     import os
     from pathlib import Path
 
-    from evaluator.sandbox import child_env
+    from kloop.evaluator.procs.sandbox import child_env
 
     spec = importlib.util.spec_from_file_location(
         "bench_cupti", Path(__file__).resolve().parents[2] / "bench" / "cupti.py")

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 from eval_helpers import MLP_SMALL, candidate, cpu_config
-
-from evaluator.harness import gpustate
-from evaluator.pipeline import evaluate
-from evaluator.protocol import TimingSpec
-from evaluator.reference import timing_key
+from kloop.evaluator.common.protocol import TimingSpec
+from kloop.evaluator.harness import gpustate
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.harness.reference import timing_key
 
 
 def test_a_baseline_key_names_how_calls_are_timed_not_which_gpu():
@@ -42,7 +41,7 @@ def test_each_timing_carries_the_gpu_state_around_its_calls(tmp_path):
 
 
 def _timed(before: int | None, after: int | None, limits: list[str] | None = None):
-    from evaluator.result import GpuSample, TimingStats
+    from kloop.evaluator.common.result import GpuSample, TimingStats
 
     def s(mhz):
         return None if mhz is None else GpuSample(sm_clock_mhz=mhz, clock_limits=limits)
@@ -61,10 +60,9 @@ def _timed(before: int | None, after: int | None, limits: list[str] | None = Non
 ])
 def test_a_speedup_on_two_clocks_or_a_throttled_gpu_is_flagged(tmp_path, cand, eager, flags):
     from eval_helpers import cpu_config
-
-    from evaluator.checks import gpu_conditions
-    from evaluator.state import EvalRun
-    from problems.registry import get_problem
+    from kloop.evaluator.harness.checks import gpu_conditions
+    from kloop.evaluator.harness.state import EvalRun
+    from kloop.problems.registry import get_problem
 
     run = EvalRun.create(get_problem("L3/1"), "", cpu_config(tmp_path / "cache"))
     try:

@@ -5,11 +5,10 @@ sleeps 50 ms more per call, or returns a wrong output."""
 from __future__ import annotations
 
 import pytest
-
-from evaluator.config import EvalConfig
-from evaluator.pipeline import head_to_head
-from evaluator.precheck import small_overrides
-from problems.registry import get_problem, reference_as_candidate
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.harness.pipeline import head_to_head
+from kloop.evaluator.harness.precheck import small_overrides
+from kloop.problems.registry import get_problem, reference_as_candidate
 
 pytestmark = pytest.mark.slow
 

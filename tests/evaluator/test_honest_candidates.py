@@ -12,8 +12,7 @@ from eval_helpers import (
     candidate,
     cpu_config,
 )
-
-from evaluator.pipeline import evaluate
+from kloop.evaluator.harness.pipeline import evaluate
 
 HONEST = [
     ("L3/1", "mlp_triton.py", MLP_SMALL),

@@ -57,7 +57,7 @@ HARNESS = textwrap.dedent('''
     from pathlib import Path
     sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests/evaluator"]
     from eval_helpers import candidate, cpu_config
-    from evaluator.pipeline import evaluate
+    from kloop.evaluator.harness.pipeline import evaluate
     base, looter = Path(sys.argv[2]), Path(sys.argv[3]).read_text()
     extra = {"sandbox_uid": None} if sys.argv[4] != "pool" else {}
     config = cpu_config(base / "cache", work_root=base / "work", **extra)
@@ -119,7 +119,7 @@ def _run(mode: str, home: Path, base: Path, name: str) -> list[dict]:
 
 def _mode_available(mode: str) -> str | None:
     """Why `mode` cannot run on this machine, or None."""
-    from evaluator import isolation
+    from kloop.evaluator.procs import isolation
 
     if mode == "pool":
         plan = isolation.plan_sandbox(2_000_000_000, False, REPO / "problems")

@@ -9,9 +9,8 @@ import secrets
 import time
 
 from eval_helpers import candidate, cpu_config
-
-from evaluator import isolation
-from evaluator.pipeline import evaluate
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.procs import isolation
 
 
 def test_next_candidate_after_a_crash_runs_fine(cache_dir):
@@ -81,14 +80,14 @@ def _sleepers(sleep_s: str) -> list[int]:
 
 
 def _sandbox_uid_works() -> bool:
-    from problems.registry import get_problem
+    from kloop.problems.registry import get_problem
 
     plan = isolation.plan_sandbox(65534, False, get_problem("L3/1").path)
     return plan.uid is not None
 
 
 def test_candidate_runs_under_the_planned_identity(cache_dir):
-    from problems.registry import get_problem
+    from kloop.problems.registry import get_problem
 
     config = cpu_config(cache_dir)
     plan = isolation.plan_sandbox(config.sandbox_uid, False, get_problem("L3/1").path)
@@ -118,7 +117,7 @@ def test_a_child_that_fills_the_shared_disk_is_killed(cache_dir):
 def test_the_disk_limit_counts_files_too(tmp_path):
     """Empty files take inodes, not space: a tree of too many entries is over the limit even
     though the free space hardly moved (tmpfs and most filesystems count inodes)."""
-    from evaluator.sandbox import DiskLimit
+    from kloop.evaluator.procs.sandbox import DiskLimit
 
     limit = DiskLimit(tmp_path, limit=1 << 40, max_files=200)
     assert not limit.exceeded()

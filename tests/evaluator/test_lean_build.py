@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from evaluator.build import lean, nvcc_parallel
+from kloop.evaluator.build import lean, nvcc_parallel
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 

@@ -13,9 +13,8 @@ import uuid
 
 import pytest
 from eval_helpers import candidate, cpu_config, drop_rows
-
-from evaluator import isolation
-from evaluator.pipeline import evaluate
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.procs import isolation
 
 PROBE = '''
 import ctypes as _c, json as _j, os as _o, socket as _s

@@ -13,8 +13,8 @@ import stat
 from pathlib import Path
 
 import pytest
-
-from evaluator.ncu import (
+from kloop.evaluator.common.result import NcuMetrics, ProfileSummary
+from kloop.evaluator.harness.ncu import (
     MAX_LAUNCHES,
     METRICS,
     STALL_METRICS,
@@ -25,8 +25,7 @@ from evaluator.ncu import (
     ncu_kernel_metrics,
     parse_ncu_kernels,
 )
-from evaluator.result import NcuMetrics, ProfileSummary
-from evaluator.worker.profile import summarise
+from kloop.evaluator.worker.profile import summarise
 
 CSV = (Path(__file__).resolve().parents[1] / "data" / "ncu_three_kernels.csv").read_text()
 NAMES = ["fused_linear_relu_kernel", "layernorm_kernel", "softmax_kernel"]

@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from evaluator.build import nvcc_parallel
+from kloop.evaluator.build import nvcc_parallel
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 
@@ -136,7 +135,7 @@ def test_what_it_cannot_split_runs_as_plain_nvcc(tmp_path):
 def test_it_splits_in_the_environment_compile_children_get(tmp_path):
     """The compile child's scrubbed environment (`sandbox.child_env`) is all a build gets: the
     split still happens there, and each run says what it did."""
-    from evaluator.sandbox import child_env
+    from kloop.evaluator.procs.sandbox import child_env
 
     (tmp_path / "home" / "tmp").mkdir(parents=True)
     env = child_env(tmp_path / "home", "cpu")

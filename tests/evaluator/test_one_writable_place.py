@@ -79,7 +79,7 @@ HARNESS = textwrap.dedent('''
     from pathlib import Path
     sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests/evaluator"]
     from eval_helpers import cpu_config
-    from evaluator.pipeline import evaluate
+    from kloop.evaluator.harness.pipeline import evaluate
     base = Path(sys.argv[2])
     extra = {"sandbox_uid": None} if sys.argv[3] != "pool" else {}
     config = cpu_config(base / "cache", work_root=base / "work", **extra)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from eval_helpers import cpu_config
-
-from evaluator.outcome import (
+from kloop.evaluator.common.result import CorrectnessTrial, ErrorInfo, TimingStats, Violation
+from kloop.evaluator.harness.outcome import (
     Decided,
     Entered,
     Flagged,
@@ -15,9 +15,8 @@ from evaluator.outcome import (
     Reached,
     violated,
 )
-from evaluator.result import CorrectnessTrial, ErrorInfo, TimingStats, Violation
-from evaluator.state import EvalRun
-from problems.registry import get_problem
+from kloop.evaluator.harness.state import EvalRun
+from kloop.problems.registry import get_problem
 
 
 @pytest.fixture

@@ -13,9 +13,8 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-
-from evaluator.harness.clock import CallChannel
-from evaluator.harness.paired import (
+from kloop.evaluator.harness.clock import CallChannel
+from kloop.evaluator.harness.paired import (
     NULLS_PER_ROUND,
     Side,
     own_handshake,
@@ -24,14 +23,14 @@ from evaluator.harness.paired import (
     speedup_interval,
     split_rounds,
 )
-from evaluator.worker.serve import OK, ServeLayout
+from kloop.evaluator.worker.serve import OK, ServeLayout
 
 LAYOUT = ServeLayout.of([([16], "torch.float32")])
 
 WORKER = textwrap.dedent('''
     import sys, time
     import torch
-    from evaluator.worker.serve import ServeLayout, Server
+    from kloop.evaluator.worker.serve import ServeLayout, Server
 
     req, rep, mem = (int(x) for x in sys.argv[1].split(","))
     server = Server(req, rep, mem, ServeLayout.model_validate_json(sys.argv[2]), "cpu")

@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from evaluator.build import cxx_pch, pch
+from kloop.evaluator.build import cxx_pch, pch
 
 REPO = Path(__file__).resolve().parents[2]
 needs_gxx = pytest.mark.skipif(shutil.which("c++") is None, reason="needs a host C++ compiler")

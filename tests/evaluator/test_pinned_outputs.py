@@ -12,9 +12,8 @@ import resource
 
 import pytest
 from eval_helpers import candidate, cpu_config
-
-from evaluator import isolation
-from evaluator.pipeline import evaluate
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.procs import isolation
 
 LOCK = '''
 import ctypes as _c, json as _j, mmap as _m, os as _o, resource as _r

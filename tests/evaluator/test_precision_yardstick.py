@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from evaluator.worker.reference_worker import _Float64Draws, float64_copy
+from kloop.evaluator.worker.reference_worker import _Float64Draws, float64_copy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exploits"))
 
@@ -59,9 +58,8 @@ def test_the_precision_check_runs_on_references_a_deep_copy_could_not_widen(
         problem, sizes, tmp_path):
     import exploit_cases
     from eval_helpers import cpu_config
-
-    from evaluator.pipeline import evaluate
-    from problems.registry import get_problem, reference_as_candidate
+    from kloop.evaluator.harness.pipeline import evaluate
+    from kloop.problems.registry import get_problem, reference_as_candidate
 
     source = reference_as_candidate(get_problem(problem).path.read_text())
     r = evaluate(problem, source, cpu_config(tmp_path / "cache", policy="strict",

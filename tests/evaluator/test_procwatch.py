@@ -9,8 +9,7 @@ import sys
 import textwrap
 
 import pytest
-
-from evaluator import procwatch
+from kloop.evaluator.procs import procwatch
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc")
 

@@ -12,15 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from evaluator.ncu import (
+from kloop.evaluator.harness.ncu import (
     dominant_custom_kernels,
     kernels_regex,
     ncu_command,
     ncu_metrics,
     parse_ncu_csv,
 )
-from evaluator.worker.profile import profile_forward, render_profile, summarise
+from kloop.evaluator.worker.profile import profile_forward, render_profile, summarise
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from evaluator import isolation
-from evaluator.config import EvalConfig
-from evaluator.pipeline import evaluate
-from evaluator.protocol import ProblemSpec, ReferenceJob, RefTrial
-from evaluator.worker import reference_worker
-from evaluator.worker.construct import construct, draw_inputs, init_inputs, load_problem
-from problems.registry import get_problem, load_problem_set, reference_as_candidate
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.common.protocol import ProblemSpec, ReferenceJob, RefTrial
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.procs import isolation
+from kloop.evaluator.worker import reference_worker
+from kloop.evaluator.worker.construct import construct, draw_inputs, init_inputs, load_problem
+from kloop.problems.registry import get_problem, load_problem_set, reference_as_candidate
 
 SLOW_INIT = textwrap.dedent('''
     import time
@@ -167,8 +166,8 @@ def test_preparing_on_one_thread_draws_the_same_values():
 
 def test_the_candidate_reads_trial_inputs_before_the_lock_within_its_budget(tmp_path: Path,
                                                                              monkeypatch):
-    from evaluator.protocol import CandTrial
-    from evaluator.worker import trials as trials_mod
+    from kloop.evaluator.common.protocol import CandTrial
+    from kloop.evaluator.worker import trials as trials_mod
 
     made = {k: [torch.full((256,), float(k)), k] for k in range(4)}
     for k, inputs in made.items():
@@ -193,7 +192,7 @@ def test_the_candidate_reads_trial_inputs_before_the_lock_within_its_budget(tmp_
     (20, 4),       # never less than it always was
 ])
 def test_the_budget_is_a_share_of_the_memory_the_host_has_available(available_gib, budget_gib):
-    from evaluator.worker.construct import prepare_budget
+    from kloop.evaluator.worker.construct import prepare_budget
 
     meminfo = f"MemTotal: {2 * available_gib << 20} kB\nMemAvailable: {available_gib << 20} kB\n"
     assert prepare_budget(meminfo) == int(budget_gib * (1 << 30))

@@ -12,10 +12,9 @@ import threading
 import time
 
 import pytest
-
-from evaluator import board
-from evaluator.config import EvalConfig
-from evaluator.scheduler import Scheduler
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.procs import board
+from kloop.evaluator.procs.scheduler import Scheduler
 
 WAIT_S = 20  # a probe that waits this long means the scheduler serialised what it should not
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from evaluator import rules
-from evaluator.checks import RUNTIME_RULES, ast_rules
-from evaluator.static import RULES, static_violations
+from kloop.evaluator.common import rules
+from kloop.evaluator.harness.checks import RUNTIME_RULES, ast_rules
+from kloop.evaluator.harness.static import RULES, static_violations
 
 HERE = Path(__file__).parent
 FIXTURES = HERE / "fixtures_e2"
@@ -185,11 +184,11 @@ def test_rule_fires_on_bad_snippet(rule, snippet):
 def test_every_rule_has_a_bad_snippet_and_its_reason_reaches_the_model():
     """A model whose kernel is rejected reads why in its feedback: the rule's own rationale (each
     rule has one of its own), opening and close, beside the rule's name and line."""
-    from agent.config import AgentConfig
-    from agent.episode import EpisodeSpec, EpisodeState, feedback_template, feedback_vars
-    from agent.prompts import PromptSet
-    from evaluator.result import EvalResult
-    from problems.registry import get_problem
+    from kloop.agent.config import AgentConfig
+    from kloop.agent.episode import EpisodeSpec, EpisodeState, feedback_template, feedback_vars
+    from kloop.agent.prompts import PromptSet
+    from kloop.evaluator.common.result import EvalResult
+    from kloop.problems.registry import get_problem
 
     assert set(BAD) == set(RULES)
     reasons = [r.rationale for r in rules.RULES.values()]

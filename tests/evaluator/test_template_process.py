@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 from eval_helpers import MLP_SMALL, candidate, cpu_config
-
-from evaluator import forkserver
-from evaluator.pipeline import evaluate
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.procs import forkserver
 
 pytestmark = pytest.mark.skipif(not forkserver.usable(), reason="needs Linux and a subreaper")
 
@@ -33,7 +32,7 @@ def _facts(path):
                  path0=sys.path[0], env=sorted(os.environ), home=os.environ.get("HOME"),
                  fds=fds, dynamo=_DYNAMO_AT_IMPORT, cuda=_CUDA_AT_IMPORT,
                  cuda_now=__import__("torch").cuda.is_initialized(), template=getattr(getattr(sys.modules["__main__"], "__spec__", None),
-                                           "name", None) == "evaluator.worker.zygote")
+                                           "name", None) == "kloop.evaluator.worker.zygote")
     with open(path, "w") as f:
         json.dump(facts, f)
 '''
@@ -84,7 +83,7 @@ def test_without_the_template_children_start_the_plain_way(tmp_path, drop_box, m
     facts = json.loads(out.read_text())
     assert not facts["template"] and fresh[True]._broken
     # Started the plain way, a child that should have been contained is not: the result says so.
-    from evaluator import isolation
+    from kloop.evaluator.procs import isolation
 
     assert ("isolation_uncontained" in r.flags) == isolation.work_parent(None)[1], r.flags
 
@@ -105,7 +104,7 @@ def test_a_forked_child_initialises_the_gpu_and_is_timed(tmp_path, drop_box):
 
 _READY_THEN_LOOK = """
 import torch
-from evaluator.worker.child import Channel, wait_for_device
+from kloop.evaluator.worker.child import Channel, wait_for_device
 went = wait_for_device(Channel(-1))
 print(went, torch.cuda.is_initialized())
 """

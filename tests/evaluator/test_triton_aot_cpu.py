@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from eval_helpers import candidate, cpu_config
-
-from evaluator.pipeline import evaluate_many
+from kloop.evaluator.harness.pipeline import evaluate_many
 
 
 def test_triton_kernels_are_compiled_for_sm90_after_the_interpreter(cache_dir):

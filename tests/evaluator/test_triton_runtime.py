@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 from eval_helpers import candidate, cpu_config
-
-from evaluator.build import triton_runtime
-from evaluator.isolation import private_dir
-from evaluator.pipeline import evaluate
+from kloop.evaluator.build import triton_runtime
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.procs.isolation import private_dir
 
 
 def _fake_build(monkeypatch, log: Path, fail: bool = False) -> None:
@@ -64,7 +63,7 @@ def test_a_failed_build_seeds_nothing_and_is_not_retried(tmp_path, monkeypatch):
 def test_the_candidate_child_loads_the_prebuilt_runtime(tmp_path):
     """On the GPU: the evaluation's Triton cache holds exactly the prebuilt module after a
     Triton candidate ran (the child found it under the key Triton computes, and built none)."""
-    from evaluator import stages
+    from kloop.evaluator.harness import stages
 
     cache = tmp_path / "cache"
     # The evaluation's own root, as the candidate stage sees it (a work root of the test's own,

@@ -12,9 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
 from agent_fakes import run_kloop  # noqa: E402
-
-from evaluator import isolation  # noqa: E402
-from problems.registry import get_problem  # noqa: E402
+from kloop.evaluator.procs import isolation  # noqa: E402
+from kloop.problems.registry import get_problem  # noqa: E402
 
 
 def test_check_reports_what_the_evaluator_would_apply_here(tmp_path, monkeypatch):
@@ -67,8 +66,7 @@ def test_the_probe_reports_from_inside_and_catches_a_sandbox_that_is_not_there(t
     no template process there is no containment (namespaces come from the template), and the
     probe says so instead of trusting the configuration."""
     from eval_helpers import MLP_SMALL, cpu_config, plain_start
-
-    from evaluator.trustcheck import probe
+    from kloop.evaluator.tools.trustcheck import probe
 
     contained = isolation.work_parent(None)[1]
     found = {r.name: r for r in probe(cpu_config(tmp_path / "cache"))}
@@ -101,8 +99,8 @@ def test_the_probe_reports_from_inside_and_catches_a_sandbox_that_is_not_there(t
 def test_check_says_whether_cuda_builds_can_be_lean_here():
     """The row a GPU host gets: nvcc's preprocessor lists the headers a lean build uses, as a
     build finds them (no GPU is needed to find them); off, or without a GPU, it does not apply."""
-    from evaluator.config import EvalConfig
-    from evaluator.trustcheck import _lean_row
+    from kloop.evaluator.common.config import EvalConfig
+    from kloop.evaluator.tools.trustcheck import _lean_row
 
     row = _lean_row(EvalConfig(), on_gpu=True)
     assert row.ok is True and not row.trust, row

@@ -14,10 +14,9 @@ import textwrap
 
 import pytest
 import torch
-
-from evaluator.harness.clock import CallChannel, ChannelBroken
-from evaluator.harness.served import HANDSHAKE_JITTER_MS, CallPlan, run_plan
-from evaluator.worker.serve import OK, ServeLayout
+from kloop.evaluator.harness.clock import CallChannel, ChannelBroken
+from kloop.evaluator.harness.served import HANDSHAKE_JITTER_MS, CallPlan, run_plan
+from kloop.evaluator.worker.serve import OK, ServeLayout
 
 N = 64
 LAYOUT = ServeLayout.of([([N], "torch.float32")])
@@ -25,7 +24,7 @@ LAYOUT = ServeLayout.of([([N], "torch.float32")])
 WORKER = textwrap.dedent('''
     import ctypes, os, select, sys, threading, time
     import torch
-    from evaluator.worker.serve import REPLY, OK, ServeLayout, Server
+    from kloop.evaluator.worker.serve import REPLY, OK, ServeLayout, Server
 
     req, rep, mem = (int(x) for x in sys.argv[1].split(","))
     mode = sys.argv[3]
@@ -240,10 +239,8 @@ def test_a_handshake_measured_under_load_never_takes_a_call_below_its_work(tmp_p
     import dataclasses
 
     from eval_helpers import candidate, cpu_config
-
-    from evaluator import stages
-    from evaluator.harness import timed
-    from evaluator.pipeline import evaluate
+    from kloop.evaluator.harness import stages, timed
+    from kloop.evaluator.harness.pipeline import evaluate
 
     real = stages.collect_reference
 

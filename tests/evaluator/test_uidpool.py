@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 from eval_helpers import candidate, cpu_config, drop_rows
-
-from evaluator import isolation, uidpool
-from evaluator.pipeline import evaluate_many
-from problems.registry import get_problem
+from kloop.evaluator.harness.pipeline import evaluate_many
+from kloop.evaluator.procs import isolation, uidpool
+from kloop.problems.registry import get_problem
 
 BASE = 1_999_000_000  # far from the default pool, so a running kloop is not disturbed
 
@@ -135,7 +134,7 @@ def test_concurrent_candidates_cannot_touch_each_other(tmp_path, drop_box):
 
 
 def test_an_evaluation_holds_its_uid_until_cleanup(tmp_path):
-    from evaluator.state import EvalRun
+    from kloop.evaluator.harness.state import EvalRun
 
     cfg = cpu_config(tmp_path / "cache", sandbox_uid=BASE + 30, sandbox_uids=2)
     run = EvalRun.create(get_problem("L3/1"), "", cfg)

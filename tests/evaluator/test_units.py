@@ -8,19 +8,18 @@ import time  # noqa: F401
 
 import pytest
 import torch
-
-from evaluator.config import POLICIES, EvalConfig, UnknownPolicyError, get_policy
-from evaluator.correctness import compare_outputs, compare_tensor
-from evaluator.harness.served import (
+from kloop.evaluator.common.config import POLICIES, EvalConfig, UnknownPolicyError, get_policy
+from kloop.evaluator.common.correctness import compare_outputs, compare_tensor
+from kloop.evaluator.common.result import EvalResult
+from kloop.evaluator.harness.served import (
     Served,
     bounded_events,
     event_bound_ms,
     overhead_ms,
     timing_stats,
 )
-from evaluator.result import EvalResult
-from evaluator.sandbox import child_env
-from evaluator.state import derive_seed, speedup, speedup_clock
+from kloop.evaluator.harness.state import derive_seed, speedup, speedup_clock
+from kloop.evaluator.procs.sandbox import child_env
 
 
 def test_allclose_semantics_and_worst_elements():
@@ -52,7 +51,7 @@ def test_nan_never_matches_and_inf_matches_only_itself():
 
 
 def _result_with(diff):
-    from evaluator.result import CorrectnessTrial
+    from kloop.evaluator.common.result import CorrectnessTrial
 
     return EvalResult(evaluator_version="t", status="incorrect", stage_reached="correctness",
                       problem_id="p", problem_sha256="x", candidate_sha256="y", policy="strict",
@@ -232,9 +231,15 @@ def test_seeds_depend_on_the_salt_and_the_trial():
 
 
 def test_a_cached_compile_baseline_survives_a_fresh_eager_measurement(tmp_path):
-    from evaluator.protocol import TimingSpec
-    from evaluator.reference import BaselineRecord, ReferenceOutput, Serving, _cached, _store
-    from evaluator.result import EnvInfo, TimingStats
+    from kloop.evaluator.common.protocol import TimingSpec
+    from kloop.evaluator.common.result import EnvInfo, TimingStats
+    from kloop.evaluator.harness.reference import (
+        BaselineRecord,
+        ReferenceOutput,
+        Serving,
+        _cached,
+        _store,
+    )
 
     def stats(ms: float) -> TimingStats:
         return TimingStats(median_ms=ms, mean_ms=ms, std_ms=0.0, min_ms=ms, max_ms=ms,

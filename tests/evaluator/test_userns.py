@@ -46,8 +46,8 @@ HARNESS = textwrap.dedent('''
     from pathlib import Path
     sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests/evaluator"]
     from eval_helpers import candidate, cpu_config
-    from evaluator import isolation
-    from evaluator.pipeline import evaluate
+    from kloop.evaluator.procs import isolation
+    from kloop.evaluator.harness.pipeline import evaluate
     base, src = Path(sys.argv[2]), Path(sys.argv[3]).read_text()
     extra = {"sandbox_uid": None} if len(sys.argv) > 4 else {}
     r = evaluate("L3/1", src, cpu_config(base / "cache", work_root=base / "work",

@@ -5,10 +5,9 @@ import shutil
 import subprocess
 import sys
 
+from kloop.agent.cli import app
+from kloop.problems.registry import BUNDLED_DIR
 from typer.testing import CliRunner
-
-from agent.cli import app
-from problems.registry import BUNDLED_DIR
 
 runner = CliRunner()
 

@@ -4,11 +4,10 @@ table (`problems/level3_cost.json`) against the problem files."""
 from __future__ import annotations
 
 import torch
+from kloop.problems.cost import COST_FILE, cost_of, load_costs, main, stale
+from kloop.problems.counting import _rnn_flops_missed, count_problem
+from kloop.problems.registry import get_problem, load_problem_set
 from torch.utils.flop_counter import FlopCounterMode
-
-from problems.cost import COST_FILE, cost_of, load_costs, main, stale
-from problems.counting import _rnn_flops_missed, count_problem
-from problems.registry import get_problem, load_problem_set
 
 
 def test_mlp_counts_match_a_hand_count():

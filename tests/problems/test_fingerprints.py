@@ -6,9 +6,8 @@ and 1 equal to about 1e-6 relative. This also runs every problem's forward on CP
 """
 
 import pytest
-
-from problems.fingerprint import DEFAULT_FINGERPRINTS, check_problem, load_fingerprints
-from problems.registry import BUNDLED_DIR
+from kloop.problems.fingerprint import DEFAULT_FINGERPRINTS, check_problem, load_fingerprints
+from kloop.problems.registry import BUNDLED_DIR
 
 FINGERPRINTS = load_fingerprints(DEFAULT_FINGERPRINTS)
 

@@ -2,8 +2,7 @@
 
 import pytest
 import torch
-
-from problems.registry import load_problem_set
+from kloop.problems.registry import load_problem_set
 
 PROBLEMS = list(load_problem_set())
 # Constructors that call .item() cannot run on meta; they are small enough to build on CPU.

@@ -3,9 +3,8 @@ off agrees with the CPU output (same parameters: construction happens on CPU, th
 
 import pytest
 import torch
-
-from problems.fingerprint import DEFAULT_FINGERPRINTS, load_fingerprints, output_tolerance
-from problems.registry import load_problem_set
+from kloop.problems.fingerprint import DEFAULT_FINGERPRINTS, load_fingerprints, output_tolerance
+from kloop.problems.registry import load_problem_set
 
 FINGERPRINTS = load_fingerprints(DEFAULT_FINGERPRINTS)
 PROBLEMS = list(load_problem_set())

@@ -3,8 +3,7 @@
 import shutil
 
 import pytest
-
-from problems.registry import (
+from kloop.problems.registry import (
     BUNDLED_DIR,
     ProblemError,
     get_problem,
@@ -117,8 +116,8 @@ def test_missing_or_empty_directory_is_a_clear_error(tmp_path):
 def test_every_reference_as_a_candidate_passes_the_static_stage(problem):
     """Identity runs submit each reference as its own candidate (bench/identity.py): renamed,
     it must be a candidate the static stage lets through, with no `Model` left."""
-    from evaluator.checks import ast_rules
-    from evaluator.precheck import precheck_source
+    from kloop.evaluator.harness.checks import ast_rules
+    from kloop.evaluator.harness.precheck import precheck_source
 
     src = reference_as_candidate(problem.path.read_text())
     assert precheck_source(src) is None

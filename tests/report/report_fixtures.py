@@ -10,14 +10,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from agent.budget import Spend
-from agent.config import resolve
-from agent.episode import episode_key
-from agent.models.base import Message, ModelReply, Usage
-from agent.records import EpisodeRecord, ModelFaultInfo, TurnRecord
-from agent.store import RunStore
-from evaluator.baselines import best_of
-from evaluator.result import (
+from kloop.agent.budget import Spend
+from kloop.agent.config import resolve
+from kloop.agent.episode import episode_key
+from kloop.agent.models.base import Message, ModelReply, Usage
+from kloop.agent.records import EpisodeRecord, ModelFaultInfo, TurnRecord
+from kloop.agent.store import RunStore
+from kloop.evaluator.common.result import (
     CompileLog,
     CorrectnessTrial,
     EnvInfo,
@@ -28,7 +27,8 @@ from evaluator.result import (
     TimingStats,
     Violation,
 )
-from problems.registry import Problem, get_problem
+from kloop.evaluator.harness.baselines import best_of
+from kloop.problems.registry import Problem, get_problem
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 EAGER_MS = 3.0

@@ -6,12 +6,11 @@ import ast
 from pathlib import Path
 
 import pytest
-
-from agent.demo import examples
-from agent.demo.kernels import SIZES, source
-from agent.store import RunStore
-from evaluator.precheck import check_overrides, precheck_source
-from problems.registry import get_problem
+from kloop.agent.demo import examples
+from kloop.agent.demo.kernels import SIZES, source
+from kloop.agent.store import RunStore
+from kloop.evaluator.harness.precheck import check_overrides, precheck_source
+from kloop.problems.registry import get_problem
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS = {s: REPO / "runs" / "examples" / name for s, name in examples.RUNS.items()}
@@ -75,8 +74,8 @@ def test_the_demo_page_has_data_in_every_table(tmp_path):
 
 def test_the_demo_report_and_kloop_report_resample_alike(tmp_path, monkeypatch):
     """The same runs give the same intervals in the demo's report and in `kloop report`."""
-    from agent.cli import main
-    from agent.report import build
+    from kloop.agent.cli import main
+    from kloop.agent.report import build
 
     used = []
     real = build.build_report

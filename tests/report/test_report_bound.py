@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from kloop.agent.report.bound import PEAKS
+from kloop.agent.report.build import build_report, write_report
 from report_fixtures import T, write_run
-
-from agent.report.bound import PEAKS
-from agent.report.build import build_report, write_report
 
 H200, A100 = "NVIDIA H200", "NVIDIA A100-SXM4-80GB"
 # L3/1 by hand: 128 x 16384 -> 16384 -> 16384 -> 8192 (fp32 on the device).

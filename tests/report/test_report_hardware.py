@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from kloop.agent.report.build import build_report, write_report
 from report_fixtures import T, write_run
-
-from agent.report.build import build_report, write_report
 
 H200, H100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
 
@@ -47,8 +46,8 @@ def test_a_run_on_one_gpu_model_has_no_hardware_section(tmp_path):
 def test_the_harness_clock_on_a_gpu_is_not_called_a_host_clock(tmp_path):
     """Strict GPU runs are timed by the trusted harness clock, comparable GPU numbers: the
     report warned that they were host-clock timings (it checked for CUDA events only)."""
-    from agent.report.load import provenance_warnings
-    from agent.store import RunStore
+    from kloop.agent.report.load import provenance_warnings
+    from kloop.agent.store import RunStore
 
     gpu = write_run(tmp_path / "gpu", ["L3/1"], [T("L3/1", eager=2.0, gpu=H200)])
     store = RunStore.open(gpu)

@@ -7,13 +7,12 @@ import json
 
 import pytest
 import typer
+from kloop.agent import replay as replay_lib
+from kloop.agent.report.build import build_report
+from kloop.agent.report_cli import register
+from kloop.agent.store import RunStore
 from report_fixtures import MarkerEvaluator, T, write_run
 from typer.testing import CliRunner
-
-from agent import replay as replay_lib
-from agent.report.build import build_report
-from agent.report_cli import register
-from agent.store import RunStore
 
 KERNELS = {
     "level_3_problem_1_sample_0_kernel.py": "import torch\n# speedup=1.5\nclass ModelNew(torch.nn.Module):\n    pass\n",
@@ -131,7 +130,7 @@ def test_export_then_import_keeps_problem_size_overrides(tmp_path):
 def test_report_of_a_tracked_run_is_written_outside_it(tmp_path, monkeypatch):
     from pathlib import Path
 
-    from agent.report_cli import _default_out
+    from kloop.agent.report_cli import _default_out
 
     example = Path(__file__).resolve().parents[2] / "runs" / "examples" / "l3-1-mlp-triton"
     assert _default_out([example]) == Path("runs/reports/l3-1-mlp-triton")
@@ -143,7 +142,7 @@ def test_report_of_a_tracked_run_is_written_outside_it(tmp_path, monkeypatch):
 
 def test_rescore_of_an_import_takes_size_and_eval_overrides_and_keeps_imported_sizes(
         generations, tmp_path, monkeypatch, capsys):
-    from agent.cli import main
+    from kloop.agent.cli import main
 
     (generations / "kloop_export.json").write_text(json.dumps(
         {"problem_overrides": {"L3/1": {"batch_size": 4}}}))

@@ -4,12 +4,11 @@ and the tables carry the intervals."""
 
 from __future__ import annotations
 
+from kloop.agent.report.build import build_report, write_report
+from kloop.agent.report.curves import curve
+from kloop.agent.report.load import load_run
+from kloop.agent.report.metrics import P_VALUES, compute_metrics, problem_rows
 from report_fixtures import T, write_run
-
-from agent.report.build import build_report, write_report
-from agent.report.curves import curve
-from agent.report.load import load_run
-from agent.report.metrics import P_VALUES, compute_metrics, problem_rows
 
 PROBLEMS = ["L3/1", "L3/2", "L3/3", "L3/4", "L3/5"]
 BELOW = "below_clock_resolution: a median under 5x the handshake (0.012 ms)"
@@ -64,10 +63,9 @@ def test_the_report_states_the_rule_and_shows_the_intervals(tmp_path):
 
 
 def test_show_and_the_plots_draw_the_intervals(tmp_path, monkeypatch):
+    from kloop.agent.report import plots
+    from kloop.agent.report.show import verdict_table
     from rich.console import Console
-
-    from agent.report import plots
-    from agent.report.show import verdict_table
 
     run = load_run(write_run(tmp_path / "r", PROBLEMS, TURNS))
     console = Console(width=200, record=True)

@@ -6,11 +6,10 @@ import math
 from pathlib import Path
 
 import pytest
+from kloop.agent.report.build import build_report, write_report
+from kloop.agent.report.load import load_run
+from kloop.agent.report.metrics import compute_metrics, count, problem_rows
 from report_fixtures import T, write_run
-
-from agent.report.build import build_report, write_report
-from agent.report.load import load_run
-from agent.report.metrics import compute_metrics, count, problem_rows
 
 # L3/3 is degenerate at 1e-4 (the strict policy's fp32 tolerance); L3/5 only from 1e-2.
 PROBLEMS = ["L3/1", "L3/2", "L3/3", "L3/4", "L3/5"]

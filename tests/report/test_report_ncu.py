@@ -3,10 +3,9 @@ collected hardware counters says how much of its evaluation time they took."""
 
 from __future__ import annotations
 
+from kloop.agent.report.build import run_report
+from kloop.agent.report.load import load_run
 from report_fixtures import T, write_run
-
-from agent.report.build import run_report
-from agent.report.load import load_run
 
 
 def test_the_report_says_how_much_eval_time_ncu_took(tmp_path):

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import typer
+from kloop.agent.report_cli import register
 from report_fixtures import T, write_run
 from typer.testing import CliRunner
-
-from agent.report_cli import register
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REPO = Path(__file__).resolve().parents[2]
@@ -93,10 +92,10 @@ def test_bundled_example_run(tmp_path):
 
 
 def test_plots_label_the_geomean_floor_and_never_repeat_a_speedup_tick(tmp_path, monkeypatch):
-    from agent.report import plots
-    from agent.report.curves import run_curves
-    from agent.report.load import load_run
-    from agent.report.metrics import problem_rows
+    from kloop.agent.report import plots
+    from kloop.agent.report.curves import run_curves
+    from kloop.agent.report.load import load_run
+    from kloop.agent.report.metrics import problem_rows
 
     figures = []
     monkeypatch.setattr(plots, "_save", lambda fig, path, legend=False: figures.append(fig) or path)

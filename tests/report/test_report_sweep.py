@@ -7,14 +7,13 @@ import math
 import textwrap
 
 import pytest
+from kloop.agent.models.scripted import ScriptedModel
+from kloop.agent.report.build import build_report
+from kloop.agent.report.curves import curve
+from kloop.agent.report.load import load_targets
+from kloop.agent.store import RunStore
+from kloop.agent.sweep import SweepError, load_sweep, plan, run_sweep
 from report_fixtures import MarkerEvaluator, scripted_reply
-
-from agent.models.scripted import ScriptedModel
-from agent.report.build import build_report
-from agent.report.curves import curve
-from agent.report.load import load_targets
-from agent.store import RunStore
-from agent.sweep import SweepError, load_sweep, plan, run_sweep
 
 R = scripted_reply  # 100 tokens and $0.01 per reply
 REPLIES = {
@@ -167,9 +166,8 @@ def test_a_budgets_axis_compares_budgets(tmp_path):
 def test_sweep_progress_one_line_per_cell_piped_and_on_a_terminal(tmp_path):
     import io
 
+    from kloop.agent.run import SweepProgress
     from rich.console import Console
-
-    from agent.run import SweepProgress
 
     seen = []
     piped = io.StringIO()

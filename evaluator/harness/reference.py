@@ -26,18 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
-
-from evaluator.harness.clock import CallResult, ChannelBroken
-from evaluator.harness.expected import ExpectedStore
-from evaluator.harness.served import (
-    CallPlan,
-    event_bound_ms,
-    overhead_ms,
-    run_plan,
-    timing_stats,
-)
-from evaluator.protocol import (
+from kloop.evaluator.common.protocol import (
     Control,
     DoneMsg,
     EnvMsg,
@@ -48,9 +37,19 @@ from evaluator.protocol import (
     StageMsg,
     TimingSpec,
 )
-from evaluator.result import EnvInfo, ErrorInfo, TimingStats
-from evaluator.sandbox import Child, ChildOutcome
-from evaluator.worker.serve import OK, ServeLayout
+from kloop.evaluator.common.result import EnvInfo, ErrorInfo, TimingStats
+from kloop.evaluator.harness.clock import CallResult, ChannelBroken
+from kloop.evaluator.harness.expected import ExpectedStore
+from kloop.evaluator.harness.served import (
+    CallPlan,
+    event_bound_ms,
+    overhead_ms,
+    run_plan,
+    timing_stats,
+)
+from kloop.evaluator.procs.sandbox import Child, ChildOutcome
+from kloop.evaluator.worker.serve import OK, ServeLayout
+from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger(__name__)
 BASELINE_SCHEMA_VERSION = 3

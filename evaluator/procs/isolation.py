@@ -160,8 +160,7 @@ def reachable(path: Path, uid: int, gid: int, want: int) -> str | None:
 
 def _needed_paths(problem_path: Path) -> list[tuple[Path, int]]:
     import torch
-
-    from evaluator.sandbox import KLOOP_ROOT
+    from kloop.evaluator.procs.sandbox import KLOOP_ROOT
 
     out = [(Path(sys.executable), _X), (Path(os.__file__).parent, _R | _X),
            (Path(sys.prefix), _R | _X), (Path(sys.base_prefix), _R | _X),

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from evaluator.static import Context
+    from kloop.evaluator.harness.static import Context
 
 IDENTITY_KEYS = {"data_ptr", "untyped_storage", "storage", "_cdata", "storage_offset"}
 SHAPE_KEYS = {"shape", "size", "stride"}

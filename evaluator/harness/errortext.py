@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from evaluator.result import ErrorInfo
+from kloop.evaluator.common.result import ErrorInfo
 
 TYPE_CHARS = 80
 MESSAGE_CHARS = 400

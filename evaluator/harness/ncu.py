@@ -17,8 +17,8 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from evaluator.resources import bare_name
-from evaluator.result import NcuMetrics, ProfileSummary
+from kloop.evaluator.common.resources import bare_name
+from kloop.evaluator.common.result import NcuMetrics, ProfileSummary
 
 log = logging.getLogger(__name__)
 

@@ -21,15 +21,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
-
-from evaluator.correctness import compare_outputs
-from evaluator.outcome import Flagged, violated
-from evaluator.protocol import ProbeMsg, TrialMsg
-from evaluator.result import Backend, Violation
-from evaluator.rules import Rule, Severity, of_kind
+from kloop.evaluator.common.correctness import compare_outputs
+from kloop.evaluator.common.protocol import ProbeMsg, TrialMsg
+from kloop.evaluator.common.result import Backend, Violation
+from kloop.evaluator.common.rules import Rule, Severity, of_kind
+from kloop.evaluator.harness.outcome import Flagged, violated
 
 if TYPE_CHECKING:
-    from evaluator.state import EvalRun
+    from kloop.evaluator.harness.state import EvalRun
 
 __all__ = ["RUNTIME_RULES", "STATIC_CHECKS", "Severity", "probe_violations",
            "trial_violations", "violate"]
@@ -42,7 +41,7 @@ ResultCheck = Callable[["EvalRun"], None]
 
 def ast_rules(source: str, backend: Backend, policy: str) -> list[Violation]:
     """The AST rules of evaluator.static (introspection, timer patching, threads, caches...)."""
-    from evaluator.static import static_violations
+    from kloop.evaluator.harness.static import static_violations
 
     return static_violations(source, policy)
 

@@ -16,13 +16,19 @@ import threading
 import time
 from pathlib import Path
 
-from evaluator import board
-from evaluator.build import buildstore, cxx_pch, lean, pch
-from evaluator.buildslots import build_slot, default_slots
-from evaluator.checks import STATIC_CHECKS
-from evaluator.harness.served import null_call_count
-from evaluator.isolation import identity_env, private_dir, write_new
-from evaluator.judge import (
+from kloop.evaluator.build import buildstore, cxx_pch, lean, pch
+from kloop.evaluator.common.protocol import (
+    CandidateJob,
+    CompileJob,
+    CompileMsg,
+    DoneMsg,
+    ErrorMsg,
+    ReferenceJob,
+    RetryMsg,
+)
+from kloop.evaluator.common.result import ErrorInfo, TimingStats
+from kloop.evaluator.harness.checks import STATIC_CHECKS
+from kloop.evaluator.harness.judge import (
     STAGE_OF_CHILD,
     Sequence,
     candidate_job,
@@ -33,7 +39,7 @@ from evaluator.judge import (
     served64,
     served_seeds,
 )
-from evaluator.outcome import (
+from kloop.evaluator.harness.outcome import (
     Built,
     Entered,
     Flagged,
@@ -42,20 +48,14 @@ from evaluator.outcome import (
     Profiled,
     violated,
 )
-from evaluator.precheck import precheck_source
-from evaluator.protocol import (
-    CandidateJob,
-    CompileJob,
-    CompileMsg,
-    DoneMsg,
-    ErrorMsg,
-    ReferenceJob,
-    RetryMsg,
-)
-from evaluator.reference import Serving, collect_reference
-from evaluator.result import ErrorInfo, TimingStats
-from evaluator.sandbox import Child, ChildOutcome, child_env
-from evaluator.state import EvalRun, cuda_arch_list
+from kloop.evaluator.harness.precheck import precheck_source
+from kloop.evaluator.harness.reference import Serving, collect_reference
+from kloop.evaluator.harness.served import null_call_count
+from kloop.evaluator.harness.state import EvalRun, cuda_arch_list
+from kloop.evaluator.procs import board
+from kloop.evaluator.procs.buildslots import build_slot, default_slots
+from kloop.evaluator.procs.isolation import identity_env, private_dir, write_new
+from kloop.evaluator.procs.sandbox import Child, ChildOutcome, child_env
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def static_stage(run: EvalRun) -> None:
 
 
 def _static(run: EvalRun) -> None:
-    from evaluator.backend import detect_backend
+    from kloop.evaluator.common.backend import detect_backend
 
     try:
         ast.parse(run.source, filename="candidate.py")
@@ -93,7 +93,7 @@ def _static(run: EvalRun) -> None:
 
 
 def _syntax_error(run: EvalRun, exc: SyntaxError) -> None:
-    from evaluator.build.diagnostics import diagnostic_from_exception, make_compile_log
+    from kloop.evaluator.build.diagnostics import diagnostic_from_exception, make_compile_log
 
     # The backend cannot be parsed out of a file that does not parse; a guess is enough here.
     guess = "cuda" if "load_inline" in run.source else "triton" if "triton" in run.source else "torch"
@@ -269,7 +269,7 @@ def candidate_stage(run: EvalRun) -> None:
     run.record(Entered(stage="load"))
     job = candidate_job(run, reference_job(run), build_dir(run))
     if run.incumbent is not None:
-        from evaluator.headtohead import start_incumbent
+        from kloop.evaluator.harness.headtohead import start_incumbent
 
         start_incumbent(run, job, _candidate_env(run))
     ahead = construct_ahead(run)
@@ -365,7 +365,7 @@ def _ncu_pass(run: EvalRun, job: CandidateJob) -> None:
     """Nsight Compute metrics for the custom kernels that dominate the profile (optional
     feedback), from one ncu run. Its wall time is `stage_seconds["ncu"]`: part of the
     evaluation's, and so of the agent's `eval_s` budget."""
-    from evaluator.ncu import dominant_custom_kernels, ncu_kernel_metrics
+    from kloop.evaluator.harness.ncu import dominant_custom_kernels, ncu_kernel_metrics
 
     if run.profile is None:
         return
@@ -387,7 +387,7 @@ def _ncu_pass(run: EvalRun, job: CandidateJob) -> None:
 def forward_command(run: EvalRun, job_path: Path) -> tuple[list[str], dict[str, str]]:
     """The ncu pass's child: ncu starts it (as the harness's uid), so it takes on the
     candidate's sandbox identity itself before any candidate code runs (`confine_child`)."""
-    cmd = [sys.executable, "-m", "evaluator.worker.child", "forward", str(job_path), "-1"]
+    cmd = [sys.executable, "-m", "kloop.evaluator.worker.child", "forward", str(job_path), "-1"]
     env = child_env(run.root / "cand" / "home", run.device,
                     {**_candidate_env(run), **identity_env(run.sandbox)})
     return cmd, env

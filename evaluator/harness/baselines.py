@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from evaluator.result import BaselineName
+from kloop.evaluator.common.result import BaselineName
 
 ORDER: tuple[BaselineName, ...] = ("eager", "compile", "compile_ro")
 """Also the order that breaks ties: of two baselines exactly as fast, the simpler one is named."""

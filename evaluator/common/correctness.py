@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
-from evaluator.result import OutputDiff, WorstElement
+from kloop.evaluator.common.result import OutputDiff, WorstElement
 
 N_WORST = 5
 

@@ -14,11 +14,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.procs import devicepool, isolation
+from kloop.evaluator.procs.buildslots import default_slots
 from pydantic import BaseModel, ConfigDict
-
-from evaluator import devicepool, isolation
-from evaluator.buildslots import default_slots
-from evaluator.config import EvalConfig
 
 
 class CheckRow(BaseModel):
@@ -81,8 +80,8 @@ def rows(config: EvalConfig, problem_path: Path) -> list[CheckRow]:
                                                ": hidden from contained children" if userns else
                                                ": writable by candidate code")))
     if on_gpu:
-        from evaluator.harness import gpustate
-        from evaluator.sandbox import visible_device
+        from kloop.evaluator.harness import gpustate
+        from kloop.evaluator.procs.sandbox import visible_device
 
         s = gpustate.sample(visible_device(devices[0]))
         out.append(CheckRow(name="NVML", ok=s is not None, trust=False,
@@ -124,7 +123,7 @@ def _lean_row(config: EvalConfig, on_gpu: bool) -> CheckRow:
     import tempfile
     import time
 
-    from evaluator.build import lean
+    from kloop.evaluator.build import lean
 
     if config.lean_cuda == "off":
         return CheckRow(name="lean CUDA builds", ok=None, trust=False, detail="off (lean_cuda)")
@@ -169,7 +168,7 @@ def _ahead_row(config: EvalConfig) -> CheckRow:
 
 def _quiet_row() -> CheckRow:
     """Where timed work runs (`evaluator.harness.cores`): cores of its own, or anywhere."""
-    from evaluator.harness import cores
+    from kloop.evaluator.harness import cores
 
     q = cores.plan()
     if q is None:
@@ -259,8 +258,8 @@ class ModelNew:  # never built: constructing it reports what the candidate proce
 
 def probe(config: EvalConfig, problem_id: str = "L3/1") -> list[CheckRow]:
     """One evaluation of `PROBE` on the CPU, under this config's sandbox; rows from what it saw."""
-    from evaluator.pipeline import evaluate
-    from evaluator.sandbox import SECRET_NAME
+    from kloop.evaluator.harness.pipeline import evaluate
+    from kloop.evaluator.procs.sandbox import SECRET_NAME
 
     with tempfile.TemporaryDirectory(prefix="kloop-check-") as work:
         cfg = config.model_copy(update={"device": "cpu", "policy": "kernelbench",

@@ -23,18 +23,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-from evaluator import __version__, board, devicepool, isolation, uidpool
-from evaluator.baselines import best_of
-from evaluator.build import triton_runtime
-from evaluator.config import EvalConfig, Policy
-from evaluator.devicelock import device_lock
-from evaluator.forkserver import Confinement, gpu_nodes
-from evaluator.harness import cores
-from evaluator.isolation import SandboxPlan
-from evaluator.outcome import Decided, Finding, Flagged, fold
-from evaluator.protocol import Control, ProblemSpec, TimingSpec
-from evaluator.reference import ReferenceOutput
-from evaluator.result import (
+from kloop.evaluator import __version__
+from kloop.evaluator.build import triton_runtime
+from kloop.evaluator.common.config import EvalConfig, Policy
+from kloop.evaluator.common.hostview import private_roots
+from kloop.evaluator.common.protocol import Control, ProblemSpec, TimingSpec
+from kloop.evaluator.common.result import (
     Backend,
     CompileLog,
     CorrectnessTrial,
@@ -51,9 +45,16 @@ from evaluator.result import (
     TimingStats,
     Violation,
 )
-from evaluator.sandbox import Child, ChildOutcome, DiskLimit, child_env, visible_device
-from evaluator.worker.hostview import private_roots
-from problems.registry import Problem
+from kloop.evaluator.harness import cores
+from kloop.evaluator.harness.baselines import best_of
+from kloop.evaluator.harness.outcome import Decided, Finding, Flagged, fold
+from kloop.evaluator.harness.reference import ReferenceOutput
+from kloop.evaluator.procs import board, devicepool, isolation, uidpool
+from kloop.evaluator.procs.devicelock import device_lock
+from kloop.evaluator.procs.forkserver import Confinement, gpu_nodes
+from kloop.evaluator.procs.isolation import SandboxPlan
+from kloop.evaluator.procs.sandbox import Child, ChildOutcome, DiskLimit, child_env, visible_device
+from kloop.problems.registry import Problem
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +114,8 @@ def gpu_lock_name(device: str) -> str:
     in whichever way, waits for the same lock."""
     if device == "cpu":
         return device
-    from evaluator.harness import gpustate
-    from evaluator.sandbox import visible_device
+    from kloop.evaluator.harness import gpustate
+    from kloop.evaluator.procs.sandbox import visible_device
 
     visible = visible_device(device)
     return "gpu_" + re.sub(r"[^A-Za-z0-9_.-]", "_", gpustate.uuid(visible) or visible)
@@ -252,7 +253,7 @@ class EvalRun:
         """The device lock of this evaluation's GPU stages (`evaluator.devicelock`), named after
         the physical GPU; its files live in the host's lock dir, whatever the cache dir, closed
         to candidate code (`isolation.host_lock_dir`)."""
-        from evaluator.isolation import host_lock_dir
+        from kloop.evaluator.procs.isolation import host_lock_dir
 
         return device_lock(gpu_lock_name(self.device), host_lock_dir())
 
@@ -327,7 +328,7 @@ class EvalRun:
     def problem_spec(self) -> ProblemSpec:
         p, meta = self.policy, self.problem.meta
         scale = shift = None
-        from evaluator.checks import is_degenerate, prefix_probed
+        from kloop.evaluator.harness.checks import is_degenerate, prefix_probed
 
         # The whole-sequence distribution first: it is also one under which the output
         # depends on the input (scripts/probe_prefix.py checks both).

@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from evaluator.checks import result_checks
-from evaluator.config import EvalConfig
-from evaluator.outcome import Flagged
-from evaluator.reference import ReferenceOutput
-from evaluator.result import EvalResult
-from evaluator.stages import (
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.common.result import EvalResult
+from kloop.evaluator.harness.checks import result_checks
+from kloop.evaluator.harness.outcome import Flagged
+from kloop.evaluator.harness.reference import ReferenceOutput
+from kloop.evaluator.harness.stages import (
     candidate_stage,
     compile_stage,
     reference_job,
@@ -23,8 +23,8 @@ from evaluator.stages import (
     reference_stage,
     static_stage,
 )
-from evaluator.state import EvalRun
-from problems.registry import Problem, get_problem
+from kloop.evaluator.harness.state import EvalRun
+from kloop.problems.registry import Problem, get_problem
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def evaluate_many(problem_and_sources: Sequence[tuple[Problem | str, str]],
     at a time); up to `ahead` more run their static checks and builds ahead of them
     (`evaluator.scheduler`).
     """
-    from evaluator.scheduler import Scheduler
+    from kloop.evaluator.procs.scheduler import Scheduler
 
     with Scheduler(max_workers, ahead) as sched:
         futures = [sched.submit(p, s, config) for p, s in problem_and_sources]

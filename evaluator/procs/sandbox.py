@@ -23,14 +23,20 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from kloop.evaluator.common.protocol import (
+    MESSAGE,
+    ChildMessage,
+    ChildMode,
+    Control,
+    ReadyMsg,
+    StageMsg,
+)
+from kloop.evaluator.harness import cores
+from kloop.evaluator.harness.clock import CallChannel
+from kloop.evaluator.procs import isolation
+from kloop.evaluator.procs.forkserver import Confinement
+from kloop.evaluator.procs.isolation import SandboxPlan
 from pydantic import BaseModel, ConfigDict, ValidationError
-
-from evaluator import isolation
-from evaluator.forkserver import Confinement
-from evaluator.harness import cores
-from evaluator.harness.clock import CallChannel
-from evaluator.isolation import SandboxPlan
-from evaluator.protocol import MESSAGE, ChildMessage, ChildMode, Control, ReadyMsg, StageMsg
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +187,7 @@ class Child:
         self._set_stage("startup")
         isolation.harden_harness()
         identity = self._identity()
-        argv = [sys.executable, "-m", "evaluator.worker.child", self.mode, str(self.job_path),
+        argv = [sys.executable, "-m", "kloop.evaluator.worker.child", self.mode, str(self.job_path),
                 str(write_fd)]
         fds: tuple[int, ...] = (write_fd,)
         if self.calls is not None:
@@ -214,12 +220,12 @@ class Child:
     def _forked(self, fds: tuple[int, ...], identity: dict):
         """The child as a fork of the template process, its fds at 0-2 and then 3, 4, ...
         in the order of `fds` (the argv names them so); None to start it the plain way."""
-        from evaluator import forkserver
+        from kloop.evaluator.procs import forkserver
 
         pipes = [os.pipe() for _ in range(3)]
         theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
         numbers = list(range(3, 3 + len(fds)))
-        argv = ["evaluator.worker.child", self.mode, str(self.job_path), str(numbers[0])]
+        argv = ["kloop.evaluator.worker.child", self.mode, str(self.job_path), str(numbers[0])]
         if len(numbers) > 1:
             argv.append(",".join(map(str, numbers[1:])))
         try:
@@ -293,7 +299,7 @@ class Child:
         """Give a child built ahead what it was kept from before the lock: its hidden paths (the
         GPU's device nodes), uncovered in its mount namespace by the template that forked it,
         and SCHED_OTHER for its threads. None when done, else why not."""
-        from evaluator import forkserver
+        from kloop.evaluator.procs import forkserver
 
         if self.confine.hide and self.forked:
             why = forkserver.server(self.env).grant(self.proc.pid, list(self.confine.hide))

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from evaluator.result import KernelResources
+from kloop.evaluator.common.result import KernelResources
 
 _ENTRY = re.compile(r"ptxas info\s*: (?:Compiling entry function|Function properties for) '?([^'\s]+)'?")
 _SPILL = re.compile(r"(\d+) bytes spill stores")

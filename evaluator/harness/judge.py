@@ -18,19 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from evaluator.checks import (
-    determinism,
-    is_degenerate,
-    probe_violations,
-    trial_violations,
-    violate,
-)
-from evaluator.correctness import compare_outputs
-from evaluator.harness.precision import precision_check
-from evaluator.harness.timed import note_call_problem, timed_calls
-from evaluator.outcome import Built, Decided, Flagged, Judged, Profiled, Reached, violated
-from evaluator.protocol import (
+from kloop.evaluator.common.correctness import compare_outputs
+from kloop.evaluator.common.protocol import (
     AwaitMsg,
     CallProblemMsg,
     CandidateJob,
@@ -53,8 +42,26 @@ from evaluator.protocol import (
     TimingMsg,
     TrialMsg,
 )
-from evaluator.result import CorrectnessTrial, ErrorInfo, OutputDiff
-from evaluator.state import EvalRun, derive_seed
+from kloop.evaluator.common.result import CorrectnessTrial, ErrorInfo, OutputDiff
+from kloop.evaluator.harness.checks import (
+    determinism,
+    is_degenerate,
+    probe_violations,
+    trial_violations,
+    violate,
+)
+from kloop.evaluator.harness.outcome import (
+    Built,
+    Decided,
+    Flagged,
+    Judged,
+    Profiled,
+    Reached,
+    violated,
+)
+from kloop.evaluator.harness.precision import precision_check
+from kloop.evaluator.harness.state import EvalRun, derive_seed
+from kloop.evaluator.harness.timed import note_call_problem, timed_calls
 
 STAGE_OF_CHILD = {
     "startup": "load", "load": "load", "compile": "compile", "correctness": "correctness",

@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
-from evaluator import isolation
-from evaluator.worker.zygote import ForkRequest, GrantRequest
+from kloop.evaluator.procs import isolation
+from kloop.evaluator.worker.zygote import ForkRequest, GrantRequest
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class ForkServer:
         errors = tempfile.TemporaryFile()  # read only if it fails to start
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "evaluator.worker.zygote", str(theirs.fileno())],
+                [sys.executable, "-m", "kloop.evaluator.worker.zygote", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True)
         finally:

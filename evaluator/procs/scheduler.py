@@ -20,13 +20,20 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 
-from evaluator import board
-from evaluator.buildslots import default_slots
-from evaluator.config import EvalConfig
-from evaluator.pipeline import DEVICE_STAGES, FRONT_STAGES, Stage, finish, run_stages, start
-from evaluator.result import EvalResult
-from evaluator.state import EvalRun
-from problems.registry import Problem
+from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.common.result import EvalResult
+from kloop.evaluator.harness.pipeline import (
+    DEVICE_STAGES,
+    FRONT_STAGES,
+    Stage,
+    finish,
+    run_stages,
+    start,
+)
+from kloop.evaluator.harness.state import EvalRun
+from kloop.evaluator.procs import board
+from kloop.evaluator.procs.buildslots import default_slots
+from kloop.problems.registry import Problem
 
 Stages = Sequence[Stage]
 

@@ -15,10 +15,10 @@ import ast
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from evaluator.backend import _Imports
-from evaluator.result import Violation
-from evaluator.rules import Rule, Severity, of_kind
-from evaluator.static_caches import cache_lookups, memoises_scalars_only
+from kloop.evaluator.common.backend import _Imports
+from kloop.evaluator.common.result import Violation
+from kloop.evaluator.common.rules import Rule, Severity, of_kind
+from kloop.evaluator.harness.static_caches import cache_lookups, memoises_scalars_only
 
 __all__ = ["RULES", "Rule", "Severity", "static_violations"]
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
-
-from evaluator.result import (
+from kloop.evaluator.common.result import (
     Backend,
     CompileLog,
     EnvInfo,
@@ -20,6 +18,7 @@ from evaluator.result import (
     ProfileSummary,
     TimingStats,
 )
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 ChildMode = Literal["reference", "candidate", "compile"]
 

@@ -20,13 +20,13 @@ import hashlib
 import shutil
 from typing import TYPE_CHECKING
 
-from evaluator.build import buildstore
-from evaluator.isolation import write_new
-from evaluator.outcome import Flagged
-from evaluator.protocol import AwaitMsg, CandidateJob, ErrorMsg
+from kloop.evaluator.build import buildstore
+from kloop.evaluator.common.protocol import AwaitMsg, CandidateJob, ErrorMsg
+from kloop.evaluator.harness.outcome import Flagged
+from kloop.evaluator.procs.isolation import write_new
 
 if TYPE_CHECKING:
-    from evaluator.state import EvalRun
+    from kloop.evaluator.harness.state import EvalRun
 
 STAGES = ["load", "correctness", "timing", "profile", "compile"]
 

@@ -22,10 +22,7 @@ from __future__ import annotations
 import typing
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict
-
-from evaluator.errortext import for_model
-from evaluator.result import (
+from kloop.evaluator.common.result import (
     BaselineName,
     CompileLog,
     CorrectnessTrial,
@@ -41,10 +38,12 @@ from evaluator.result import (
     TimingStats,
     Violation,
 )
-from evaluator.rules import RULES
+from kloop.evaluator.common.rules import RULES
+from kloop.evaluator.harness.errortext import for_model
+from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
-    from evaluator.state import EvalRun
+    from kloop.evaluator.harness.state import EvalRun
 
 _STAGE_ORDER: tuple[Stage, ...] = typing.get_args(Stage)
 

@@ -19,20 +19,20 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
-
-from evaluator.config import POLICIES, EvalConfig
-from evaluator.precheck import (
+from kloop.evaluator.common.config import POLICIES, EvalConfig
+from kloop.evaluator.common.result import EvalResult, TimingStats
+from kloop.evaluator.harness.precheck import (
     CandidateUnreadable,
     check_overrides,
     precheck_source,
     small_overrides,
 )
-from evaluator.result import EvalResult, TimingStats
+from kloop.problems.registry import Problem, get_problem, load_problem_set
+from rich.console import Console
+from rich.table import Table
+
 from kloop.console import make_console
 from kloop.errors import KloopError
-from problems.registry import Problem, get_problem, load_problem_set
 
 _STATUS_STYLE = {"correct": "bold green", "incorrect": "bold yellow", "not_run": "bold blue"}
 
@@ -128,7 +128,7 @@ def stage_line(label: str, enabled: bool) -> Iterator[Callable[[str], None]]:
 @contextlib.contextmanager
 def announced_stages(announce: Callable[[str], None]) -> Iterator[None]:
     """Report each pipeline stage by name while it runs (the pipeline has no progress hook)."""
-    from evaluator import pipeline
+    from kloop.evaluator.harness import pipeline
 
     stages = getattr(pipeline, "STAGES", None)
     if stages is None:  # a pipeline without a stage table: the line shows elapsed time only
@@ -179,8 +179,8 @@ def eval_command(
 
 
 def _evaluate(prob: Problem, source: str, config: EvalConfig, progress: bool) -> EvalResult:
-    from evaluator.pipeline import evaluate
-    from evaluator.reference import ReferenceFailure
+    from kloop.evaluator.harness.pipeline import evaluate
+    from kloop.evaluator.harness.reference import ReferenceFailure
 
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
     with stage_line(f"kloop eval {prob.id}", progress) as announce, announced_stages(announce):
@@ -204,8 +204,8 @@ def baseline_command(
 ) -> None:
     """Time the eager and torch.compile baselines (default and reduce-overhead modes) of a level's
     references (cached on disk)."""
-    from evaluator.pipeline import build_baselines
-    from evaluator.reference import ReferenceFailure
+    from kloop.evaluator.harness.pipeline import build_baselines
+    from kloop.evaluator.harness.reference import ReferenceFailure
 
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
     pset = load_problem_set(problems_dir)
@@ -305,7 +305,7 @@ def check_command(
 ) -> None:
     """What isolation and measurement this machine gives the evaluator. Exit 0 when every
     isolation row holds (results free of isolation_same_uid), 1 when one does not."""
-    from evaluator.trustcheck import probe, rows
+    from kloop.evaluator.tools.trustcheck import probe, rows
 
     config = _config(device, "strict", {})
     found = rows(config, get_problem("L3/1").path)

@@ -1,0 +1,1 @@
+"""Trusted: the command lines around the evaluator (kloop eval, kloop check)."""
