@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kloop.agent.models.base import ModelConfig
 from kloop.errors import KloopError
-from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.common.config import EvalConfig, without_removed
 
 ContextPolicy = Literal["full", "last_k", "last", "digest", "summary"]
 StrategyKind = Literal["sequential", "best_of_n", "grid", "beam", "tree", "agent"]
@@ -276,23 +276,33 @@ class RunConfig(_Config):
         for name, default in _STRATEGY_ADDED.items():
             if data["strategy"].get(name) == default:
                 data["strategy"].pop(name)
+        data["eval"].update(_EVAL_REMOVED)
         data["eval_policy"] = self.eval.resolved_policy().model_dump(mode="json")
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 # Evaluator fields added after episode keys were first written: digested only when set to
 # something other than the default, which is the behaviour from before they existed.
-_EVAL_ADDED = {"eager_baseline_from": "reference", "l2_flush": "worker", "disk_limit_gb": 16.0,
-               "ncu_kernels": 3}
+_EVAL_ADDED = {"l2_flush": "worker", "disk_limit_gb": 16.0, "ncu_kernels": 3}
+# Evaluator fields removed after episode keys were written with them: digested at the value every
+# run since has (the one behaviour left), so those keys stay valid.
+_EVAL_REMOVED = {"jit_prime": "off"}
 _STRATEGY_ADDED = {"roots": 2, "expansions": 6, "exploration": 0.5, "max_children": 3, "batch": 1}
 # Fields that say where and how fast a run goes, or which problems it covers (each episode key
 # already holds its problem's hash): changing them must not change episode keys.
 _OPERATIONAL = {"problems", "level", "problems_dir", "concurrency", "runs_dir", "run_id",
                 "executor"}
 # The evaluator's machine-local knobs: where caches and work dirs live, what is kept for debugging.
-_EVAL_OPERATIONAL = {"cache_dir", "work_root", "keep_workdir", "device_lock", "output_tail_bytes",
-                     "template_process", "hidden_from_builds", "build_slots", "jit_warmup",
-                     "child_writable", "cuda_init"}
+_EVAL_OPERATIONAL = {"cache_dir", "work_root", "keep_workdir", "output_tail_bytes",
+                     "hidden_from_builds", "build_slots", "child_writable"}
+
+
+def saved_config(config: Any) -> Any:
+    """A run config as a saved record holds it (`config.json`), less the evaluator settings
+    removed since it was written (`evaluator.config.REMOVED`)."""
+    if isinstance(config, dict) and isinstance(config.get("eval"), dict):
+        return {**config, "eval": without_removed(config["eval"])}
+    return config
 
 
 def merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
@@ -319,7 +329,7 @@ def parse_layer(spec: str) -> dict[str, Any]:
         # A saved run config (`runs/<id>/config.json`) holds the config under "config"; started
         # again, it makes a new run, so its run id is dropped.
         if "config" in data and "schema_version" in data:
-            return {k: v for k, v in data["config"].items() if k != "run_id"}
+            return {k: v for k, v in saved_config(data["config"]).items() if k != "run_id"}
         return data
     if "=" not in spec:
         raise ConfigError(f"-c {spec!r}: no such file, and not a key=value override")

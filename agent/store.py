@@ -27,9 +27,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from kloop.agent.config import RunConfig
+from kloop.agent.config import RunConfig, saved_config
 from kloop.agent.records import (
     TRAJECTORY_SCHEMA_VERSION,
     CallRecord,
@@ -67,6 +67,11 @@ class RunConfigRecord(BaseModel):
     fork_at: int | NodeAddress | None = None
     """For forks: the source turn after which each episode continues, or the one node continued."""
     config: RunConfig
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _as_saved(cls, v: object) -> object:
+        return saved_config(v)  # written before evaluator settings were removed: still read
 
 
 def kloop_version() -> str:

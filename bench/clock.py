@@ -9,10 +9,9 @@ handshake, the handshake, the worker's own event median); then, in this process,
 model is timed the KernelBench way (CUDA events around each call, L2 flushed, 100 calls; seed-42
 build, so it is KernelBench's own number). Printed side by side with their ratio. The
 `kernelbench` policy's eager baseline mean is compared with KernelBench's event mean the same
-way (the target: agreement within 3 % on L3/1 and L3/4). `fair sp` is the speedup of the
-same code when the eager baseline is measured as a candidate (`eager_baseline_from: candidate`):
-1.000 is fair. `tf/plain` is the median with `l2_flush: trusted` (the harness's flusher process
-flushes too) over the median without, and `tf sp` that run's speedup of the same code.
+way (the target: agreement within 3 % on L3/1 and L3/4). `tf/plain` is the median with
+`l2_flush: trusted` (the harness's flusher process flushes too) over the median without, and
+`tf sp` that run's speedup of the same code.
 
     python bench/clock.py --kb [--repeats 3] [--only L3/1,L3/4]
 
@@ -36,10 +35,9 @@ sys.path[:0] = [str(REPO)]
 import torch  # noqa: E402
 
 from kloop.evaluator.common.config import EvalConfig  # noqa: E402
-from kloop.evaluator.harness import fair_baseline  # noqa: E402
 from kloop.evaluator.harness.pipeline import evaluate  # noqa: E402
 from kloop.evaluator.worker.construct import as_output_list  # noqa: E402
-from kloop.problems.registry import get_problem  # noqa: E402
+from kloop.problems.registry import get_problem, reference_as_candidate  # noqa: E402
 
 MLP = {"input_size": 4096, "layer_sizes": [4096, 4096], "output_size": 2048}
 MODELS = [
@@ -58,7 +56,7 @@ MODELS = [
 
 def honest_source(problem_id: str) -> str:
     """The reference module with its Model renamed ModelNew (an honest, plain-PyTorch candidate)."""
-    return fair_baseline.honest_source(get_problem(problem_id).path.read_text())
+    return reference_as_candidate(get_problem(problem_id).path.read_text())
 
 
 def kernelbench_events(problem_id: str, overrides: dict, trials: int = 100) -> tuple[float, float]:
@@ -141,7 +139,7 @@ def main() -> int:
     ap.add_argument("--cache-dir", type=Path, default=Path("/tmp/kloop-bench-clock"))
     ap.add_argument("--quick", action="store_true",
                     help="the strict evaluation and the in-process events only (the kernelbench, "
-                         "fair and trusted-flush columns read 0)")
+                         "and trusted-flush columns read 0)")
     ap.add_argument("--kb", action="store_true",
                     help="the kernelbench policy's bounded events beside KernelBench's means")
     ap.add_argument("--repeats", type=int, default=1)
@@ -152,7 +150,7 @@ def main() -> int:
     print(f"{'model':<12} {'events med':>10} {'trusted':>9} {'ratio':>6} {'handshake':>9} "
           f"{'calibrated':>10} {'worker ev':>9} {'speedup':>7} | {'KB mean':>9} {'kb-policy':>9} "
           f"{'ratio':>6} | {'cand raw':>8} {'cand ev':>8} {'ref raw':>8} {'ref ev':>8} | "
-          f"{'fair sp':>7} {'tf/plain':>8} {'tf sp':>6} | SM MHz before/after: cand, ref",
+          f"{'tf/plain':>8} {'tf sp':>6} | SM MHz before/after: cand, ref",
           flush=True)
     for label, pid, overrides in MODELS:
         if wanted is not None and label not in wanted:
@@ -161,14 +159,10 @@ def main() -> int:
                          problem_overrides=overrides)
         strict = evaluate(pid, honest_source(pid), cfg)
         if args.quick:
-            kb = fair = flushed = strict.model_copy(update={"eager": None, "timing": None,
+            kb = flushed = strict.model_copy(update={"eager": None, "timing": None,
                                                             "speedup_vs_eager": None})
         else:
             kb = evaluate(pid, honest_source(pid), cfg.model_copy(update={"policy": "kernelbench"}))
-            # The same code against an eager baseline measured as a candidate
-            # (evaluator.fair_baseline).
-            fair = evaluate(pid, honest_source(pid),
-                            cfg.model_copy(update={"eager_baseline_from": "candidate"}))
             # The L2 flushed by the harness's own flusher process too (evaluator.harness.flusher).
             flushed = evaluate(pid, honest_source(pid),
                                cfg.model_copy(update={"l2_flush": "trusted"}))
@@ -184,7 +178,6 @@ def main() -> int:
               f"{ev_mean:>9.4f} {kb_mean:>9.4f} {kb_mean / ev_mean:>6.3f} | "
               f"{t.raw_median_ms or 0:>8.4f} {t.worker_event_median_ms or 0:>8.4f} "
               f"{_f(strict.eager, 'raw_median_ms')} {_f(strict.eager, 'worker_event_median_ms')} | "
-              f"{fair.speedup_vs_eager or 0:>7.3f} "
               f"{(flushed.timing.median_ms / t.median_ms) if flushed.timing else 0:>8.3f} "
               f"{flushed.speedup_vs_eager or 0:>6.3f} | {_mhz(t)}, {_mhz(strict.eager)}",
               flush=True)

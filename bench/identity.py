@@ -21,9 +21,8 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
 from kloop.evaluator.common.config import EvalConfig  # noqa: E402
-from kloop.evaluator.harness.fair_baseline import honest_source  # noqa: E402
 from kloop.evaluator.harness.pipeline import evaluate_many  # noqa: E402
-from kloop.problems.registry import get_problem, load_problem_set  # noqa: E402
+from kloop.problems.registry import get_problem, load_problem_set, reference_as_candidate  # noqa: E402
 
 
 def row(pid: str, r, wall_s: float) -> dict:
@@ -55,7 +54,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     ids = [p.id for p in load_problem_set() if p.level == 3] if a.all else a.problems.split(",")
-    jobs = [(pid, honest_source(get_problem(pid).path.read_text()))
+    jobs = [(pid, reference_as_candidate(get_problem(pid).path.read_text()))
             for pid in ids for _ in range(a.repeat)]
     cfg = EvalConfig(device=a.device, baselines=a.baselines)
     t0 = time.monotonic()

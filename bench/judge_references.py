@@ -17,9 +17,8 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
 from kloop.evaluator.common.config import EvalConfig  # noqa: E402
-from kloop.evaluator.harness.fair_baseline import honest_source  # noqa: E402
 from kloop.evaluator.harness.pipeline import evaluate  # noqa: E402
-from kloop.problems.registry import get_problem  # noqa: E402
+from kloop.problems.registry import get_problem, reference_as_candidate  # noqa: E402
 
 
 def main() -> int:
@@ -27,7 +26,7 @@ def main() -> int:
     for spec in sys.argv[2:]:
         pid, _, overrides = spec.partition(":")
         t = time.monotonic()
-        r = evaluate(pid, honest_source(get_problem(pid).path.read_text()), EvalConfig(
+        r = evaluate(pid, reference_as_candidate(get_problem(pid).path.read_text()), EvalConfig(
             device=device, baselines="eager", problem_overrides=json.loads(overrides or "{}")))
         stages = {k: round(v, 2) for k, v in r.stage_seconds.items()}
         print(f"{pid} {overrides or 'full size'}: {r.status} in {time.monotonic() - t:.1f} s "

@@ -29,9 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 from kloop.evaluator.common.config import EvalConfig  # noqa: E402
-from kloop.evaluator.harness.fair_baseline import honest_source  # noqa: E402
 from kloop.evaluator.harness.pipeline import evaluate  # noqa: E402
-from kloop.problems.registry import get_problem  # noqa: E402
+from kloop.problems.registry import get_problem, reference_as_candidate  # noqa: E402
 
 KB_RUNNER = textwrap.dedent('''
     import json, sys, types
@@ -80,7 +79,7 @@ def main() -> int:
         problem = get_problem(pid)
         kb_ref = kb / "KernelBench" / "level3" / problem.path.name
         source = Path(chosen[pid]).read_text() if pid in chosen else \
-            honest_source(problem.path.read_text())
+            reference_as_candidate(problem.path.read_text())
         backend = "triton" if "triton" in source else "cuda"
         with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
             f.write(source)

@@ -19,9 +19,9 @@ batch runs), per-stage p50/p90 and the statuses. With `--kloop-root`, the same b
 first through that checkout's evaluator (for example `git worktree add /tmp/old <commit>`) in a
 fresh process, under the same load, and the ratios are printed. With `--compare FIELD=A,B`,
 the batch runs through this checkout twice, with the evaluator setting FIELD at A and then at B
-(`jit_warmup=off,auto`: the JIT warm-up pass under the shared device lock; `cuda_init=
-under_lock,before_lock`: children make their CUDA context before the lock; `ahead=0,8`: the
-scheduler's look-ahead, 0 being one pool of `--concurrency`), and the ratio is printed.
+(`construct_at=under_lock,auto`: candidate children build their models before the lock;
+`ahead=0,8`: the scheduler's look-ahead, 0 being one pool of `--concurrency`), and the ratio is
+printed.
 `--first N` takes only the first N candidates (a smoke run). `--warm-baselines` times each
 problem's baselines (its reference stage alone) before the clock starts, so the batch finds them
 cached, as a long run does after its first candidate of each problem or `kloop baseline`.
@@ -56,14 +56,13 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 MLP_MEDIUM = {"batch_size": 64, "input_size": 4096, "layer_sizes": [4096, 4096],
               "output_size": 2048}
-STAGES = ["static", "build_wait", "compile", "reference", "device_wait", "warmup", "load",
+STAGES = ["static", "build_wait", "compile", "reference", "device_wait", "load",
           "correctness", "first_trial", "timing", "profile", "candidate", "reference_start",
           "reference_held", "candidate_start", "candidate_held"]
 """`<mode>_held`: lock taken -> child gone (start-up on the device and exit included);
 `<mode>_start`: spawn -> ready, before the lock; `first_trial`: the part of `correctness` up to
 the first trial's result (on a GPU the trial that counts launches under the profiler)."""
-LOCKED = ["ref_reference", "ref_baselines", "load", "correctness", "timing", "profile",
-          "warmup"]
+LOCKED = ["ref_reference", "ref_baselines", "load", "correctness", "timing", "profile"]
 """Stages inside a device-lock hold (what a long hold is made of)."""
 
 
@@ -75,8 +74,7 @@ def batch(sizes: str = "examples", cuda_form: str = "torch") -> list[dict]:
     (`lean`: the same kernels in a torch-free `.cu`, the wrappers in `cpp_sources`)."""
     sys.path[:0] = [str(REPO)]
     from kloop.agent.demo.kernels import SIZES, source
-    from kloop.evaluator.harness.fair_baseline import honest_source
-    from kloop.problems.registry import get_problem
+    from kloop.problems.registry import get_problem, reference_as_candidate
 
     out = [{"label": f"{pid} triton {v}", "problem": pid, "source": source(pid, v),
             "overrides": SIZES[pid] if sizes == "examples" else {}}
@@ -90,7 +88,7 @@ def batch(sizes: str = "examples", cuda_form: str = "torch") -> list[dict]:
                     "source": (cands / name).read_text(), "overrides": sizes})
     for pid in ("L3/35", "L3/4"):
         out.append({"label": f"{pid} torch reference", "problem": pid,
-                    "source": honest_source(get_problem(pid).path.read_text()), "overrides": {}})
+                    "source": reference_as_candidate(get_problem(pid).path.read_text()), "overrides": {}})
     return out
 
 
@@ -306,8 +304,8 @@ def main() -> int:
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--compare", metavar="FIELD=A,B",
                     help="run the batch with the evaluator setting FIELD at A, then at B, and "
-                         "print the ratio (e.g. jit_warmup=off,auto or "
-                         "cuda_init=under_lock,before_lock)")
+                         "print the ratio (e.g. construct_at=under_lock,auto or "
+                         "l2_flush=worker,trusted)")
     ap.add_argument("--first", type=int, help="only the first N candidates")
     ap.add_argument("--ahead", type=int, help="evaluations building ahead of the --concurrency "
                     "ones on the device (default: the build slots, half the cores; 0: one pool "

@@ -192,6 +192,13 @@ def check_problem_source(source: str, path: Path) -> None:
         )
 
 
+def reference_as_candidate(problem_source: str) -> str:
+    """A problem's reference module as a candidate: its own code, with `Model` named `ModelNew`
+    everywhere (the class, `super(Model, self)`), as an honest plain-PyTorch candidate is (identity
+    runs, `bench/identity.py`: the same code on both sides of every speedup)."""
+    return re.sub(r"(?<![\w.])Model\b", "ModelNew", problem_source)
+
+
 def load_module(path: Path, overrides: dict[str, Any] | None = None) -> ModuleType:
     """Import `path` under a unique module name; module constants are then overridden."""
     safe = re.sub(r"\W", "_", path.stem)

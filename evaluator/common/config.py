@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Precision = Literal["fp32", "fp16", "bf16"]
 BaselineMode = Literal["auto", "eager", "compile", "both", "all", "none"]
@@ -166,6 +166,31 @@ class StageTimeouts(BaseModel):
     includes inductor; CUDA graphs capture for reduce-overhead)."""
 
 
+REMOVED: dict[str, str] = {
+    "jit_warmup": "the JIT warm-up pass under a shared device lock: 0.90-1.02x candidates per "
+                  "GPU-hour on the H200",
+    "jit_prime": "compiling Triton kernels before the device lock: never measured as a win",
+    "cuda_init": "CUDA contexts made before the device lock: 0.1-0.2 s less per reference hold "
+                 "on the H200, and a wider timing tail for whoever is timed beside them",
+    "eager_baseline_from": "the eager baseline measured by judging the reference as a "
+                           "candidate: superseded by paired timing (`evaluator.harness.paired`)",
+    "device_lock": "`process`, a device lock among one process's evaluations only: concurrent "
+                   "processes timed under each other's load; the lock is always the host's",
+    "template_process": "`false`, children started as fresh interpreters where the template "
+                        "process works: they lose its containment (`isolation_uncontained`)",
+}
+"""Mechanism settings removed on 2026-12-05 (docs/performance.md has their measurements) -> what
+they chose and why they went. The evaluator runs as each one's default did. Naming one is an
+error that says so; a run's saved config from before the removal drops them on reading
+(`without_removed`), so old runs still read and start again."""
+
+
+def without_removed(fields: dict[str, Any]) -> dict[str, Any]:
+    """`EvalConfig` fields as a record written before the removal holds them, without the
+    removed ones."""
+    return {k: v for k, v in fields.items() if k not in REMOVED}
+
+
 def _default_cache_dir() -> Path:
     return Path(os.environ.get("KLOOP_CACHE_DIR", Path.home() / ".cache" / "kloop"))
 
@@ -206,51 +231,11 @@ class EvalConfig(BaseModel):
     l2_flush: Literal["worker", "trusted"] = "worker"
     """Who flushes the L2 before each timed call: the serving process in its `prep` (a
     candidate's native code could skip it), or also a trusted flusher process of the harness's
-    on the same device (`evaluator.harness.flusher`; on CPU it runs the protocol only)."""
-    eager_baseline_from: Literal["reference", "candidate"] = "reference"
-    """Who measures the eager baseline: the reference worker's served calls, or the reference's
-    own code judged as a candidate (`evaluator.fair_baseline`: both sides of the speedup by one
-    procedure; one extra evaluation per problem and config, cached)."""
+    on the same device (`evaluator.harness.flusher`; on CPU it runs the protocol only).
+    `worker` by default: the trusted flush multiplied a 0.13 ms model's median by 3.7 and a
+    0.8-4 ms model's by 0.88-1.02 (`bench/clock.py`, the H200, 2026-12-01 at 6feb02e)."""
     profile: bool = True
     """One profiled forward for correct candidates."""
-    device_lock: Literal["host", "process"] = "host"
-    """Who else's GPU stages wait for ours: `host` (every kloop process of this user on this
-    machine, whatever its `cache_dir`, through file locks named after the physical GPU in
-    `isolation.host_lock_dir`, so timings of concurrent runs never overlap) or `process` (only
-    evaluations in this process; concurrent processes then time under each other's load)."""
-    jit_warmup: Literal["auto", "on", "off"] = "off"
-    """Before the candidate child, run the candidate once in a warm-up child under the *shared*
-    device lock (`stages.warmup_pass`), so that its Triton and inductor JIT compiles fill this
-    evaluation's caches beside other warm-ups instead of inside the exclusive lock. Nothing the
-    warm-up does is judged. `auto`: on a GPU, for sources that use Triton or torch.compile.
-    Off by default: on the H200 it bought nothing (16 Triton candidates, 8 at once: 0.90x
-    candidates per GPU-hour with it; `correctness` under the exclusive lock stayed 4-6 s,
-    although the candidate child compiled no kernel: it was the profiler's import of
-    torch._dynamo, now done once in the template process; 2026-12-02 at e5f40a6). Measured
-    again without those seconds (2026-12-02 at cd28d2f): the exclusive hold of a Triton candidate
-    2.54 -> 1.85 s, but 1.02x candidates per GPU-hour on a batch whose first baselines set the
-    pace; in the steady state (25 Triton candidates, baselines warmed, 2026-12-02 at 66bfb0d)
-    0.97x: its shared holds block timings as long as it saves."""
-    jit_prime: Literal["auto", "on", "off"] = "off"
-    """Before the candidate child, compile the candidate's Triton kernels for the evaluation's
-    GPU in a child that has no GPU and holds no lock (`stages.prime_pass`,
-    `evaluator/worker/prime.py`: the candidate called once on `meta` tensors, every launch
-    turned into Triton's compile-only path), so that the candidate child finds them in this
-    evaluation's Triton cache instead of compiling them under the exclusive lock. Best effort:
-    where the candidate needs data or a device the prime stops and the candidate child compiles
-    the rest; nothing the prime does is judged. `auto`: on a GPU, for Triton sources; `on`: on a
-    CPU too (for sm_90; the interpreter does not use it: tests). Off by default: on the H200
-    (2026-12-03 at 7b8c643, full size) `first_trial` stayed 0.65-0.85 s with it, as without it
-    (0.64 s at 0040c85); not yet measured side by side."""
-    cuda_init: Literal["before_lock", "under_lock"] = "under_lock"
-    """When a GPU child creates its CUDA context: `under_lock`, at its first use of the device,
-    with the device lock held; or `before_lock`, in trusted code after its start and before it
-    reports ready (no candidate code has run; creating a context launches no kernel), so the
-    driver work is not spent holding the lock. A child whose early creation fails carries on
-    and meets the failure at that first use, under the lock, as before. Off by default: on the
-    H200 it bought little (reference hold -0.1-0.2 s, candidate hold unchanged, of ~3.9 s per
-    candidate; 2026-12-02 at 2340c51), and contexts made beside a timing widen its tail (p90
-    +12 % for a 2.7 ms matmul, `bench/init_interference.py`, 2026-12-02 at 5dace4a)."""
     construct_at: Literal["auto", "before_lock", "under_lock"] = "auto"
     """Where the candidate child imports the candidate and builds `ModelNew` (and the reparam
     trial's second model): `under_lock`, after the harness took the device lock for it; or
@@ -267,17 +252,16 @@ class EvalConfig(BaseModel):
     template process), else `under_lock`. On the H200 at full size (10 Triton candidates,
     L3/1 and L3/4, 8 at once): 522 vs 413 candidates per GPU-hour side by side (1.26x), GPU busy
     51 % vs 39 %, `load` under the lock 0.19 s p50 vs 1.89 (2026-12-03 at 1b2062d)."""
-    template_process: bool = True
-    """Start reference, candidate and compile children as forks of a template process that has
-    imported torch and kloop's worker modules but never touched the device (Linux; elsewhere,
-    or if the template fails, children start as fresh interpreters)."""
     pch: Literal["auto", "on", "off"] = "auto"
     """Precompiled torch header for `load_inline`'s binding file (`evaluator.build.pch`, made by
     trusted code under torch's own flags for the common calls; g++ uses it only where it is
     valid, so the binary is the one the plain build makes). `auto`: builds use a PCH that is
     there, and a CUDA build on a GPU host starts making the missing ones in the background;
     `on`: also on a CPU host (for CPU-only extensions; ~50 s of one core per variant);
-    `off`: neither."""
+    `off`: neither. The binding file built in 12.6 s with it against 29.1 s without, identical
+    `objdump -d -s` (the CPU host, 2026-12-03 at cdc2876); on the H200 a torch-free candidate's
+    cold build, lean and with it, 8.28 s p50 against plain `load_inline`'s 23.13 s (2026-12-04
+    at 680c4de)."""
     lean_cuda: Literal["off", "on"] = "on"
     """`on`: a `load_inline` `.cu` whose own text uses nothing of torch is built with the
     standard and CUDA headers `<torch/types.h>` includes in place of it (`evaluator.build.lean`
@@ -306,8 +290,11 @@ class EvalConfig(BaseModel):
     """`ncu`: at most this many kernels, most device time first, stopping once they cover 80 %
     of the custom kernels' device time."""
     triton_aot: bool = True
-    """On a machine without a GPU, also compile Triton kernels for sm_90 to catch errors the
-    interpreter misses."""
+    """On a machine without a GPU, also compile the Triton kernels a candidate launched for
+    sm_90 (`evaluator.build.triton_aot`), after its correctness trials: the interpreter runs
+    programs the GPU compiler rejects (a `tl.dot` of a 2-D and a 1-D block is `compile_error`
+    with it, `tests/evaluator/test_triton_aot_cpu.py`). Off: the tests' CPU configs, where its
+    compile time buys nothing they check."""
     cache_dir: Path = Field(default_factory=_default_cache_dir)
     """Baseline timings, extension builds, nvcc checks and inductor caches live under here
     (`private/`, harness-only when the harness is root; see `evaluator.isolation.private_dir`)."""
@@ -330,6 +317,16 @@ class EvalConfig(BaseModel):
     salt: str | None = None
     """Seed salt for the correctness inputs; None draws a fresh random one per evaluation
     (so a candidate cannot hard-code its inputs). Set it only to reproduce a run."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in data:
+                if name in REMOVED:
+                    raise ValueError(f"{name} was removed on 2026-12-05 ({REMOVED[name]}); "
+                                     "drop it: the evaluator always runs as its default did")
+        return data
 
     @field_validator("policy")
     @classmethod

@@ -21,9 +21,7 @@ from kloop.evaluator.common.result import (
     TimingStats,
 )
 
-ChildMode = Literal["reference", "candidate", "compile", "warmup", "prime"]
-PRIME_ARCH_ENV = "KLOOP_PRIME_ARCH"
-"""The prime child's target: the GPU's compute capability as Triton spells it (`90`)."""
+ChildMode = Literal["reference", "candidate", "compile"]
 
 
 class _Rec(BaseModel):
@@ -109,8 +107,6 @@ class ReferenceJob(_Rec):
     """Strict construction: where to write the main model's constant fills for the candidate."""
     baselines: list[Literal["eager", "compile", "compile_ro"]]
     timing: TimingSpec | None
-    early_cuda_init: bool = False
-    """Create the CUDA context before reporting ready (`EvalConfig.cuda_init`)."""
     served64: list[Served64] = Field(default_factory=list)
     paired: bool = False
     """After its roles, say stage `paired` and serve every role on demand until `stop`: the
@@ -157,9 +153,6 @@ class CandidateJob(_Rec):
     build_dir: str | None = None
     tolerance: float = 1e-4
     """The policy's tolerance at this precision (the ghost check compares at it)."""
-    early_cuda_init: bool = False
-    """Create the CUDA context before reporting ready, before any candidate code is imported
-    (`EvalConfig.cuda_init`)."""
     construct_ahead: bool = False
     """Import the candidate and build its models on CPU before reporting ready
     (`EvalConfig.construct_at`): the harness has hidden `ahead_hidden` (the GPU's device nodes)

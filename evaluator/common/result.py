@@ -212,9 +212,9 @@ class TimingStats(_Record):
     events: BoundedEvents | None = None
     """The worker's events, each bounded by the trusted clock (GPU runs with a known bound)."""
     measured_as: Literal["reference", "candidate"] | None = None
-    """Baselines: served by the reference worker, or the reference's own code judged as a
-    candidate (`eager_baseline_from: candidate`, `evaluator.fair_baseline`); None: a
-    candidate's own timing."""
+    """Baselines: served by the reference worker; `candidate` only in results from before
+    2026-12-05, whose eager baseline could be the reference's own code judged as a candidate (a
+    mode since removed); None: a candidate's own timing."""
     gpu_before: GpuSample | None = None
     """The GPU just before the first timed call (NVML, read by the harness; GPU runs only)."""
     gpu_after: GpuSample | None = None

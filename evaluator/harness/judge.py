@@ -151,7 +151,6 @@ def candidate_job(run: EvalRun, ref: ReferenceJob, build_dir: Path) -> Candidate
         memory_limit_bytes=mem, cpu_emulation=run.on_cpu and run.verdict.backend == "triton",
         triton_aot=run.config.triton_aot, build_dir=str(build_dir),
         tolerance=run.policy.tolerance(run.config.precision),
-        early_cuda_init=run.early_cuda_init,
     )
 
 

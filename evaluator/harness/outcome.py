@@ -184,53 +184,53 @@ def violated(*violations: Violation) -> list[Violated]:
     return [Violated(violation=v) for v in violations]
 
 
-def fold(run: Verdict, f: Finding, root: Path) -> None:
+def fold(v: Verdict, f: Finding, root: Path) -> None:
     """Apply one finding to a verdict (the only writer of its fields)."""
     if isinstance(f, Decided):
-        if run.status is None:
-            run.status, run.stage = f.status, f.stage
+        if v.status is None:
+            v.status, v.stage = f.status, f.stage
             if f.error is not None:
-                run.error = for_model(f.error, root)
+                v.error = for_model(f.error, root)
     elif isinstance(f, Entered):
-        if run.status is None:  # a decided verdict keeps the stage it was decided in
-            run.stage = f.stage
+        if v.status is None:  # a decided verdict keeps the stage it was decided in
+            v.stage = f.stage
     elif isinstance(f, Reached):
-        if run.status is None and _STAGE_ORDER.index(f.stage) > _STAGE_ORDER.index(run.stage):
-            run.stage = f.stage
+        if v.status is None and _STAGE_ORDER.index(f.stage) > _STAGE_ORDER.index(v.stage):
+            v.stage = f.stage
     elif isinstance(f, Flagged):
-        run.flags.append(f.flag)
+        v.flags.append(f.flag)
     elif isinstance(f, Violated):
-        run.violations.append(f.violation)
+        v.violations.append(f.violation)
         if RULES[f.violation.rule].kind == "runtime":
-            run.flags.append(f.violation.rule)
+            v.flags.append(f.violation.rule)
     elif isinstance(f, Judged):
-        run.trials.append(f.trial)
+        v.trials.append(f.trial)
     elif isinstance(f, Noted):
-        for i, t in enumerate(run.trials):
+        for i, t in enumerate(v.trials):
             if t.trial == f.trial:
-                run.trials[i] = t.model_copy(update={"message": f.message})
+                v.trials[i] = t.model_copy(update={"message": f.message})
     elif isinstance(f, Failed):
-        run.error = for_model(f.error, root)
+        v.error = for_model(f.error, root)
     elif isinstance(f, Measured):
-        setattr(run, f.what, f.stats)
+        setattr(v, f.what, f.stats)
     elif isinstance(f, Built):
-        run.compile = f.log
+        v.compile = f.log
     elif isinstance(f, Profiled):
-        run.profile = f.summary
+        v.profile = f.summary
     elif isinstance(f, Observed):
-        run.env = f.env
+        v.env = f.env
     elif isinstance(f, Precision):
-        run.precision_calls += f.timed_call
+        v.precision_calls += f.timed_call
         # The first check stands unless a later one fails: the result shows a failure.
-        if run.precision is None or (run.precision.ok and not f.check.ok):
-            run.precision = f.check
+        if v.precision is None or (v.precision.ok and not f.check.ok):
+            v.precision = f.check
     elif isinstance(f, Compared):
-        run.head_to_head = f.head_to_head
+        v.head_to_head = f.head_to_head
     elif isinstance(f, Paired):
-        run.paired, run.speedup_ci = f.summary, dict(f.intervals)
+        v.paired, v.speedup_ci = f.summary, dict(f.intervals)
     elif isinstance(f, Detected):
-        run.backend, run.has_custom_kernel = f.backend, f.has_custom_kernel
+        v.backend, v.has_custom_kernel = f.backend, f.has_custom_kernel
     elif isinstance(f, Clocked):
-        run.stage_seconds[f.name] = round(run.stage_seconds.get(f.name, 0.0) + f.seconds, 3)
+        v.stage_seconds[f.name] = round(v.stage_seconds.get(f.name, 0.0) + f.seconds, 3)
     else:  # pragma: no cover - a new kind of finding without a rule
         raise TypeError(f"no rule folds a {type(f).__name__}")

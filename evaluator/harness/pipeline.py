@@ -1,7 +1,6 @@
 """`evaluate`: one candidate through the staged pipeline; `evaluate_many`: a batch of them.
 
 static (parse, backend, static rules) -> compile (child, no GPU) -> reference (reference worker)
--> [the eager baseline measured as a candidate, if asked: `evaluator.fair_baseline`]
 -> candidate (candidate child, judged here). Each stage may end the run with a status; every
 number in the result comes from a child process, every verdict from this process.
 """
@@ -14,7 +13,6 @@ from collections.abc import Callable, Sequence
 from kloop.evaluator.common.config import EvalConfig
 from kloop.evaluator.common.result import EvalResult
 from kloop.evaluator.harness.checks import result_checks
-from kloop.evaluator.harness.fair_baseline import eager_as_candidate_stage
 from kloop.evaluator.harness.outcome import Flagged
 from kloop.evaluator.harness.reference import ReferenceOutput
 from kloop.evaluator.harness.stages import (
@@ -33,7 +31,7 @@ log = logging.getLogger(__name__)
 Stage = Callable[[EvalRun], None]
 FRONT_STAGES: tuple[Stage, ...] = (static_stage, compile_stage)
 """Stages that never touch the device: `evaluator.scheduler` runs them ahead of it."""
-DEVICE_STAGES: tuple[Stage, ...] = (reference_stage, eager_as_candidate_stage, candidate_stage)
+DEVICE_STAGES: tuple[Stage, ...] = (reference_stage, candidate_stage)
 STAGES = FRONT_STAGES + DEVICE_STAGES
 
 

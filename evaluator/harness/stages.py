@@ -11,8 +11,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import logging
-import re
-import shutil
 import sys
 import threading
 import time
@@ -20,7 +18,6 @@ from pathlib import Path
 
 from kloop.evaluator.build import buildstore, cxx_pch, lean, pch
 from kloop.evaluator.common.protocol import (
-    PRIME_ARCH_ENV,
     CandidateJob,
     CompileJob,
     CompileMsg,
@@ -182,7 +179,7 @@ def _build_env(run: EvalRun) -> dict[str, str]:
            "KLOOP_NVCC_CHECK_CACHE": str(run.root / "compile" / "nvcc_cache"),
            "KLOOP_NVCC_CHECK_VERIFIED": str(run.root / "nvcc_checks"),
            "TRITON_CACHE_DIR": str(run.root / "triton"),
-           # This evaluation's own (the warm-up child fills it for the candidate child).
+           # This evaluation's own: what one candidate's compiles leave reaches no other.
            "TORCHINDUCTOR_CACHE_DIR": str(run.root / "inductor")}
     if run.config.lean_cuda == "on":  # the compile child's and the candidate child's key
         env[lean.ENV] = "1"
@@ -235,15 +232,14 @@ def _as_reference(stats: TimingStats | None) -> TimingStats | None:
 
 def reference_job(run: EvalRun) -> ReferenceJob:
     """What the reference worker does. `paired`: it stays after its own stage and serves its
-    baselines again, interleaved with the candidate's timed calls (`harness.paired`), unless
-    the eager baseline comes from the candidate path (`eval.eager_baseline_from`)."""
+    baselines again, interleaved with the candidate's timed calls (`harness.paired`)."""
     return ReferenceJob(
         problem=run.problem_spec(), trials=ref_trials(run), baselines=baseline_kinds(run),
         timing=run.timing_spec(),
         fills_path=str(run.root / "cand" / "fills_main.pt")
         if run.policy.noisy_construction else None,
-        early_cuda_init=run.early_cuda_init, served64=served64(run),
-        paired=run.config.eager_baseline_from != "candidate",
+        served64=served64(run),
+        paired=True,
     )
 
 
@@ -274,10 +270,6 @@ def candidate_stage(run: EvalRun) -> None:
     """Run the candidate child and judge what it produces, trial by trial (evaluator.judge)."""
     run.record(Entered(stage="load"))
     job = candidate_job(run, reference_job(run), build_dir(run))
-    if wants_prime(run):
-        prime_pass(run, job)
-    if wants_warmup(run):
-        warmup_pass(run, job)
     if run.incumbent is not None:
         from kloop.evaluator.harness.headtohead import start_incumbent
 
@@ -369,83 +361,6 @@ def _trace(run: EvalRun, msg: object, at: float, judged: float) -> None:
                  if getattr(msg, a, None) is not None), "")
     log.debug("%s %s %s %s: at %.3f s, judged in %.3f s", run.root.name, run.problem.id,
               type(msg).__name__, what, at, judged)
-
-
-_JIT_USE = re.compile(r"\btriton\b|torch\.compile\b|\bcompile\s*\(")
-
-
-def wants_warmup(run: EvalRun) -> bool:
-    mode = run.config.jit_warmup
-    if mode == "off" or (mode == "auto" and run.on_cpu):
-        return False
-    return mode == "on" or bool(_JIT_USE.search(run.source))
-
-
-def warmup_pass(run: EvalRun, job: CandidateJob) -> None:
-    """One forward of the candidate in a child of its own under the *shared* device lock
-    (`evaluator.devicelock`): its JIT compiles run beside other warm-ups, and the candidate
-    child, under the exclusive lock, finds them in this evaluation's caches. The warm-up child
-    is sandboxed and contained like the candidate child, holds its share until it is gone (no
-    device work of its can overlap a timing), and nothing it says is judged: the candidate
-    child does all of it again. Its wall time is `stage_seconds["warmup"]`."""
-    warm = run.root / "warm"
-    job = _jit_only(job, warm)
-    with run.timed("warmup"), run.on_device(
-            "warmup", job, warm, ["load", "correctness"], _candidate_env(run),
-            shared=True) as child:
-        for _ in child.messages():
-            pass
-        outcome = child.outcome()
-    if outcome.returncode != 0:
-        log.info("warm-up child of %s ended %s (%s): the candidate child will show it",
-                 run.problem.id, outcome.returncode, outcome.killed_for)
-
-
-def _jit_only(job: CandidateJob, workdir: Path) -> CandidateJob:
-    """The job of a child that runs the candidate only so its JIT compiles (warm-up, prime):
-    its own copy of the source in its own dir, so it gets no write access to the candidate
-    child's dir (it could rewrite the source the static rules judged, or the trials' inputs);
-    no reference fills and no trials (shapes, not values, decide what the JIT compiles)."""
-    src = Path(job.candidate_path)
-    shutil.copyfile(src, workdir / src.name)
-    return job.model_copy(update={"candidate_path": str(workdir / src.name), "fills_path": None,
-                                  "trials": []})
-
-
-def wants_prime(run: EvalRun) -> bool:
-    mode = run.config.jit_prime
-    return mode == "on" or (mode == "auto" and not run.on_cpu and run.verdict.backend == "triton")
-
-
-def triton_arch(arch_list: str) -> int:
-    """Triton's `GPUTarget` arch of the first entry of a `TORCH_CUDA_ARCH_LIST`: `9.0`, `9.0a`
-    and `9.0+PTX` are all 90 (Triton adds the `a` of sm_90a itself; the H200's environment
-    sets `9.0a`, which `int()` refused, so the prime compiled nothing there)."""
-    major_minor = re.match(r"(\d+)\.(\d)", arch_list.split()[0].split(";")[0])
-    if major_minor is None:
-        raise ValueError(f"not a CUDA architecture: {arch_list!r}")
-    return int(major_minor.group(1)) * 10 + int(major_minor.group(2))
-
-
-def prime_pass(run: EvalRun, job: CandidateJob) -> None:
-    """Compile the candidate's Triton kernels into this evaluation's Triton cache in a child
-    with no GPU and no lock (`evaluator.worker.prime`). Like the compile child it runs candidate
-    code outside the lock, so it is sandboxed and contained like it, its GPU device nodes are
-    hidden and it runs at idle CPU priority; it gets its own copy of the source, no fills and no
-    trials, and nothing it says is judged. Its wall time is `stage_seconds["prime"]`."""
-    workdir = run.root / "prime"
-    job = _jit_only(job, workdir)
-    arch = (cuda_arch_list(run.device) if not run.on_cpu else None) or "9.0"
-    env = {**_candidate_env(run), PRIME_ARCH_ENV: str(triton_arch(arch))}
-    env.pop("TRITON_INTERPRET", None)  # it compiles for the GPU, whatever this machine is
-    with run.timed("prime"), run.spawn("prime", job, workdir, ["load", "correctness"], env,
-                                       device="cpu") as child:
-        for _ in child.messages():
-            pass
-        outcome = child.outcome()
-    if outcome.returncode != 0:
-        log.info("JIT prime of %s ended %s: the candidate child compiles what it did not\n%s",
-                 run.problem.id, outcome.returncode, outcome.stderr_tail[-3000:])
 
 
 def _ncu_pass(run: EvalRun, job: CandidateJob) -> None:

@@ -163,7 +163,7 @@ class EvalRun:
         isolation.allow_page_locked_outputs()  # before any child (or the template) starts
         parent, contained = isolation.work_parent(config.work_root)
         root = Path(tempfile.mkdtemp(prefix="kloop-eval-", dir=parent))
-        for sub in ("cand", "warm", "prime", "ref", "compile", "triton", "inductor", "cache"):
+        for sub in ("cand", "ref", "compile", "triton", "inductor", "cache"):
             (root / sub).mkdir()
         if device != "cpu":  # Triton's runtime module, prebuilt: no gcc under the device lock
             triton_runtime.seed(config.cache_dir, root / "triton")
@@ -203,15 +203,11 @@ class EvalRun:
         under the lock (`EvalConfig.construct_at`): uncovering its device nodes in its mount
         namespace and restoring SCHED_OTHER need a root harness with the capabilities for
         both (`isolation.can_grant`) and the template process."""
-        return self.config.template_process and isolation.can_grant()
+        return isolation.can_grant()
 
     def ahead_paths(self) -> list[str]:
         """What a candidate child built ahead must not open before the lock."""
         return gpu_nodes() + list(self.config.hidden_from_builds)
-
-    @property
-    def early_cuda_init(self) -> bool:
-        return not self.on_cpu and self.config.cuda_init == "before_lock"
 
     def record(self, *findings: Finding) -> None:
         """Add findings to the run: the verdict is their fold (`verdict`)."""
@@ -226,15 +222,13 @@ class EvalRun:
         """A verdict (`Decided`: the first one stands)."""
         self.record(Decided(status=status, stage=stage, error=error))
 
-    def gpu_lock(self, shared: bool = False) -> contextlib.AbstractContextManager[None]:
+    def gpu_lock(self) -> contextlib.AbstractContextManager[None]:
         """The device lock of this evaluation's GPU stages (`evaluator.devicelock`), named after
         the physical GPU; its files live in the host's lock dir, whatever the cache dir, closed
         to candidate code (`isolation.host_lock_dir`)."""
         from kloop.evaluator.procs.isolation import host_lock_dir
 
-        host = self.config.device_lock == "host"
-        return device_lock(gpu_lock_name(self.device), host_lock_dir() if host else None,
-                           shared=shared)
+        return device_lock(gpu_lock_name(self.device), host_lock_dir())
 
     @contextlib.contextmanager
     def timed(self, name: str) -> Iterator[None]:
@@ -251,19 +245,19 @@ class EvalRun:
     @contextlib.contextmanager
     def on_device(self, mode, job, workdir: Path, stages: list[str],
                   extra_env: dict[str, str] | None = None, serves: bool = False,
-                  shared: bool = False, keep: bool = False,
+                  keep: bool = False,
                   mask: list[Path] | None = None) -> Iterator[Child]:
         """A child that uses the device. Its start and imports run outside the device lock; the
         lock is taken when the child says it is ready (its time limits stand still meanwhile),
         and given back only once the child is gone: the device work of two children never
-        overlaps (`shared`: never overlaps an exclusive holder's), and no process start holds
-        the device. A candidate child built ahead (`CandidateJob.construct_ahead`) gets its
-        device nodes and its CPU priority back once the lock is held (`Child.grant`); one that
-        asked to be judged again, or could not be given them, never gets `go` (`child.retry`).
+        overlaps, and no process start holds the device. A candidate child built ahead
+        (`CandidateJob.construct_ahead`) gets its device nodes and its CPU priority back once the
+        lock is held (`Child.grant`); one that asked to be judged again, or could not be given
+        them, never gets `go` (`child.retry`).
         `keep`: the child outlives the block (in `kept`, ended at `cleanup` or by its caller)
         and the lock is given back at the block's end: a trusted worker that does no device
         work until the harness asks it to, under a later hold."""
-        lock = self.gpu_lock(shared)
+        lock = self.gpu_lock()
         with contextlib.ExitStack() as held:  # outside the child's block: kept till it is gone
             spawned = time.monotonic()
             made = self.spawn(mode, job, workdir, stages, extra_env, serves=serves, mask=mask)
@@ -354,18 +348,17 @@ class EvalRun:
         timeouts.update({s: getattr(c.timeouts, s) for s in stages})
         extra = dict(extra_env or {})
         # Candidate code outside the device lock: idle CPU time only, and no GPU.
-        outside = mode in ("compile", "prime")
+        outside = mode == "compile"
         if outside or ahead:
             extra[linux.BACKGROUND_ENV] = "1"
         if self.on_cpu:
             extra.setdefault("OMP_NUM_THREADS", str(c.cpu_threads))
         env = child_env(workdir / "home", device or self.device, extra)
         rss = int(c.host_rss_limit_gb * (1 << 30))
-        # Candidate code runs in the candidate, warm-up and compile children (importing it
-        # builds).
-        runs_candidate = mode in ("candidate", "compile", "warmup", "prime")
+        # Candidate code runs in the candidate and compile children (importing it builds).
+        runs_candidate = mode in ("candidate", "compile")
         plan = self.sandbox if runs_candidate else None
-        # Compile and prime children run candidate code outside the device lock: no GPU.
+        # The compile child runs candidate code outside the device lock: no GPU.
         hide = gpu_nodes() + list(c.hidden_from_builds) if outside else \
             list(getattr(job, "ahead_hidden", [])) if ahead else []
         # Contained (a root harness): only its own evaluation's dir is visible, and no process
@@ -375,10 +368,10 @@ class EvalRun:
         contain = self.contained and runs_candidate
         disk = DiskLimit(self.root, int(c.disk_limit_gb * (1 << 30))) if runs_candidate else None
         # Covered by an empty tmpfs: the reference worker's dir and the harness's private cache
-        # for every child that runs candidate code, and the candidate child's dir for those that
-        # run before it (compile, warm-up: they must not rewrite the source the static rules
-        # judged, or the trials' inputs). Modes keep a pool uid out of them, but not root
-        # without capabilities or a non-root harness's own uid.
+        # for every child that runs candidate code, and the candidate child's dir for the one
+        # that runs before it (compile: it must not rewrite the source the static rules judged,
+        # or the trials' inputs). Modes keep a pool uid out of them, but not root without
+        # capabilities or a non-root harness's own uid.
         # A harness that is not root contains through a user namespace. Everything but its
         # evaluation's dir (and the tests' drop boxes) is read-only to a contained child,
         # whatever its identity: a pool uid could otherwise write wherever modes let any uid
@@ -400,7 +393,7 @@ class EvalRun:
             private=private_roots(str(Path.home())) if contain else [],
             needed=[str(self.problem.path)] if contain else [])
         child = Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes, plan,
-                      serves=serves, template=c.template_process, confine=confine, disk=disk,
+                      serves=serves, confine=confine, disk=disk,
                       on_uncontained=lambda: self.record(Flagged(flag="isolation_uncontained")),
                       ahead=ahead)
         quiet = cores.plan()

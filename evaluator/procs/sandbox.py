@@ -131,12 +131,14 @@ class _Tail:
 
 
 class Child:
-    """One running child; use as a context manager so it is always killed and reaped."""
+    """One running child; use as a context manager so it is always killed and reaped. It starts
+    as a fork of the template process (`evaluator.forkserver`) where that works, else as a fresh
+    interpreter."""
 
     def __init__(self, mode: ChildMode, job: BaseModel, workdir: Path, env: dict[str, str],
                  timeouts: dict[str, float], rss_limit_bytes: int | None, tail_bytes: int,
                  sandbox: SandboxPlan | None = None, serves: bool = False,
-                 template: bool = False, confine: Confinement | None = None,
+                 confine: Confinement | None = None,
                  disk: DiskLimit | None = None,
                  on_uncontained: Callable[[], None] | None = None, ahead: bool = False):
         self.mode, self.workdir, self.env = mode, workdir, env
@@ -155,8 +157,6 @@ class Child:
         self.on_uncontained = on_uncontained
         """Called when `hide`/`keep` were asked for but the child had to start the plain way
         (no template process): it then runs without them, and the result must say so."""
-        self.template = template
-        """Fork the child from the template process (`evaluator.forkserver`) when it can."""
         self.confine = confine or Confinement()
         """Namespaces and mounts of a template-forked child (`zygote.ForkRequest`): a compile
         child runs candidate code outside the device lock, so the GPU's device nodes are hidden
@@ -199,7 +199,7 @@ class Child:
             fds += self.calls.child_fds()
         try:
             with isolation.SPAWN_LOCK:
-                forked = self._forked(fds, identity) if self.template else None
+                forked = self._forked(fds, identity)  # None: the plain way
                 self.forked = forked is not None
                 if forked is None and (self.confine.hide or self.confine.keep) and \
                         self.on_uncontained:

@@ -99,12 +99,22 @@ def rows(config: EvalConfig, problem_path: Path) -> list[CheckRow]:
     out.append(_page_lock_row())
     out.append(CheckRow(name="build slots", ok=True, trust=False,
                         detail=str(config.build_slots or default_slots())))
-    out.append(CheckRow(name="device lock", ok=config.device_lock == "host", trust=False,
-                        detail=config.device_lock))
+    out.append(_lock_row())
     out.append(_quiet_row())
     out.append(_ahead_row(config))
     out.append(_lean_row(config, on_gpu))
     return out
+
+
+def _lock_row() -> CheckRow:
+    """Where the device lock's files live (`isolation.host_lock_dir`): every kloop process of
+    this user on this host waits there for the others; a dir that is not ours stops every GPU
+    evaluation."""
+    try:
+        where = isolation.host_lock_dir()
+    except RuntimeError as e:
+        return CheckRow(name="device lock", ok=False, trust=False, detail=str(e))
+    return CheckRow(name="device lock", ok=True, trust=False, detail=f"host-wide: {where}")
 
 
 def _lean_row(config: EvalConfig, on_gpu: bool) -> CheckRow:
@@ -143,7 +153,7 @@ def _ahead_row(config: EvalConfig) -> CheckRow:
     speed only; where they cannot, they build under it as before."""
     if config.construct_at == "under_lock":
         return CheckRow(name="build ahead", ok=None, trust=False, detail="off (under_lock)")
-    able = config.template_process and isolation.can_grant()
+    able = isolation.can_grant()
     missing = [name for name, cap in (("SYS_ADMIN", isolation.CAP_SYS_ADMIN),
                                       ("SYS_CHROOT", isolation.CAP_SYS_CHROOT),
                                       ("SYS_PTRACE", isolation.CAP_SYS_PTRACE),
@@ -154,8 +164,7 @@ def _ahead_row(config: EvalConfig) -> CheckRow:
         detail="models built before the device lock, the device hidden until it is held" if able
         else "models built under the device lock: " + (
             "not root" if not isolation.can_change_uid() else
-            f"the harness lacks {', '.join(missing)}" if missing else
-            "no template process" if not config.template_process else "a user namespace"))
+            f"the harness lacks {', '.join(missing)}" if missing else "a user namespace"))
 
 
 def _quiet_row() -> CheckRow:

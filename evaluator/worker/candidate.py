@@ -74,8 +74,7 @@ def run_candidate(job: CandidateJob, ch: Channel,
         if isinstance(ahead, str):
             ch.send(ReadyMsg(ahead=True, retry=ahead))
             return
-    if not wait_for_device(ch, job.problem.device if job.early_cuda_init and ahead is None
-                           else None, ahead=ahead is not None):
+    if not wait_for_device(ch, ahead=ahead is not None):
         return
     if ahead is None:
         base, loaded = _load_under_lock(job, ch)
@@ -188,8 +187,7 @@ def _trial(loaded: Loaded, trial: CandTrial, job: CandidateJob, ch: Channel,
 
 
 def run_forward(job: CandidateJob, ch: Channel, calls: int = 2) -> None:
-    """Build the candidate and call it a few times on timing inputs (replayed under ncu; once
-    in the warm-up child, whose time limits follow the stages named here)."""
+    """Build the candidate and call it a few times on timing inputs (replayed under ncu)."""
     apply_numerics(job.problem.allow_tf32)
     ch.stage("load")
     loaded = _load(job, ch)
@@ -202,15 +200,6 @@ def run_forward(job: CandidateJob, ch: Channel, calls: int = 2) -> None:
             loaded.model(*inputs)
     sync(job.problem.device)
     ch.send(DoneMsg())
-
-
-def run_warmup(job: CandidateJob, ch: Channel) -> None:
-    """The JIT warm-up pass (`stages.warmup_pass`): once the harness says go (under the shared
-    device lock), build the candidate and call it once on the timing inputs, so that its JIT
-    compilers (Triton, inductor) fill this evaluation's caches outside the exclusive device
-    lock. Nothing it does is judged or believed; the candidate child repeats all of it."""
-    if wait_for_device(ch, job.problem.device if job.early_cuda_init else None):
-        run_forward(job, ch, calls=1)
 
 
 def _before_import(job: CandidateJob) -> None:

@@ -2,9 +2,8 @@
 
 MODE is `reference` (the trusted reference worker, see `evaluator.worker.reference_worker`), `candidate` (the
 one process that imports and runs candidate code), `compile` (imports the candidate only to
-build or check its kernels), `forward` (a few forwards and nothing else, for `ncu`) or `warmup`
-(one forward to fill the JIT caches, under the shared device lock). Results go to RESULT_FD as
-JSON lines (`evaluator.protocol`).
+build or check its kernels) or `forward` (a few forwards and nothing else, for `ncu`). Results
+go to RESULT_FD as JSON lines (`evaluator.protocol`).
 
 What the candidate process gets: the problem file, its own work dir with `candidate.py` and the
 correctness inputs. Never the seeds, never the expected outputs, never the verdict.
@@ -112,29 +111,13 @@ def limit_memory(limit_bytes: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
 
 
-def wait_for_device(channel: Channel, init_cuda: str | None = None, ahead: bool = False) -> bool:
+def wait_for_device(channel: Channel, ahead: bool = False) -> bool:
     """Before the process's first use of the device: say it is ready and wait for `go` (the
-    harness takes the device lock first, so a process start and its imports never hold it).
-    `init_cuda`: a CUDA device whose context to create first (`EvalConfig.cuda_init`);
+    harness takes the device lock first, so a process start and its imports never hold it, and
+    the CUDA context is made under it: one made beside a timing widens its tail).
     `ahead`: a candidate child that built its models before (`ReadyMsg.ahead`)."""
-    if init_cuda is not None and init_cuda.startswith("cuda"):
-        create_context(init_cuda)
     channel.send(ReadyMsg(ahead=ahead))
     return read_control().next == "go"
-
-
-def create_context(device: str) -> bool:
-    """The CUDA context of this process, made before the device lock: driver work that
-    launches no kernel, in trusted code (nothing of the candidate's is imported yet). A failure
-    is not reported here: the first use of the device, under the lock, meets it again and
-    reports it where it always did. True when the context exists."""
-    try:
-        import torch
-
-        torch.cuda.synchronize(device)  # the first call that needs a context makes it
-        return torch.cuda.is_initialized()
-    except Exception:
-        return False
 
 
 def read_control() -> Control:
@@ -155,7 +138,7 @@ def call_server(fds: tuple[int, int, int] | None, layout_json: str | None, devic
 def main(argv: list[str]) -> int:
     mode, job_path, fd = argv[1], Path(argv[2]), int(argv[3])
     fds = tuple(int(x) for x in argv[4].split(",")) if len(argv) > 4 else None
-    if mode in ("candidate", "compile", "forward", "warmup", "prime"):
+    if mode in ("candidate", "compile", "forward"):
         from kloop.evaluator.worker.confine import confine_child
 
         confine_child()
@@ -171,18 +154,6 @@ def main(argv: list[str]) -> int:
         from kloop.evaluator.worker.candidate import run_forward
 
         run_forward(CandidateJob.model_validate_json(raw), channel)
-    elif mode == "warmup":
-        job = CandidateJob.model_validate_json(raw)
-        limit_memory(job.memory_limit_bytes)
-        from kloop.evaluator.worker.candidate import run_warmup
-
-        run_warmup(job, channel)
-    elif mode == "prime":
-        job = CandidateJob.model_validate_json(raw)
-        limit_memory(job.memory_limit_bytes)
-        from kloop.evaluator.worker.prime import run_prime
-
-        run_prime(job, channel)
     elif mode == "reference":
         from kloop.evaluator.worker.reference_worker import run_reference
 

@@ -89,7 +89,7 @@ def run_reference(job: ReferenceJob, ch: Channel,
     except BaseException as e:
         ch.error("reference", e, spec.path, "runtime_error")
         return
-    if not wait_for_device(ch, spec.device if job.early_cuda_init else None):
+    if not wait_for_device(ch):
         return
     ch.stage("reference")
     try:

@@ -30,6 +30,28 @@ def test_unknown_keys_and_bad_values_name_the_key(tmp_path):
         load_config([])
 
 
+def test_a_removed_evaluator_setting_is_refused_by_name_and_old_run_configs_still_load(tmp_path):
+    """Mechanism settings removed on 2026-12-05 (`evaluator.config.REMOVED`): an experiment file
+    that names one is refused as an unknown key is, saying why; a run saved before the removal
+    (its config.json holds all six at their defaults) still reads, and starts again."""
+    from pathlib import Path
+
+    from kloop.agent.store import RunConfigRecord
+
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("model:\n  spec: scripted:x\neval:\n  jit_warmup: auto\n")
+    with pytest.raises(ConfigError, match=r"eval: jit_warmup was removed on 2026-12-05"):
+        load_config([str(exp)])
+    with pytest.raises(ConfigError, match=r"eval: device_lock was removed"):
+        load_config(["model.spec=scripted:x", "eval.device_lock=host"])
+    saved = (Path(__file__).resolve().parents[2] / "runs" / "examples" / "search-h200" / "cells"
+             / "base__1x4__base__base__seed0" / "config.json")
+    assert '"jit_warmup"' in saved.read_text() and '"eager_baseline_from"' in saved.read_text()
+    record = RunConfigRecord.model_validate_json(saved.read_text())
+    assert record.config.eval.device == "cuda"
+    assert load_config([str(saved)]).eval == record.config.eval
+
+
 def test_saved_config_json_round_trips_and_the_digest_ignores_where_it_runs(tmp_path):
     from kloop.agent.store import RunStore
 
@@ -41,9 +63,9 @@ def test_saved_config_json_round_trips_and_the_digest_ignores_where_it_runs(tmp_
     moved = cfg.model_copy(update={"runs_dir": tmp_path, "run_id": "x", "concurrency": 9,
                                    "problems": ["L3/2"]})
     assert moved.digest() == cfg.digest()
-    # How children start and what builds may not open change no episode either.
+    # How many builds run at once and what builds may not open change no episode either.
     started = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={
-        "template_process": False, "hidden_from_builds": ["/dev/x"], "build_slots": 3})})
+        "hidden_from_builds": ["/dev/x"], "build_slots": 3})})
     assert started.digest() == cfg.digest()
     assert load_config(["model.spec=scripted:x", "strategy.turns=3"]).digest() != cfg.digest()
 

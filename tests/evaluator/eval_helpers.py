@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 from kloop.evaluator.common.config import EvalConfig, StageTimeouts
@@ -43,6 +45,22 @@ def cpu_config(cache_dir: Path, **overrides) -> EvalConfig:
     fields.update(overrides)
     fields.setdefault("child_writable", list(DROP_BOXES))
     return EvalConfig(**fields)
+
+
+@contextlib.contextmanager
+def plain_start() -> Iterator[None]:
+    """Within the block, children of this process start as fresh interpreters, as where the
+    template process cannot be used (not Linux, no subreaper): templates of their own that find
+    it unusable, so the ones already running are left as they are."""
+    from kloop.evaluator.procs import forkserver
+
+    saved = forkserver._SERVERS, forkserver.usable
+    forkserver._SERVERS = {k: forkserver.ForkServer(interpret=k) for k in (False, True)}
+    forkserver.usable = lambda: False
+    try:
+        yield
+    finally:
+        forkserver._SERVERS, forkserver.usable = saved
 
 
 # A reference that runs eagerly but that torch.compile cannot trace (in either mode): its

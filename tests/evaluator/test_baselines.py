@@ -12,7 +12,6 @@ from eval_helpers import UNCOMPILABLE, candidate, cpu_config
 from kloop.evaluator.common.protocol import TimingSpec
 from kloop.evaluator.common.result import BoundedEvents, EnvInfo, EvalResult, TimingStats
 from kloop.evaluator.harness.baselines import BestBaseline, best_of
-from kloop.evaluator.harness.fair_baseline import honest_source
 from kloop.evaluator.harness.outcome import Decided, Measured
 from kloop.evaluator.harness.pipeline import evaluate
 from kloop.evaluator.harness.reference import (
@@ -24,7 +23,7 @@ from kloop.evaluator.harness.reference import (
 )
 from kloop.evaluator.harness.state import EvalRun
 from kloop.evaluator.procs.isolation import private_dir
-from kloop.problems.registry import get_problem, load_problem_set
+from kloop.problems.registry import get_problem, load_problem_set, reference_as_candidate
 
 
 def stats(ms: float, events_ms: float | None = None) -> TimingStats:
@@ -185,7 +184,7 @@ def test_compiled_baselines_that_fail_are_flagged_and_the_evaluation_goes_on(tmp
     (folder / "1_Uncompilable.py").write_text(UNCOMPILABLE)
     problem = load_problem_set(folder).problems[0]
     cfg = cpu_config(tmp_path / "cache", baselines="all", problem_overrides={})
-    first = evaluate(problem, honest_source(UNCOMPILABLE), cfg)
+    first = evaluate(problem, reference_as_candidate(UNCOMPILABLE), cfg)
     assert first.status == "correct", first.error
     assert first.eager is not None and first.compiled is None and first.compiled_ro is None
     failures = sorted(f for f in first.flags if "_failed" in f)
@@ -199,7 +198,7 @@ def test_compiled_baselines_that_fail_are_flagged_and_the_evaluation_goes_on(tmp
     # Marked, so that a flag read from the record tells itself from one served again.
     marked = {role: [f"{f}, as cached" for f in fs] for role, fs in record.flags.items()}
     path.write_text(record.model_copy(update={"flags": marked}).model_dump_json())
-    second = evaluate(problem, honest_source(UNCOMPILABLE), cfg)
+    second = evaluate(problem, reference_as_candidate(UNCOMPILABLE), cfg)
     assert second.status == "correct", second.error
     assert sorted(f for f in second.flags if "_failed" in f) == [f"{f}, as cached" for f in failures]
     again = BaselineRecord.model_validate_json(path.read_text())

@@ -74,15 +74,14 @@ def test_a_child_not_kept_from_the_device_builds_under_the_lock_and_says_so(tmp_
     sys.path.insert(0, str(Path(__file__).parent))
     from eval_helpers import cpu_config
 
-    from kloop.evaluator.harness.fair_baseline import honest_source
     from kloop.evaluator.harness.pipeline import evaluate
     from kloop.evaluator.procs.sandbox import KLOOP_ROOT
-    from kloop.problems.registry import get_problem
+    from kloop.problems.registry import get_problem, reference_as_candidate
 
     # Beside kloop's own files, which every child sees: under /tmp (tmp_path) the host view
     # hides the whole directory, and a path the child cannot see at all it is kept from.
     uncoverable = Path(tempfile.mkdtemp(prefix=".uncoverable-", dir=KLOOP_ROOT))
-    source = honest_source(get_problem("L3/1").path.read_text())
+    source = reference_as_candidate(get_problem("L3/1").path.read_text())
     config = cpu_config(tmp_path / "cache", construct_at="before_lock",
                         hidden_from_builds=[str(uncoverable)])
     try:

@@ -1,6 +1,6 @@
-"""GPU stages of evaluations in different processes never overlap when they share a lock dir
-(`EvalConfig.device_lock = "host"`, the default: the host's, whatever their cache dirs), and do
-without one. Runs on CPU: the lock only looks at the device name."""
+"""GPU stages of evaluations in different processes never overlap when they share a lock dir (the
+host's, whatever their cache dirs), and do in different ones. Runs on CPU: the lock only looks
+at the device name."""
 
 from __future__ import annotations
 
@@ -11,14 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from kloop.evaluator.common.config import EvalConfig
-
 _HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     from kloop.evaluator.procs.devicelock import device_lock
-    lock_dir = Path(sys.argv[2]) if sys.argv[2] != "-" else None
-    with device_lock("cuda:0", lock_dir):
+    with device_lock("cuda:0", Path(sys.argv[2])):
         start = time.time()
         time.sleep(1.0)
         end = time.time()
@@ -26,10 +23,11 @@ _HOLDER = textwrap.dedent("""
 """)
 
 
-def _intervals(tmp_path: Path, lock_dir: str) -> list[tuple[float, float]]:
-    outs = [tmp_path / f"interval_{i}" for i in range(3)]
-    procs = [subprocess.Popen([sys.executable, "-c", _HOLDER, str(o), lock_dir]) for o in outs]
-    assert [p.wait(timeout=60) for p in procs] == [0, 0, 0]
+def _intervals(tmp_path: Path, lock_dirs: list[Path]) -> list[tuple[float, float]]:
+    outs = [tmp_path / f"interval_{i}" for i in range(len(lock_dirs))]
+    procs = [subprocess.Popen([sys.executable, "-c", _HOLDER, str(o), str(d)])
+             for o, d in zip(outs, lock_dirs, strict=True)]
+    assert [p.wait(timeout=60) for p in procs] == [0] * len(procs)
     spans = [tuple(map(float, o.read_text().split())) for o in outs]
     return sorted(spans)  # type: ignore[arg-type]
 
@@ -39,14 +37,14 @@ def _overlaps(spans: list[tuple[float, float]]) -> bool:
 
 
 def test_a_shared_lock_dir_serialises_processes(tmp_path):
-    spans = _intervals(tmp_path, str(tmp_path / "locks"))
+    spans = _intervals(tmp_path, [tmp_path / "locks"] * 3)
     assert not _overlaps(spans), spans
     assert (tmp_path / "locks" / "cuda_0.lock").exists()
 
 
-def test_without_a_lock_dir_processes_overlap(tmp_path):
-    # The control: the same holders overlap when nothing serialises them.
-    assert _overlaps(_intervals(tmp_path, "-"))
+def test_processes_with_different_lock_dirs_overlap(tmp_path):
+    # The control: the same holders overlap when no lock dir is shared.
+    assert _overlaps(_intervals(tmp_path, [tmp_path / f"locks_{i}" for i in range(3)]))
 
 
 _RUN_HOLDER = textwrap.dedent("""
@@ -55,7 +53,7 @@ _RUN_HOLDER = textwrap.dedent("""
     from kloop.evaluator.common.config import EvalConfig
     from kloop.evaluator.harness.state import EvalRun
     run = EvalRun.__new__(EvalRun)  # only what gpu_lock reads
-    run.config = EvalConfig(cache_dir=Path(sys.argv[2]), device_lock="host")
+    run.config = EvalConfig(cache_dir=Path(sys.argv[2]))
     run.device = "cuda:0"
     with run.gpu_lock():
         start = time.time()
@@ -104,12 +102,6 @@ def test_a_lock_dir_that_is_not_ours_is_refused(tmp_path, monkeypatch):
     assert host_lock_dir() == tmp_path / "mine"
 
 
-def test_host_lock_is_the_default():
-    assert EvalConfig().device_lock == "host"
-    with pytest.raises(ValueError):
-        EvalConfig(device_lock="global")
-
-
 # ---- what the device lock covers in an evaluation ---------------------------------------------
 
 def _observed(monkeypatch, lock_dir: Path):
@@ -132,13 +124,12 @@ def _observed(monkeypatch, lock_dir: Path):
         self._observed_child = child
         return child
 
-    def observed_lock(self, shared=False):
+    def observed_lock(self):
         @contextlib.contextmanager
         def held():
-            with device_lock("cuda:9", lock_dir, shared=shared):
+            with device_lock("cuda:9", lock_dir):
                 child = self._observed_child
-                entry = {"mode": child.mode, "ready_at": child.ready_at, "locked": time.monotonic(),
-                         "shared": shared}
+                entry = {"mode": child.mode, "ready_at": child.ready_at, "locked": time.monotonic()}
                 try:
                     yield
                 finally:
@@ -188,31 +179,6 @@ def test_two_evaluations_start_their_processes_while_the_other_holds_the_device(
     # ...but some child got ready while another held the lock: starts ran beside device work.
     assert any(a["locked"] < b["ready_at"] < a["released"]
                for a in record for b in record if a is not b), record
-
-
-def test_the_jit_warmup_runs_under_the_shared_lock_and_never_beside_an_exclusive_holder(
-        monkeypatch, tmp_path):
-    """`jit_warmup`: a Triton candidate first runs once in a warm-up child under the shared
-    lock (its JIT fills this evaluation's cache); the warm-up is gone before any exclusive
-    holder starts, and the verdict is the candidate child's."""
-    from eval_helpers import candidate, cpu_config
-
-    from kloop.evaluator.harness.pipeline import evaluate_many
-
-    record = _observed(monkeypatch, tmp_path / "locks")
-    results = evaluate_many([("L3/1", candidate("mlp_triton.py")),
-                             ("L3/1", candidate("mlp_torch.py"))],
-                            cpu_config(tmp_path / "cache", jit_warmup="on"), max_workers=2)
-    assert [r.status for r in results] == ["correct", "correct"], [r.error for r in results]
-    assert "warmup" in results[0].stage_seconds and "warmup" in results[1].stage_seconds
-    modes = sorted(e["mode"] for e in record)
-    assert modes == ["candidate", "candidate", "reference", "reference", "warmup", "warmup"]
-    assert all(e["shared"] == (e["mode"] == "warmup") and
-               (e["child_gone"] or e["mode"] == "reference") for e in record)
-    for a in record:
-        for b in record:
-            if a is not b and not (a["shared"] and b["shared"]):
-                assert a["released"] <= b["locked"] or b["released"] <= a["locked"], (a, b)
 
 
 def test_each_device_child_reports_how_long_it_held_the_device(tmp_path):

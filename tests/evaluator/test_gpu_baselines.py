@@ -10,11 +10,10 @@ import pytest
 from eval_helpers import MLP_SMALL, UNCOMPILABLE, candidate
 
 from kloop.evaluator.common.config import EvalConfig
-from kloop.evaluator.harness.fair_baseline import honest_source
 from kloop.evaluator.harness.pipeline import evaluate
 from kloop.evaluator.harness.reference import BaselineRecord
 from kloop.evaluator.procs.isolation import private_dir
-from kloop.problems.registry import load_problem_set
+from kloop.problems.registry import load_problem_set, reference_as_candidate
 
 pytestmark = pytest.mark.gpu
 
@@ -61,7 +60,7 @@ def test_compiled_baselines_that_fail_on_the_gpu_are_flagged(tmp_path):
     folder.mkdir()
     (folder / "1_Uncompilable.py").write_text(UNCOMPILABLE)
     problem = load_problem_set(folder).problems[0]
-    r = evaluate(problem, honest_source(UNCOMPILABLE),
+    r = evaluate(problem, reference_as_candidate(UNCOMPILABLE),
                  EvalConfig(device="cuda", cache_dir=tmp_path / "cache"))
     assert r.status == "correct", r.error
     assert r.compiled is None and r.compiled_ro is None

@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 
 from kloop.evaluator.common.config import EvalConfig
-from kloop.evaluator.harness.fair_baseline import honest_source
 from kloop.evaluator.harness.pipeline import head_to_head
 from kloop.evaluator.harness.precheck import small_overrides
-from kloop.problems.registry import get_problem
+from kloop.problems.registry import get_problem, reference_as_candidate
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +17,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def mlp():
     p = get_problem("L3/1")
-    src = honest_source(p.path.read_text())
+    src = reference_as_candidate(p.path.read_text())
     cfg = EvalConfig(device="cpu", policy="kernelbench", problem_overrides=small_overrides(p.source))
     return p, src, cfg
 

@@ -60,11 +60,10 @@ def test_the_precision_check_runs_on_references_a_deep_copy_could_not_widen(
     import exploit_cases
     from eval_helpers import cpu_config
 
-    from kloop.evaluator.harness.fair_baseline import honest_source
     from kloop.evaluator.harness.pipeline import evaluate
-    from kloop.problems.registry import get_problem
+    from kloop.problems.registry import get_problem, reference_as_candidate
 
-    source = honest_source(get_problem(problem).path.read_text())
+    source = reference_as_candidate(get_problem(problem).path.read_text())
     r = evaluate(problem, source, cpu_config(tmp_path / "cache", policy="strict",
                                              problem_overrides=getattr(exploit_cases, sizes)))
     assert r.status == "correct", r.error

@@ -14,12 +14,11 @@ import torch
 
 from kloop.evaluator.common.config import EvalConfig
 from kloop.evaluator.common.protocol import ProblemSpec, ReferenceJob, RefTrial
-from kloop.evaluator.harness.fair_baseline import honest_source
 from kloop.evaluator.harness.pipeline import evaluate
 from kloop.evaluator.procs import isolation
 from kloop.evaluator.worker import reference_worker
 from kloop.evaluator.worker.construct import construct, draw_inputs, init_inputs, load_problem
-from kloop.problems.registry import get_problem, load_problem_set
+from kloop.problems.registry import get_problem, load_problem_set, reference_as_candidate
 
 SLOW_INIT = textwrap.dedent('''
     import time
@@ -58,7 +57,7 @@ def test_the_reference_builds_its_model_before_it_holds_the_device(tmp_path: Pat
     problem = load_problem_set(folder).problems[0]
     # The candidate builds the model too, sleeping the same 3 s per build: before its hold
     # where the harness can build ahead (`construct_at`), else under it.
-    result = evaluate(problem, honest_source(SLOW_INIT), EvalConfig(
+    result = evaluate(problem, reference_as_candidate(SLOW_INIT), EvalConfig(
         device="cpu", cache_dir=tmp_path / "cache", baselines="none", profile=False))
     assert result.status == "correct", result.error
     s = result.stage_seconds

@@ -90,64 +90,40 @@ def test_without_the_template_children_start_the_plain_way(tmp_path, drop_box, m
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cuda_init", ["before_lock", "under_lock"])
-def test_a_forked_child_initialises_the_gpu_and_is_timed(tmp_path, drop_box, cuda_init):
+def test_a_forked_child_initialises_the_gpu_and_is_timed(tmp_path, drop_box):
     """On a GPU: the template never touched the device, so its forks can; the probe says the
     child was a fork, its forward ran with a CUDA context, and the evaluation is correct and
-    timed by the harness, under either `cuda_init`. (Its import may see no context: the
-    candidate is built ahead where no device can be reached, `test_build_ahead`.)"""
+    timed by the harness. (Its import may see no context: the candidate is built ahead where no
+    device can be reached, `test_build_ahead`.)"""
     out = drop_box / "facts.json"
     r = evaluate("L3/1", _probe_source(out), cpu_config(
-        tmp_path / "cache", policy="kernelbench", device="cuda", problem_overrides=MLP_SMALL,
-        cuda_init=cuda_init))
+        tmp_path / "cache", policy="kernelbench", device="cuda", problem_overrides=MLP_SMALL))
     assert r.status == "correct" and r.timing is not None, r.error
     facts = json.loads(out.read_text())
     assert facts["template"] and facts["cuda_now"], facts  # the forward ran on the device
 
 
 _READY_THEN_LOOK = """
-import sys, torch
+import torch
 from kloop.evaluator.worker.child import Channel, wait_for_device
-went = wait_for_device(Channel(-1), sys.argv[1] or None)
+went = wait_for_device(Channel(-1))
 print(went, torch.cuda.is_initialized())
 """
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("early", [True, False])
-def test_an_early_context_exists_before_ready(early):
-    """`cuda_init: before_lock`: the child's context exists when it says ready (before the
-    harness takes the lock and says go); `under_lock`: nothing of CUDA is touched before go."""
+def test_nothing_of_cuda_is_touched_before_go():
+    """A child makes its CUDA context under the device lock, at its first use of the device:
+    none exists when it says ready and is told to go (one made beside a timing widens its
+    tail)."""
     import subprocess
     import sys
 
-    p = subprocess.run([sys.executable, "-c", _READY_THEN_LOOK, "cuda" if early else ""],
+    p = subprocess.run([sys.executable, "-c", _READY_THEN_LOOK],
                        input='{"next": "go"}\n', capture_output=True, text=True, timeout=120,
                        cwd=Path(__file__).resolve().parents[2])
     assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.split() == ["True", str(early)], p.stdout
-
-
-def test_a_child_whose_early_context_fails_reports_ready_and_goes_on(monkeypatch):
-    """`cuda_init: before_lock` where no context can be made (here: a CPU build of torch): the
-    child says ready and waits for `go` as always; the first use under the lock reports the
-    failure where it always did."""
-    import io
-
-    import torch
-
-    from kloop.evaluator.common.protocol import ReadyMsg
-    from kloop.evaluator.worker import child
-
-    if torch.cuda.is_available():
-        pytest.skip("a context can be made here")
-    assert child.create_context("cuda") is False
-    r, w = os.pipe()
-    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b'{"next": "go"}\n')))
-    assert child.wait_for_device(child.Channel(w), "cuda") is True
-    os.close(w)
-    with os.fdopen(r) as f:
-        assert ReadyMsg.model_validate_json(f.readline()) == ReadyMsg()
+    assert p.stdout.split() == ["True", "False"], p.stdout
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="hiding paths needs a root harness")

@@ -70,9 +70,9 @@ def test_the_candidate_child_loads_the_prebuilt_runtime(tmp_path):
     # The evaluation's own root, as the candidate stage sees it (a work root of the test's own,
     # under pytest's private tmp dir, is closed to the sandbox uid the candidate runs as).
     roots: list[Path] = []
-    wants_prime = stages.wants_prime
+    ahead = stages.construct_ahead
     mp = pytest.MonkeyPatch()
-    mp.setattr(stages, "wants_prime", lambda run: roots.append(run.root) or wants_prime(run))
+    mp.setattr(stages, "construct_ahead", lambda run: roots.append(run.root) or ahead(run))
     try:
         r = evaluate("L3/1", candidate("mlp_triton.py"),
                      cpu_config(cache, device="cuda", keep_workdir=True))

@@ -64,9 +64,9 @@ def test_check_with_no_such_gpu_is_one_line(tmp_path, monkeypatch):
 
 def test_the_probe_reports_from_inside_and_catches_a_sandbox_that_is_not_there(tmp_path):
     """The probe is an evaluated candidate: what it reports is what candidate code gets. With
-    the template process off there is no containment (namespaces come from the template), and
-    the probe says so instead of trusting the configuration."""
-    from eval_helpers import MLP_SMALL, cpu_config
+    no template process there is no containment (namespaces come from the template), and the
+    probe says so instead of trusting the configuration."""
+    from eval_helpers import MLP_SMALL, cpu_config, plain_start
 
     from kloop.evaluator.tools.trustcheck import probe
 
@@ -80,8 +80,9 @@ def test_the_probe_reports_from_inside_and_catches_a_sandbox_that_is_not_there(t
     assert found["probe: file tree"].ok is contained, found["probe: file tree"].detail
     # /etc/shadow: covered for a contained child; unreadable by modes to a pool uid.
     assert found["probe: host files"].ok is (contained or os.geteuid() != 0)
-    plain = {r.name: r for r in probe(cpu_config(tmp_path / "cache", template_process=False,
-                                                 problem_overrides=MLP_SMALL))}
+    with plain_start():
+        plain = {r.name: r for r in probe(cpu_config(tmp_path / "cache",
+                                                     problem_overrides=MLP_SMALL))}
     assert plain["probe: other processes"].ok is False
     assert plain["probe: other processes"].detail.startswith("pid ")
     assert plain["probe: identity"].ok  # capabilities are dropped either way

@@ -10,6 +10,7 @@ from kloop.problems.registry import (
     get_problem,
     load_problem_set,
     normalized_hash,
+    reference_as_candidate,
 )
 
 LENET = (BUNDLED_DIR / "level3" / "4_LeNet5.py").read_text()
@@ -110,3 +111,16 @@ def test_missing_or_empty_directory_is_a_clear_error(tmp_path):
         load_problem_set(tmp_path / "nope")
     with pytest.raises(ProblemError, match="no problem files"):
         load_problem_set(tmp_path)
+
+
+@pytest.mark.parametrize("problem", load_problem_set().problems, ids=lambda p: p.id)
+def test_every_reference_as_a_candidate_passes_the_static_stage(problem):
+    """Identity runs submit each reference as its own candidate (bench/identity.py): renamed,
+    it must be a candidate the static stage lets through, with no `Model` left."""
+    from kloop.evaluator.harness.checks import ast_rules
+    from kloop.evaluator.harness.precheck import precheck_source
+
+    src = reference_as_candidate(problem.path.read_text())
+    assert precheck_source(src) is None
+    assert [v for v in ast_rules(src, "torch", "strict") if v.severity == "reject"] == []
+    assert "class ModelNew(" in src and "class Model(" not in src
