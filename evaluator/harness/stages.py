@@ -215,7 +215,7 @@ def reference_stage(run: EvalRun, job: ReferenceJob | None = None,
     run.reference = out
     if out.parked:  # off the lock now, serving nothing until the candidate's timed calls
         run.ref_child = child
-    run.verdict.stage_seconds.update(out.stage_seconds)
+    run.record(*(Clocked(name=k, seconds=v) for k, v in out.stage_seconds.items()))
     kinds = job.baselines
     run.record(Observed(env=out.env),
                Measured(what="eager", stats=_as_reference(out.eager) if "eager" in kinds else None),

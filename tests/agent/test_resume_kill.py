@@ -34,6 +34,7 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from agent_fakes import FakeEvaluator
     import kloop.agent.replay, kloop.agent.run
+    from kloop import agent
     evaluator = FakeEvaluator(delay_s={delay})
     agent.run.build_evaluator = lambda cfg, problems: evaluator
     agent.replay.build_evaluator = lambda cfg, problems: evaluator

@@ -40,8 +40,9 @@ def test_check_reports_what_the_evaluator_would_apply_here(tmp_path, monkeypatch
 def test_check_names_the_capability_a_harness_lacks_to_build_ahead(tmp_path):
     import subprocess
 
-    code = ("import json; from evaluator.trustcheck import rows; from evaluator.config import "
-            "EvalConfig; from problems.registry import get_problem; "
+    code = ("import json; from kloop.evaluator.tools.trustcheck import rows; "
+            "from kloop.evaluator.common.config import EvalConfig; "
+            "from kloop.problems.registry import get_problem; "
             f"cfg = EvalConfig(device='cpu', cache_dir={str(tmp_path)!r}); "
             "r = {x.name: x for x in rows(cfg, get_problem('L3/1').path)}['build ahead']; "
             "print(json.dumps([r.ok, r.detail]))")
