@@ -22,7 +22,8 @@ from kloop.agent.episode import (
     EpisodeSpec,
     EpisodeState,
     ask_logged,
-    decide_best,
+    episode_record,
+    keep_turn,
     sha256_text,
 )
 from kloop.agent.episode import opening as turn_opening
@@ -142,19 +143,6 @@ def run_agent_episode(spec: EpisodeSpec, env: EpisodeEnv, done: list[TurnRecord]
             spend=Spend.of_reply(reply).model_copy(
                 update={"eval_s": out.eval_s, "wall_s": time.monotonic() - clock}),
             started_at=turn_start, finished_at=utcnow())
-        decide_best(state, rec, env.evaluator, meter)
-        env.sink.append_turn(rec)
-        state.add(rec)
-        if env.on_turn is not None:
-            env.on_turn(rec)
-    reason, detail = stop
-    return EpisodeRecord(
-        run_id=env.run_id, episode_key=spec.key, episode=spec.episode,
-        problem_id=spec.problem.id, problem_stem=spec.problem.stem,
-        problem_sha256=spec.problem.sha256, sample=spec.sample, round=spec.round,
-        parent=spec.parent, turns=len(state.own), statuses=[r.status for r in state.own],
-        stop_reason=reason, stop_detail=detail, best=state.best,
-        spend=state.spend + unrecorded, unrecorded_spend=unrecorded,
-        unrecorded_calls=unrecorded_calls, error=error,
-        started_at=started_at, finished_at=utcnow(),
-    )
+        keep_turn(env, state, rec, meter)
+    return episode_record(env, spec, state, stop, unrecorded, unrecorded_calls, error,
+                          started_at)

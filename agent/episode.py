@@ -23,14 +23,17 @@ from kloop.agent.records import (
     BestDecision,
     BestKernel,
     CallRecord,
+    EpisodeRecord,
     ModelFaultInfo,
+    StopReason,
     TurnRecord,
     TurnRef,
+    utcnow,
 )
 from kloop.agent.report.bound import Bound, bound_of
 from kloop.agent.tally import Measure, decide, replaces, speedup_interval
 from kloop.evaluator.common.config import Comparison
-from kloop.evaluator.common.result import EvalResult
+from kloop.evaluator.common.result import ErrorInfo, EvalResult
 from kloop.problems.cost import cost_of
 from kloop.problems.registry import Problem
 
@@ -280,3 +283,31 @@ def decide_best(state: EpisodeState, rec: TurnRecord, evaluator: Evaluator, mete
     if extra:
         meter.charge(Spend(eval_s=extra))
         rec.spend = rec.spend + Spend(eval_s=extra)
+
+
+def keep_turn(env: EpisodeEnv, state: EpisodeState, rec: TurnRecord, meter: Meter) -> None:
+    """A finished turn, in the order resume relies on: whether it replaces the best kernel,
+    then on disk, then in the episode's state (and the run's progress)."""
+    decide_best(state, rec, env.evaluator, meter)
+    env.sink.append_turn(rec)
+    state.add(rec)
+    if env.on_turn is not None:
+        env.on_turn(rec)
+
+
+def episode_record(env: EpisodeEnv, spec: EpisodeSpec, state: EpisodeState,
+                   stop: tuple[StopReason, str | None], unrecorded: Spend,
+                   unrecorded_calls: list[str], error: ErrorInfo | None,
+                   started_at: str) -> EpisodeRecord:
+    """The episode's line in episodes.jsonl, from its turns and why it stopped."""
+    reason, detail = stop
+    return EpisodeRecord(
+        run_id=env.run_id, episode_key=spec.key, episode=spec.episode,
+        problem_id=spec.problem.id, problem_stem=spec.problem.stem,
+        problem_sha256=spec.problem.sha256, sample=spec.sample, round=spec.round,
+        parent=spec.parent, turns=len(state.own), statuses=[r.status for r in state.own],
+        stop_reason=reason, stop_detail=detail, best=state.best,
+        spend=state.spend + unrecorded, unrecorded_spend=unrecorded,
+        unrecorded_calls=unrecorded_calls, error=error,
+        started_at=started_at, finished_at=utcnow(),
+    )

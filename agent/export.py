@@ -28,11 +28,9 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SerializerFunctionWrapHandler,
-    model_serializer,
 )
 
-from kloop.agent.models.base import Message, ToolCall
+from kloop.agent.models.base import Message
 from kloop.agent.records import TurnRecord
 from kloop.agent.store import RunStore
 from kloop.errors import KloopError
@@ -72,24 +70,11 @@ def reward(result: EvalResult | None, cfg: RewardConfig = RewardConfig()) -> flo
     return cfg.rejected if result.status == "rejected" else cfg.failed
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(Message):
+    """A run's message as training data: the same fields and the same lean form (a plain
+    message is {role, content}), closed to anything else."""
+
     model_config = ConfigDict(extra="forbid")
-
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str
-    tool_calls: list[ToolCall] = Field(default_factory=list)
-    """An assistant message's tool calls (a tool-using agent's run, `strategy.kind: agent`)."""
-    tool_call_id: str | None = None
-    """A `tool` message: the call whose result it holds."""
-
-    @model_serializer(mode="wrap")
-    def _lean(self, handler: SerializerFunctionWrapHandler) -> dict:
-        # Left out where empty, so a turn loop's records are the plain {role, content} chat rows.
-        data = handler(self)
-        for key in ("tool_calls", "tool_call_id"):
-            if not data.get(key):
-                data.pop(key, None)
-        return data
 
     @classmethod
     def of(cls, m: Message, clean: _Redactor) -> ChatMessage:

@@ -19,9 +19,10 @@ from kloop.agent.episode import (
     EpisodeSpec,
     EpisodeState,
     ask_logged,
-    decide_best,
+    episode_record,
     feedback_template,
     feedback_vars,
+    keep_turn,
     opening,
     sha256_text,
 )
@@ -114,25 +115,12 @@ def run_episode(spec: EpisodeSpec, env: EpisodeEnv, done: list[TurnRecord] | Non
             code_sha256=sha256_text(code) if code is not None else None,
             kernel_path=env.sink.kernel_relpath(spec.problem.stem, spec.episode, turn) if code else None,
             eval=result, feedback=feedback, spend=spend, started_at=turn_start, finished_at=utcnow())
-        decide_best(state, rec, env.evaluator, meter)
-        env.sink.append_turn(rec)
-        state.add(rec)
+        keep_turn(env, state, rec, meter)
         log.info("%s episode %d turn %d: %s", spec.problem.id, spec.episode, rec.turn, rec.status)
-        if env.on_turn is not None:
-            env.on_turn(rec)
-    reason, detail = stop
-    if reason == "infra_error":
-        log.error("%s episode %d stopped: %s", spec.problem.id, spec.episode, detail)
-    return EpisodeRecord(
-        run_id=env.run_id, episode_key=spec.key, episode=spec.episode,
-        problem_id=spec.problem.id, problem_stem=spec.problem.stem,
-        problem_sha256=spec.problem.sha256, sample=spec.sample, round=spec.round,
-        parent=spec.parent, turns=len(state.own), statuses=[r.status for r in state.own],
-        stop_reason=reason, stop_detail=detail, best=state.best,
-        spend=state.spend + unrecorded, unrecorded_spend=unrecorded,
-        unrecorded_calls=unrecorded_calls, error=error,
-        started_at=started_at, finished_at=utcnow(),
-    )
+    if stop[0] == "infra_error":
+        log.error("%s episode %d stopped: %s", spec.problem.id, spec.episode, stop[1])
+    return episode_record(env, spec, state, stop, unrecorded, unrecorded_calls, error,
+                          started_at)
 
 
 def _error_info(e: Exception) -> ErrorInfo:

@@ -47,6 +47,7 @@ from kloop.evaluator.common.vault import VAULT_UID as VAULT_UID
 from kloop.evaluator.common.vault import SandboxPlan as SandboxPlan
 from kloop.evaluator.common.vault import private_dir as private_dir
 from kloop.evaluator.common.vault import vault as _vault
+from kloop.evaluator.procs.procwatch import stat_fields
 
 log = logging.getLogger(__name__)
 
@@ -338,12 +339,9 @@ def unregister(pid: int) -> None:
 
 def _proc_stat(pid: int) -> tuple[str, int, int] | None:
     """(state, ppid, session id) from /proc/<pid>/stat."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read().decode("ascii", "replace")
-    except OSError:
+    fields = stat_fields(pid)
+    if fields is None:
         return None
-    fields = text[text.rfind(")") + 2:].split()
     try:
         return fields[0], int(fields[1]), int(fields[3])
     except (IndexError, ValueError):

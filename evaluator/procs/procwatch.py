@@ -47,13 +47,21 @@ def cpu_seconds(pid: int) -> float | None:
     return _cpu_s(pid)
 
 
-def _cpu_s(pid: int) -> float | None:
+def stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the command name (which may hold spaces and parentheses:
+    the last `)` ends it): field 3 of proc(5) first. None when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             text = f.read().decode("ascii", "replace")
     except OSError:
         return None
-    fields = text[text.rfind(")") + 2:].split()
+    return text[text.rfind(")") + 2:].split()
+
+
+def _cpu_s(pid: int) -> float | None:
+    fields = stat_fields(pid)
+    if fields is None:
+        return None
     try:
         return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
     except (IndexError, ValueError):
