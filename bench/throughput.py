@@ -147,15 +147,20 @@ def seed_baselines(src: Path, dst: Path) -> int:
 
 def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path | None = None,
               settings: dict | None = None, warm: bool = False, ahead: int | None = None,
-              baselines_from: Path | None = None) -> dict:
+              baselines_from: Path | None = None, cache_dir: Path | None = None,
+              row_of=None) -> dict:
     """Evaluate the batch with the evaluator importable here; per-candidate numbers and wall.
     Each finished row is also appended to `rows_file` (a run cut short by a time limit still
     leaves what it finished). `warm`: baselines first (`warm_baselines`), off the clock.
     `concurrency` evaluations at once in their device stages, up to `ahead` more building
-    ahead of them (`evaluator.scheduler`; a checkout without it: one pool of `concurrency`)."""
+    ahead of them (`evaluator.scheduler`; a checkout without it: one pool of `concurrency`).
+    `cache_dir`: the evaluator's cache (default: a fresh one, gone after); `row_of(result)`:
+    more fields for each finished row."""
     from kloop.evaluator.common.config import EvalConfig
 
-    with tempfile.TemporaryDirectory(prefix="kloop-throughput-") as cache:
+    with contextlib.ExitStack() as stack:
+        cache = str(cache_dir) if cache_dir is not None else stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="kloop-throughput-"))
         if baselines_from is not None:
             n = seed_baselines(baselines_from, Path(cache))
             print(f"{n} baseline records from the shared warm-up", file=sys.stderr, flush=True)
@@ -170,10 +175,13 @@ def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path 
             try:
                 r = future.result()
                 status, stages, flags = r.status, dict(r.stage_seconds), list(r.flags)
+                extra = row_of(r) if row_of is not None else {}
             except Exception as e:  # an evaluator fault is a row too, not the end of the run
                 status, stages, flags = f"error: {type(e).__name__}: {e}"[:120], {}, []
+                extra = {}
             row = {"label": item["label"], "status": status, "stages": stages, "flags": flags,
-                   "wall_s": time.monotonic() - t0, "done_at_s": time.monotonic() - start}
+                   "wall_s": time.monotonic() - t0, "done_at_s": time.monotonic() - start,
+                   **extra}
             with rows_lock:
                 rows[i] = row
                 print(f"{row['done_at_s']:7.1f} s  {item['label']:42} {status}", file=sys.stderr,

@@ -45,6 +45,11 @@ for s in "$@"; do
     record) step record 420 python3 -m kloop.agent.demo.examples record --device cuda \
               --concurrency "${RECORD_CONCURRENCY:-4}"
             tar czf "$OUT/examples.tgz" runs/examples/suite-* agent/demo/suite ;;  # one file back
+    # The figure of record (bench/experiment.py): EXPERIMENT_PART=K/N over several calls of one warm
+    # machine, the cache kept in an ignored folder between them; rows and figures come back.
+    experiment) step experiment 560 python3 bench/experiment.py --concurrency "${EXPERIMENT_CONCURRENCY:-8}" \
+                  ${EXPERIMENT_PART:+--part "$EXPERIMENT_PART"} --cache .bench-experiment \
+                  --rows "$OUT/experiment-rows.jsonl" --json "$OUT/experiment.json" ${EXPERIMENT_ARGS:-} ;;
     throughput) step throughput 560 python3 bench/throughput.py \
                 --concurrency "${THROUGHPUT_CONCURRENCY:-4}" --rows "$OUT/throughput-rows.jsonl" \
                 --json "$OUT/throughput.json" ${THROUGHPUT_ROOT:+--kloop-root "$THROUGHPUT_ROOT"} \

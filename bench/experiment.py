@@ -1,0 +1,346 @@
+"""Throughput as a user sees it: a fixed batch drawn from every Level 3 problem, at KernelBench's
+full sizes, on a fresh cache (first use included), through the scheduler as `kloop run` uses it.
+
+    python bench/experiment.py [--device cuda] [--concurrency 8] [--problems all|L3/1,L3/4]
+                               [--part K/N] [--kinds reference,cuda_lean,...] [--size full|small]
+                               [--cache DIR] [--steady] [--rows F] [--json F]
+    python bench/experiment.py --list
+
+The batch is made here, never read from a model's replies, so it is the same on every machine.
+For each problem, one candidate of each kind:
+
+- `reference`: the problem's own code as a candidate (plain PyTorch);
+- `cuda_lean`: the reference with its output passed through a CUDA copy kernel whose `.cu`
+  names nothing of torch (the form the CUDA prompt asks for; built lean);
+- `cuda_torch`: the same kernel in the usual KernelBench form, `torch/extension.h` in the `.cu`
+  (built the plain way, with the precompiled header where it applies);
+- `triton`: the same copy as a Triton kernel;
+- `syntax`: a syntax error, and `wrong`: the output scaled by 1.5 (cheap failures).
+
+The copy keeps every output exactly (float32 outputs go through the kernel, others are returned
+as they are), so every candidate but the failures is correct.
+
+Printed (and written with `--json`), each with its conditions:
+- wall time and candidates per GPU-hour, first use included: a fresh cache (baselines, builds,
+  inductor and Triton caches all cold) unless `--cache` names one that earlier parts warmed;
+- with `--steady`, the same batch again on the now-warm cache with every source changed by a
+  comment (so each build is fresh and every problem's baselines are cached): the steady-state
+  rate, labelled as such, and the projected wall time of 50 problems x 16 candidates:
+  50 x (this batch's first-use cost per problem) + 800 / (steady rate);
+- GPU busy as device time of real work over wall time: the sum over candidates of the timed
+  calls' and the paired baselines' device time (the worker's CUDA events, bounded by the trusted
+  clock; the trusted clock's net times where a side has no events). Correctness trials, builds
+  and profiling are not counted: a lower bound;
+- per-stage p50/p90 (`bench/throughput.py`'s table), the build p50 of each CUDA form and which
+  path each CUDA build took (`lean`, `lean refused: ...`, plain).
+
+A batch too long for one device call runs in parts: `--part K/N` takes every N-th problem from
+the K-th, `--cache DIR` keeps the evaluator's cache in a directory the machine keeps between
+calls (an ignored folder of the working tree), and `--rows F` appends every finished candidate;
+each part prints its own figures, and the first part's first use is the one a user pays.
+The old path as a ratio: `bench/throughput.py --kloop-root` runs a batch through another checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+# This directory holds bench/evaluator.py, which would shadow the `evaluator` package.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+sys.path[:0] = [str(REPO)]
+
+KINDS = ("reference", "cuda_lean", "cuda_torch", "triton", "syntax", "wrong")
+PROJECTED_PROBLEMS, PROJECTED_PER_PROBLEM = 50, 16
+
+# The copy kernels, applied to every float32 CUDA tensor the reference returns.
+_WRAP = '''
+
+class ModelNew(_Reference):
+    def forward(self, *args):
+        out = super().forward(*args)
+        if isinstance(out, tuple):
+            return tuple(_copy(o) for o in out)
+        return _copy(out)
+'''
+_TRITON = '''
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+def _copy(t):
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+        return t
+    x = t.contiguous()
+    y = torch.empty_like(x)
+    n = x.numel()
+    _copy_kernel[(triton.cdiv(n, 1024),)](x, y, n, BLOCK=1024)
+    return y
+'''
+_CUDA_KERNEL = r'''
+__global__ void kloop_copy_kernel(const float* __restrict__ x, float* __restrict__ y, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i];
+}
+'''
+_CUDA_LEAN = '''
+import torch
+from torch.utils.cpp_extension import load_inline
+
+_cuda = r"""%(kernel)s
+void kloop_copy_launch(const float* x, float* y, long n, cudaStream_t stream) {
+    int threads = 256;
+    kloop_copy_kernel<<<(unsigned)((n + threads - 1) / threads), threads, 0, stream>>>(x, y, n);
+}
+"""
+_cpp = r"""
+#include <c10/cuda/CUDAStream.h>
+
+void kloop_copy_launch(const float* x, float* y, long n, cudaStream_t stream);
+
+torch::Tensor copy_forward(torch::Tensor x) {
+    auto xc = x.contiguous();
+    auto y = torch::empty_like(xc);
+    kloop_copy_launch(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(),
+                      c10::cuda::getCurrentCUDAStream().stream());
+    return y;
+}
+"""
+_ext = load_inline(name="kloop_bench_copy_lean_%(tag)s", cpp_sources=_cpp, cuda_sources=_cuda,
+                   functions=["copy_forward"], verbose=False)
+
+
+def _copy(t):
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+        return t
+    return _ext.copy_forward(t)
+'''
+_CUDA_TORCH = '''
+import torch
+from torch.utils.cpp_extension import load_inline
+
+_cuda = r"""
+#include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
+%(kernel)s
+torch::Tensor copy_forward(torch::Tensor x) {
+    auto xc = x.contiguous();
+    auto y = torch::empty_like(xc);
+    long n = xc.numel();
+    int threads = 256;
+    kloop_copy_kernel<<<(unsigned)((n + threads - 1) / threads), threads, 0,
+                        c10::cuda::getCurrentCUDAStream().stream()>>>(
+        xc.data_ptr<float>(), y.data_ptr<float>(), n);
+    return y;
+}
+"""
+_cpp = "torch::Tensor copy_forward(torch::Tensor x);"
+_ext = load_inline(name="kloop_bench_copy_torch_%(tag)s", cpp_sources=_cpp, cuda_sources=_cuda,
+                   functions=["copy_forward"], verbose=False)
+
+
+def _copy(t):
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+        return t
+    return _ext.copy_forward(t)
+'''
+
+
+def candidate(problem_source: str, kind: str, tag: str) -> str:
+    """One candidate of `kind` for a problem (`tag`: makes each extension's name its own)."""
+    from kloop.problems.registry import reference_as_candidate
+
+    ref = reference_as_candidate(problem_source)
+    if kind == "reference":
+        return ref
+    if kind == "syntax":
+        return ref + "\n\ndef broken(:\n    pass\n"
+    inner = ref.replace("class ModelNew(", "class _Reference(", 1).replace(
+        "super(ModelNew, self)", "super(_Reference, self)")
+    if kind == "wrong":
+        return inner + _WRAP.replace("return _copy(out)", "return out * 1.5").replace(
+            "tuple(_copy(o) for o in out)", "tuple(o * 1.5 for o in out)")
+    head = {"triton": _TRITON,
+            "cuda_lean": _CUDA_LEAN % {"kernel": _CUDA_KERNEL, "tag": tag},
+            "cuda_torch": _CUDA_TORCH % {"kernel": _CUDA_KERNEL, "tag": tag}}[kind]
+    return head + "\n\n" + inner + _WRAP
+
+
+def batch(problems: list[str], kinds: list[str], size: str) -> list[dict]:
+    """[{label, problem, kind, source, overrides}], problem by problem."""
+    from kloop.evaluator.tools.cli import problem_overrides
+    from kloop.problems.registry import get_problem
+
+    out = []
+    for pid in problems:
+        prob = get_problem(pid)
+        overrides = problem_overrides(prob, size, [])
+        tag = prob.stem.split("_")[0]
+        for kind in kinds:
+            out.append({"label": f"{pid} {kind}", "problem": pid, "kind": kind,
+                        "source": candidate(prob.source, kind, tag), "overrides": overrides})
+    return out
+
+
+def device_ms(result) -> float:
+    """Device time of the real work one evaluation measured: its timed calls and the baselines
+    timed beside them, each call's CUDA-event time bounded by the trusted clock where the side
+    has it, else the trusted clock's net time (ms, summed over calls)."""
+    total = 0.0
+    for stats in (result.timing, result.eager, result.compiled, result.compiled_ro):
+        if stats is None or not stats.n_trials:
+            continue
+        per_call = stats.events.mean_ms if stats.events is not None else stats.mean_ms
+        total += per_call * stats.n_trials
+    return total
+
+
+def row_of(result) -> dict:
+    c = result.compile
+    return {"device_ms": device_ms(result), "backend": result.backend,
+            "build_s": c.seconds if c is not None else None,
+            "nvcc_runs": list(c.nvcc_runs) if c is not None else []}
+
+
+def build_path(row: dict) -> str:
+    """How a CUDA build went: `lean`, `lean refused` or `lean failed` (then plain), or `plain`."""
+    for run in row.get("nvcc_runs", []):
+        if run.startswith("lean"):
+            return run.split(":")[0]
+    return "plain"
+
+
+def summarise(res: dict, items: list[dict], problems: int) -> dict:
+    rows = res["rows"]
+    kind_of = {it["label"]: it["kind"] for it in items}
+    busy_ms = sum(r.get("device_ms", 0.0) for r in rows)
+    builds: dict[str, list[float]] = {}
+    paths: dict[str, dict[str, int]] = {}
+    for r in rows:
+        kind = kind_of.get(r["label"], "")
+        if kind.startswith("cuda") and r.get("build_s") is not None:
+            builds.setdefault(kind, []).append(r["build_s"])
+            p = paths.setdefault(kind, {})
+            p[build_path(r)] = p.get(build_path(r), 0) + 1
+    statuses: dict[str, int] = {}
+    for r in rows:
+        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+    return {"candidates": len(rows), "problems": problems, "wall_s": res["wall_s"],
+            "per_gpu_hour": len(rows) / res["wall_s"] * 3600 if res["wall_s"] else None,
+            "gpu_busy_real_work": busy_ms / 1000.0 / res["wall_s"] if res["wall_s"] else None,
+            "build_p50_s": {k: statistics.median(v) for k, v in builds.items()},
+            "build_paths": paths, "statuses": statuses}
+
+
+def project(first: dict, steady: dict | None) -> dict | None:
+    """The wall time of 50 problems x 16 candidates: the first pass's fixed cost per problem
+    (its wall beyond what its candidates cost at the steady rate) for every problem, plus every
+    candidate at the steady rate. None without a steady pass."""
+    if steady is None or not steady["per_gpu_hour"] or not first["problems"]:
+        return None
+    per_candidate_s = 3600.0 / steady["per_gpu_hour"]
+    fixed = max(0.0, first["wall_s"] - first["candidates"] * per_candidate_s) / first["problems"]
+    n = PROJECTED_PROBLEMS * PROJECTED_PER_PROBLEM
+    return {"first_use_per_problem_s": fixed, "steady_per_candidate_s": per_candidate_s,
+            "projected_wall_s": PROJECTED_PROBLEMS * fixed + n * per_candidate_s,
+            "projected": f"{PROJECTED_PROBLEMS} problems x {PROJECTED_PER_PROBLEM} candidates"}
+
+
+def _print(name: str, s: dict) -> None:
+    busy = s["gpu_busy_real_work"]
+    print(f"== {name}: {s['candidates']} candidates on {s['problems']} problems in "
+          f"{s['wall_s']:.1f} s = {s['per_gpu_hour']:.0f} per GPU-hour; GPU busy with real work "
+          f"{'-' if busy is None else f'{busy:.0%}'} (device time of timed and baseline calls "
+          "over wall) ==")
+    for kind, p50 in s["build_p50_s"].items():
+        print(f"  build p50 {kind}: {p50:.1f} s; paths {s['build_paths'].get(kind)}")
+    print(f"  statuses: {s['statuses']}")
+
+
+def problems_of(arg: str, part: str | None) -> list[str]:
+    from kloop.problems.registry import load_problem_set
+
+    ids = [p.id for p in load_problem_set(None).filter(3)] if arg == "all" else arg.split(",")
+    if part:
+        k, n = (int(x) for x in part.split("/"))
+        if not 1 <= k <= n:
+            raise SystemExit(f"--part {part}: K/N with 1 <= K <= N")
+        ids = ids[k - 1::n]
+    return ids
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--ahead", type=int)
+    ap.add_argument("--problems", default="all", help="all, or ids: L3/1,L3/4")
+    ap.add_argument("--part", help="K/N: every N-th problem from the K-th (one device call each)")
+    ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--size", choices=("full", "small"), default="full")
+    ap.add_argument("--cache", type=Path, help="the evaluator's cache (default: a fresh one)")
+    ap.add_argument("--steady", action="store_true", help="then the batch again, warm")
+    ap.add_argument("--rows", type=Path, help="append each finished candidate's row here")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args(argv)
+    sys.path[:0] = [str(HERE)]
+    from throughput import report, run_batch
+
+    kinds = args.kinds.split(",")
+    if unknown := sorted(set(kinds) - set(KINDS)):
+        raise SystemExit(f"--kinds: unknown {unknown}; known: {', '.join(KINDS)}")
+    if args.steady and args.cache is None:
+        raise SystemExit("--steady needs --cache (the second pass runs on the first's cache)")
+    problems = problems_of(args.problems, args.part)
+    items = batch(problems, kinds, args.size)
+    if args.list:
+        for it in items:
+            print(it["label"])
+        return 0
+    conditions = {"device": args.device, "concurrency": args.concurrency, "size": args.size,
+                  "cache": "given" if args.cache else "fresh", "part": args.part,
+                  "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    first_res = run_batch(items, args.device, args.concurrency, args.rows, ahead=args.ahead,
+                          cache_dir=args.cache, row_of=row_of)
+    report("first use included", first_res, len(items))
+    first = summarise(first_res, items, len(problems))
+    _print("first use included", first)
+    steady = None
+    if args.steady:
+        # Every source changed by a comment: builds are fresh, baselines and caches are warm.
+        again = [{**it, "source": it["source"] + f"\n# steady pass {time.time_ns()}\n"}
+                 for it in items]
+        steady_res = run_batch(again, args.device, args.concurrency, args.rows, ahead=args.ahead,
+                               cache_dir=args.cache, row_of=row_of)
+        report("steady state (baselines and caches warm, builds fresh)", steady_res, len(again))
+        steady = summarise(steady_res, again, len(problems))
+        _print("steady state (baselines and caches warm, builds fresh)", steady)
+    projection = project(first, steady)
+    if projection is not None:
+        print(f"  projected {projection['projected']}: {projection['projected_wall_s'] / 3600:.2f}"
+              f" h ({projection['first_use_per_problem_s']:.0f} s first use per problem, "
+              f"{projection['steady_per_candidate_s']:.1f} s per candidate steady)")
+    if args.json:
+        args.json.write_text(json.dumps({"conditions": conditions, "first_use_included": first,
+                                         "steady_state": steady, "projection": projection},
+                                        indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

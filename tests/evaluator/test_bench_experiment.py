@@ -1,0 +1,76 @@
+"""bench/experiment.py, the throughput figure of record: its generated batch is what it says for
+every Level 3 problem, and the bench runs end to end on CPU (the Triton interpreter; CUDA
+candidates are only compile-checked without a GPU, so the CPU run leaves them out)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+
+import experiment  # noqa: E402
+
+from kloop.evaluator.common.backend import detect_backend  # noqa: E402
+from kloop.evaluator.harness.precheck import precheck_source  # noqa: E402
+from kloop.evaluator.harness.static import static_violations  # noqa: E402
+from kloop.problems.registry import get_problem, load_problem_set  # noqa: E402
+
+BACKEND = {"reference": "torch", "cuda_lean": "cuda", "cuda_torch": "cuda", "triton": "triton",
+           "wrong": "torch"}
+
+
+@pytest.mark.parametrize("kind", sorted(BACKEND))
+def test_every_problems_generated_candidate_passes_the_static_stage_as_its_backend(kind):
+    for prob in load_problem_set(None).filter(3):
+        src = experiment.candidate(prob.source, kind, prob.stem.split("_")[0])
+        assert precheck_source(src) is None, (prob.id, kind)
+        assert detect_backend(src) == BACKEND[kind], (prob.id, kind)
+        rejected = [v for v in static_violations(src) if v.severity == "reject"]
+        assert rejected == [], (prob.id, kind, rejected)
+
+
+def test_the_two_cuda_forms_differ_only_in_where_torch_is_named():
+    src = get_problem("L3/1").source
+    lean = experiment.candidate(src, "cuda_lean", "1")
+    plain = experiment.candidate(src, "cuda_torch", "1")
+    lean_cu = lean.split('_cuda = r"""')[1].split('"""')[0]
+    plain_cu = plain.split('_cuda = r"""')[1].split('"""')[0]
+    assert "torch" not in lean_cu and "#include" not in lean_cu
+    assert "#include <torch/extension.h>" in plain_cu
+    assert experiment._CUDA_KERNEL.strip() in lean_cu and experiment._CUDA_KERNEL.strip() in plain_cu
+
+
+def test_projection_charges_each_problem_its_first_use_and_each_candidate_the_steady_rate():
+    first = {"candidates": 6, "problems": 2, "wall_s": 100.0, "per_gpu_hour": 216.0}
+    steady = {"candidates": 6, "problems": 2, "wall_s": 30.0, "per_gpu_hour": 720.0}
+    p = experiment.project(first, steady)
+    assert p["steady_per_candidate_s"] == pytest.approx(5.0)
+    assert p["first_use_per_problem_s"] == pytest.approx((100.0 - 6 * 5.0) / 2)
+    assert p["projected_wall_s"] == pytest.approx(50 * 35.0 + 800 * 5.0)
+    assert experiment.project(first, None) is None
+
+
+@pytest.mark.slow
+def test_the_bench_runs_a_first_use_and_a_steady_pass_on_cpu(tmp_path):
+    out = tmp_path / "e.json"
+    rc = experiment.main(["--device", "cpu", "--problems", "L3/1", "--size", "small",
+                          "--kinds", "reference,triton,syntax,wrong", "--concurrency", "2",
+                          "--cache", str(tmp_path / "cache"), "--steady",
+                          "--rows", str(tmp_path / "rows.jsonl"), "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    for name in ("first_use_included", "steady_state"):
+        s = data[name]
+        assert s["statuses"] == {"correct": 2, "compile_error": 1, "incorrect": 1}, s
+        assert s["candidates"] == 4 and s["per_gpu_hour"] > 0
+    assert data["projection"]["projected_wall_s"] > 0
+    assert data["conditions"]["size"] == "small" and data["conditions"]["cache"] == "given"
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert len(rows) == 8
+    correct = [r for r in rows if r["status"] == "correct"]
+    assert all(r["device_ms"] > 0 for r in correct)  # timed calls and the eager baseline
