@@ -50,6 +50,8 @@ for s in "$@"; do
     experiment) step experiment 560 python3 bench/experiment.py --concurrency "${EXPERIMENT_CONCURRENCY:-8}" \
                   ${EXPERIMENT_PART:+--part "$EXPERIMENT_PART"} --cache .bench-experiment \
                   --rows "$OUT/experiment-rows.jsonl" --json "$OUT/experiment.json" ${EXPERIMENT_ARGS:-} ;;
+    repeat) step repeat 560 python3 bench/repeat.py --repeats "${REPEATS:-5}" --json "$OUT/repeat.json" \
+              ${REPEAT_ARGS:-} ;;
     throughput) step throughput 560 python3 bench/throughput.py \
                 --concurrency "${THROUGHPUT_CONCURRENCY:-4}" --rows "$OUT/throughput-rows.jsonl" \
                 --json "$OUT/throughput.json" ${THROUGHPUT_ROOT:+--kloop-root "$THROUGHPUT_ROOT"} \

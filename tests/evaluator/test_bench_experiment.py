@@ -5,15 +5,25 @@ candidates are only compile-checked without a GPU, so the CPU run leaves them ou
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
 
-import experiment  # noqa: E402
+
+def _bench(name: str):
+    """A bench script as a module (each takes its own folder off sys.path when imported: it holds
+    bench/evaluator.py; `main` puts it back for its own imports)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+experiment = _bench("experiment")
 
 from kloop.evaluator.common.backend import detect_backend  # noqa: E402
 from kloop.evaluator.harness.precheck import precheck_source  # noqa: E402
@@ -74,3 +84,28 @@ def test_the_bench_runs_a_first_use_and_a_steady_pass_on_cpu(tmp_path):
     assert len(rows) == 8
     correct = [r for r in rows if r["status"] == "correct"]
     assert all(r["device_ms"] > 0 for r in correct)  # timed calls and the eager baseline
+
+
+@pytest.mark.slow
+def test_the_repeat_bench_judges_each_candidate_again_and_reports_its_spread(tmp_path):
+    """bench/repeat.py on CPU: every repeat of every fixed candidate judged (the spread of its
+    medians is reported; speedups are not measured on CPU, so theirs is empty)."""
+    repeat = _bench("repeat")
+    out = tmp_path / "r.json"
+    assert repeat.main(["--device", "cpu", "--size", "small", "--problems", "L3/1",
+                        "--kinds", "reference,triton", "--repeats", "2", "--builds", "0",
+                        "--concurrency", "2", "--cache", str(tmp_path / "c"),
+                        "--json", str(out)]) == 0
+    table = json.loads(out.read_text())["candidates"]
+    assert set(table) == {"L3/1 reference", "L3/1 triton"}
+    for f in table.values():
+        assert (f["repeats"], f["correct"]) == (2, 2), f
+        assert len(f["median_ms"]) == 2 and f["median_cv_pct"] is not None
+        assert f["speedup_vs_eager"] == [] and f["speedup_vs_eager_cv_pct"] is None
+
+
+def test_cv_is_the_spread_over_the_mean_and_needs_two_values():
+    repeat = _bench("repeat")
+    assert repeat.cv([1.0]) is None
+    assert repeat.cv([1.0, 1.0, 1.0]) == 0.0
+    assert repeat.cv([0.9, 1.1]) == pytest.approx(0.1414213 / 1.0 * 100, rel=1e-5)
