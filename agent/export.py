@@ -6,13 +6,14 @@ run: no raw provider responses, no config (base URLs, keys), no evaluation inter
 of the hidden input seeds, per-trial seeds). Text that still holds a secret the run knows of
 (the configured base URL, a provider key in the environment, the eval salt) is redacted.
 
-The reward is one function, `reward`, with its weights in `RewardConfig`:
+The reward is the one function `KernelEnv` pays (`agent.rl.reward`), with the export's weights
+(`EXPORT_REWARD`):
 
-    format error (no usable kernel)    format_error   (default -0.5)
-    rejected (an anti-cheat rule)      rejected       (default -1.0)
-    any other failure                  failed         (default  0.0)
-    correct                            correct + log(speedup vs eager); `correct` alone where
-                                       no speedup was measured (CPU: host clocks)
+    format error (no usable kernel)    format_error   -0.5
+    rejected (an anti-cheat rule)      rejected       -1.0
+    any other failure                  0.0
+    correct                            log(speedup vs eager), unclipped; 0 where no speedup was
+                                       measured (CPU: host clocks)
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from pydantic import (
 
 from kloop.agent.models.base import Message
 from kloop.agent.records import TurnRecord
+from kloop.agent.rl.reward import RewardConfig
+from kloop.agent.rl.reward import reward as rl_reward
 from kloop.agent.store import RunStore
 from kloop.errors import KloopError
 from kloop.evaluator.common.result import EvalResult
@@ -45,29 +48,15 @@ class ExportError(KloopError):
     """An export that cannot be written as asked."""
 
 
-class RewardConfig(BaseModel):
-    """Weights of `reward`; pass your own to `export` for another shaping."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    correct: float = 0.0
-    """Added to log(speedup) for a correct kernel (and the whole reward where none was measured)."""
-    failed: float = 0.0
-    """Incorrect output, compile or runtime error, timeout, not run."""
-    rejected: float = -1.0
-    """An anti-cheat rule rejected the kernel."""
-    format_error: float = -0.5
-    """The reply held no usable kernel."""
+EXPORT_REWARD = RewardConfig(correct=0.0, baseline="eager", log_clip=math.inf)
+"""The export's weights for the one reward function (`agent.rl.reward`): 0 for a failed kernel,
+log(speedup vs eager), unclipped, for a correct one, -1 rejected, -0.5 a reply without a kernel."""
 
 
-def reward(result: EvalResult | None, cfg: RewardConfig = RewardConfig()) -> float:
-    """The reward of one turn's verdict (None: a format error)."""
-    if result is None:
-        return cfg.format_error
-    if result.status == "correct":
-        s = result.speedup_vs_eager
-        return cfg.correct + (math.log(s) if s is not None and s > 0 else 0.0)
-    return cfg.rejected if result.status == "rejected" else cfg.failed
+def reward(result: EvalResult | None, cfg: RewardConfig = EXPORT_REWARD) -> float:
+    """The reward of one turn's verdict (None: a format error): `agent.rl.reward.reward`, which
+    `KernelEnv` pays, with the export's weights unless others are given."""
+    return rl_reward(result, cfg)
 
 
 class ChatMessage(Message):
@@ -178,7 +167,7 @@ def _turn(t: TurnRecord, clean: _Redactor, rewards: RewardConfig) -> TurnExample
 
 
 def examples(run_dir: Path, per: Literal["turn", "episode"] = "turn",
-             rewards: RewardConfig = RewardConfig()) -> Iterator[TurnExample | EpisodeExample]:
+             rewards: RewardConfig = EXPORT_REWARD) -> Iterator[TurnExample | EpisodeExample]:
     """The run's turns (or episodes) as training records, in (problem, episode, turn) order:
     those with a verdict or a model fault. A tool-using agent's steps that judged nothing
     (`problem()`, a profile or submit of a kernel judged earlier) have no reward to give and are
@@ -203,7 +192,7 @@ def examples(run_dir: Path, per: Literal["turn", "episode"] = "turn",
 
 
 def export(run_dir: Path, out: Path, fmt: Literal["messages", "parquet"],
-           per: Literal["turn", "episode"] = "turn", rewards: RewardConfig = RewardConfig()) -> int:
+           per: Literal["turn", "episode"] = "turn", rewards: RewardConfig = EXPORT_REWARD) -> int:
     """Write the records to `out` (JSONL, or Parquet through pyarrow); returns how many."""
     records = list(examples(run_dir, per, rewards))
     out.parent.mkdir(parents=True, exist_ok=True)

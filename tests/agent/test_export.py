@@ -12,7 +12,7 @@ import yaml
 from agent_fakes import EAGER_MS, FakeEvaluator, kernel, make_runner, reply, run_kloop
 
 from kloop.agent import components
-from kloop.agent.export import REDACTED, RewardConfig, _interval, examples, reward
+from kloop.agent.export import EXPORT_REWARD, REDACTED, _interval, examples, reward
 
 TOKEN, SALT, KEY = "tok-PLANTED-0123456789", "salt-PLANTED-9876543210", "sk-PLANTED-KEY-55555"
 
@@ -93,8 +93,9 @@ def test_reward_is_one_configurable_function_and_reads_an_interval_if_recorded()
     p = get_problem("L3/1")
     fast, bad = ev(p, kernel(runtime_ms=1.0)), ev(p, kernel("CHEAT"))
     assert reward(fast) == pytest.approx(math.log(2.0))
-    assert reward(fast, RewardConfig(correct=1.0)) == pytest.approx(1.0 + math.log(2.0))
-    assert reward(bad, RewardConfig(rejected=-3.0)) == -3.0 and reward(None) == -0.5
+    weights = EXPORT_REWARD.model_copy
+    assert reward(fast, weights(update={"correct": 1.0})) == pytest.approx(1.0 + math.log(2.0))
+    assert reward(bad, weights(update={"rejected": -3.0})) == -3.0 and reward(None) == -0.5
     # Results that carry an interval give it (as an object, a pair or a mapping).
     for ci in (SimpleNamespace(lo=1.1, hi=1.4), (1.1, 1.4), {"lo": 1.1, "hi": 1.4}):
         assert _interval(SimpleNamespace(speedup_ci=ci)).model_dump() == {"lo": 1.1, "hi": 1.4}
