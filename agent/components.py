@@ -103,7 +103,7 @@ class LocalEvaluator:
 
     def head_to_head(self, problem: Problem, challenger: str, incumbent: str) -> EvalResult:
         """`challenger` judged again with `incumbent` timed beside it in the same paired rounds
-        (`evaluator.pipeline.head_to_head`): for a close call between two kernels."""
+        (`evaluator.harness.pipeline.head_to_head`): for a close call between two kernels."""
         from kloop.evaluator.harness.pipeline import head_to_head
 
         config = self.configs.get(problem.id, self.base)
@@ -114,7 +114,7 @@ class LocalEvaluator:
 
     @contextlib.contextmanager
     def batch(self, concurrency: int) -> Iterator[Submit]:
-        """Many candidates through the evaluator's one queue (`evaluator.scheduler`):
+        """Many candidates through the evaluator's one queue (`evaluator.procs.scheduler`):
         `concurrency` in their device stages at once, static checks and builds of the next
         ones running ahead. `submit(problem, source)` -> a future of (result, seconds from the
         evaluation's start to its result: its queue for a build slot and the device included,

@@ -299,7 +299,7 @@ _EVAL_OPERATIONAL = {"cache_dir", "work_root", "keep_workdir", "output_tail_byte
 
 def saved_config(config: Any) -> Any:
     """A run config as a saved record holds it (`config.json`), less the evaluator settings
-    removed since it was written (`evaluator.config.REMOVED`)."""
+    removed since it was written (`evaluator.common.config.REMOVED`)."""
     if isinstance(config, dict) and isinstance(config.get("eval"), dict):
         return {**config, "eval": without_removed(config["eval"])}
     return config

@@ -258,7 +258,7 @@ def feedback_template(result: EvalResult | None) -> str:
 
 
 def head_to_head_of(evaluator: Evaluator, problem: Problem) -> Measure | None:
-    """The evaluator's head-to-head (`evaluator.pipeline.head_to_head`) for a close call, where
+    """The evaluator's head-to-head (`evaluator.harness.pipeline.head_to_head`) for a close call, where
     it offers one: the challenger judged again with the incumbent timed beside it in the same
     paired rounds. An evaluator fault leaves the call unsettled (the incumbent stays)."""
     compare = getattr(evaluator, "head_to_head", None)

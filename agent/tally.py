@@ -58,7 +58,7 @@ def _runtime(rec: TurnRecord) -> float | None:
 
 
 Measure = Callable[[TurnRecord, TurnRecord], "tuple[HeadToHead | None, float]"]
-"""Times a challenger against the incumbent in the same paired rounds (`evaluator.headtohead`):
+"""Times a challenger against the incumbent in the same paired rounds (`evaluator.harness.headtohead`):
 the comparison (None: could not be made) and the seconds it took."""
 
 

@@ -1,4 +1,4 @@
-"""The full output comparison (`evaluator.correctness.compare_outputs`, every probe trial's and
+"""The full output comparison (`evaluator.common.correctness.compare_outputs`, every probe trial's and
 the determinism check's, under the device lock) beside another checkout's, in one run (any
 machine: it is host work).
 

@@ -153,7 +153,7 @@ def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path 
     Each finished row is also appended to `rows_file` (a run cut short by a time limit still
     leaves what it finished). `warm`: baselines first (`warm_baselines`), off the clock.
     `concurrency` evaluations at once in their device stages, up to `ahead` more building
-    ahead of them (`evaluator.scheduler`; a checkout without it: one pool of `concurrency`).
+    ahead of them (`evaluator.procs.scheduler`; a checkout without it: one pool of `concurrency`).
     `cache_dir`: the evaluator's cache (default: a fresh one, gone after); `row_of(result)`:
     more fields for each finished row."""
     from kloop.evaluator.common.config import EvalConfig
@@ -330,7 +330,7 @@ def main() -> int:
                          "clock starts, so that the batch finds them cached (a long run's "
                          "steady state)")
     ap.add_argument("--trace", type=Path, help="append each candidate child's messages (arrival "
-                    "and judging time, `evaluator.stages` debug log) here")
+                    "and judging time, `evaluator.harness.stages` debug log) here")
     ap.add_argument("--eval", action="append", default=[], metavar="KEY=VALUE",
                     help="an EvalConfig setting for every pass of this checkout (a JSON value "
                          "or a string), e.g. baselines=eager: a --compare whose warm-up "

@@ -1,7 +1,7 @@
 """kloop's evaluator: compile, check, time and profile one candidate in isolated processes.
 
 Public API: `evaluate`, `evaluate_many`, `EvalConfig`, `Policy`, `POLICIES`, `get_policy` and
-the records in `evaluator.result`. Imports are lazy so that child processes, which import
+the records in `evaluator.common.result`. Imports are lazy so that child processes, which import
 `evaluator.worker.child`, do not load the harness.
 """
 

@@ -15,7 +15,7 @@ Definitions (KernelBench's where it has one):
 - faster_than_compile: among correct problems with a torch.compile speedup, the share above 1.
 - Baselines: fast_p and geomeans are kept against eager, torch.compile, torch.compile
   reduce-overhead (`compile_ro`) and the fastest of those a result measured (`best`,
-  `evaluator.baselines`); a result from before `best` was recorded gets the smallest of the
+  `evaluator.harness.baselines`); a result from before `best` was recorded gets the smallest of the
   speedups it has, by the same rule.
 - Confidence intervals: percentile bootstrap over problems (and, for a group of seeds, over
   seeds and problems), seeded so the same inputs give the same numbers.

@@ -14,7 +14,7 @@ The prompts, the code extraction, the evaluator and the feedback are the turn lo
 A turn that ends with a correct kernel under `agent.stop_when_correct`, or the
 `max_consecutive_format_errors`-th reply in a row without code, terminates the episode; the
 `max_turns`-th turn truncates it. `step_many` steps several environments at once, their
-candidates going through one evaluator queue (`evaluator.scheduler`, or a Ray pool's workers).
+candidates going through one evaluator queue (`evaluator.procs.scheduler`, or a Ray pool's workers).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ BaselineMode = Literal["auto", "eager", "compile", "both", "all", "none"]
 
 class Policy(BaseModel):
     """How a candidate is judged. Frozen: a policy is identified by its name. What each
-    anti-cheat rule gives under it (reject or flag) is in the rule table, `evaluator.rules`."""
+    anti-cheat rule gives under it (reject or flag) is in the rule table, `evaluator.common.rules`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -204,7 +204,7 @@ class EvalConfig(BaseModel):
     """Name of a policy in `POLICIES`."""
     device: str = "auto"
     """`auto` (every visible GPU, else cpu), `cpu`, `cuda` (every visible GPU) or `cuda:N` (that
-    one). With several GPUs each evaluation takes the least busy one (`evaluator.devicepool`)."""
+    one). With several GPUs each evaluation takes the least busy one (`evaluator.procs.devicepool`)."""
     precision: Precision = "fp32"
     problem_overrides: dict[str, Any] = Field(default_factory=dict)
     """Module-level constants of the problem replaced before use, in reference and candidate
@@ -272,7 +272,7 @@ class EvalConfig(BaseModel):
     `off`: every `.cu` the plain way."""
     build_slots: int | None = Field(None, ge=1)
     """Compile children at once on this host, across every kloop process sharing `cache_dir`
-    (`evaluator.buildslots`; None: half the cores). Evaluations past it wait for a slot
+    (`evaluator.procs.buildslots`; None: half the cores). Evaluations past it wait for a slot
     (`stage_seconds.build_wait`)."""
     hidden_from_builds: list[str] = []
     """More paths a compile child cannot open, besides the GPU's device nodes (which are always
@@ -297,7 +297,7 @@ class EvalConfig(BaseModel):
     compile time buys nothing they check."""
     cache_dir: Path = Field(default_factory=_default_cache_dir)
     """Baseline timings, extension builds, nvcc checks and inductor caches live under here
-    (`private/`, harness-only when the harness is root; see `evaluator.isolation.private_dir`)."""
+    (`private/`, harness-only when the harness is root; see `evaluator.procs.isolation.private_dir`)."""
     work_root: Path | None = None
     """Where the per-evaluation temporary directories go, inside its `kloop-work` directory
     (default: the system temp dir's), which children that run candidate code see holding only
@@ -309,7 +309,7 @@ class EvalConfig(BaseModel):
     sandbox_uid: int | None = 2_000_000_000
     """When the harness runs as root, run candidate code under a uid (and gid) of
     `sandbox_uid .. sandbox_uid + sandbox_uids - 1`, one per evaluation in flight on this host
-    (`evaluator.uidpool`), if it can reach the interpreter, kloop and the GPU; otherwise, or with
+    (`evaluator.procs.uidpool`), if it can reach the interpreter, kloop and the GPU; otherwise, or with
     None, under the harness's uid without capabilities (flagged `isolation_same_uid`). The
     default range is one no account should use: its uids own nothing outside kloop's dirs."""
     sandbox_uids: int = Field(32, ge=1)

@@ -219,7 +219,7 @@ class CallProblemMsg(_Rec):
 
 
 class ProbeMsg(_Rec):
-    """What an anti-cheat probe in the candidate process saw; `evaluator.checks` judges it."""
+    """What an anti-cheat probe in the candidate process saw; `evaluator.harness.checks` judges it."""
 
     kind: Literal["probe"] = "probe"
     probe: ProbeName

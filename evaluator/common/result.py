@@ -230,7 +230,7 @@ class ProfileKernel(_Record):
 
 
 class NcuMetrics(_Record):
-    """Nsight Compute's numbers for one launch of one kernel (`evaluator.ncu`); percentages are
+    """Nsight Compute's numbers for one launch of one kernel (`evaluator.harness.ncu`); percentages are
     of the device's peak."""
 
     kernel: str
@@ -334,7 +334,7 @@ class PairedSummary(_Record):
 
 
 class HeadToHead(_Record):
-    """The challenger timed against an incumbent in the same rounds (`evaluator.headtohead`)."""
+    """The challenger timed against an incumbent in the same rounds (`evaluator.harness.headtohead`)."""
 
     ratio: float | None
     """The incumbent's time over the challenger's, on the speedups' clock and statistic: above
@@ -378,7 +378,7 @@ class EvalResult(_Record):
     speedup_vs_compile_ro: float | None = None
     speedup_vs_best: float | None = None
     """Against the fastest baseline this result has a speedup for: the smallest of the three
-    speedups (`evaluator.baselines.best_of`)."""
+    speedups (`evaluator.harness.baselines.best_of`)."""
     best_baseline: BaselineName | None = None
     """Which baseline that was; None where there is no speedup at all."""
     speedup_ci: dict[BaselineName, SpeedupInterval] = Field(default_factory=dict)

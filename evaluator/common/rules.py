@@ -8,8 +8,8 @@ candidate cannot reach), the rule only flags and the runtime evidence decides. `
 reproduces KernelBench's verdicts, which reject none of these, so it flags everything except a
 forged result channel (nothing such a run reports can be used).
 
-The checks themselves live next to what they read: static rules in `evaluator.static`, runtime
-rules in `evaluator.checks` (probes, trials, the finished run).
+The checks themselves live next to what they read: static rules in `evaluator.harness.static`, runtime
+rules in `evaluator.harness.checks` (probes, trials, the finished run).
 """
 
 from __future__ import annotations

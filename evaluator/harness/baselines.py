@@ -3,7 +3,7 @@
 KernelBench v3 scores against the faster of eager and compiled; kloop keeps every speedup and
 adds the one against the fastest baseline, so that a report can show fast_p against each of
 them and against the hardest. "Fastest" is read from the speedups themselves (each on the clock
-its pair was divided on, `evaluator.state.speedup`): the fastest baseline is the one the
+its pair was divided on, `evaluator.harness.state.speedup`): the fastest baseline is the one the
 candidate beats by the least, so `speedup_vs_best` is never above any single speedup.
 """
 

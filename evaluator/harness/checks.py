@@ -1,8 +1,8 @@
 """Policy and anti-cheat checks, as lists the pipeline runs. Every rule's name, rationale and
-severity per policy is in the one table of `evaluator.rules` (`RUNTIME_RULES` is its runtime
+severity per policy is in the one table of `evaluator.common.rules` (`RUNTIME_RULES` is its runtime
 part); this module holds the runtime checks and the adapter to the static ones.
 
-- `STATIC_CHECKS`: on the source in the harness before anything executes (`evaluator.static`).
+- `STATIC_CHECKS`: on the source in the harness before anything executes (`evaluator.harness.static`).
 - `TRIAL_CHECKS`: on what the candidate child reported for one trial, after its outputs were
   judged. `check(run, trial_msg) -> list[Violation]`.
 - `PROBE_CHECKS`: on what a probe in the candidate process saw (`evaluator.worker.probes`, reported as
@@ -41,7 +41,7 @@ ResultCheck = Callable[["EvalRun"], None]
 
 
 def ast_rules(source: str, backend: Backend, policy: str) -> list[Violation]:
-    """The AST rules of evaluator.static (introspection, timer patching, threads, caches...)."""
+    """The AST rules of evaluator.harness.static (introspection, timer patching, threads, caches...)."""
     from kloop.evaluator.harness.static import static_violations
 
     return static_violations(source, policy)
@@ -52,12 +52,12 @@ STATIC_CHECKS: list[StaticCheck] = [ast_rules]
 
 RuntimeRule = Rule
 RUNTIME_RULES: dict[str, Rule] = of_kind("runtime")
-"""The runtime rules of the table in `evaluator.rules` (name, rationale, severities)."""
+"""The runtime rules of the table in `evaluator.common.rules` (name, rationale, severities)."""
 
 
 def violate(run: EvalRun, rule: str, message: str, severity: Severity | None = None) -> Violation:
     """A violation of a runtime rule with the run's policy severity (once recorded, its name
-    joins the flags: `evaluator.outcome.fold`)."""
+    joins the flags: `evaluator.harness.outcome.fold`)."""
     r = RUNTIME_RULES[rule]
     return Violation(rule=rule, severity=severity or r.severity(run.policy.name),
                      message=f"{message}: {r.rationale}")

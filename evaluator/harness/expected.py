@@ -92,7 +92,7 @@ def _sizes(outs: Outputs) -> tuple[list[int], list[int]]:
 
 
 def _close(e: torch.Tensor, g: torch.Tensor, tol: float) -> bool:
-    """`evaluator.correctness`'s test for one output, as one `torch.isclose`: |g - e| <= tol +
+    """`evaluator.common.correctness`'s test for one output, as one `torch.isclose`: |g - e| <= tol +
     tol*|e| in the same widened precision, equal infinities match, NaN matches nothing."""
     if type(g) is not torch.Tensor or g.shape != e.shape or g.dtype != e.dtype or tol < 0:
         return False

@@ -12,7 +12,7 @@ flags...) is the fold of the list by the rules of `fold`, made afresh on every r
 - before that, `Reached` (a stage a child reported) never moves the stage back (the sm_90 check
   of a Triton candidate's kernels runs after its correctness trials, which it does not undo);
   `Entered` (a stage the harness starts) sets it;
-- a violation of a runtime rule also raises its flag (the rule table, `evaluator.rules`, says
+- a violation of a runtime rule also raises its flag (the rule table, `evaluator.common.rules`, says
   which rules are runtime ones);
 - `Noted` amends the message of a trial already judged (the worker's account of a failed call
   arrives after the harness judged it).

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 Stage = Callable[[EvalRun], None]
 FRONT_STAGES: tuple[Stage, ...] = (static_stage, compile_stage)
-"""Stages that never touch the device: `evaluator.scheduler` runs them ahead of it."""
+"""Stages that never touch the device: `evaluator.procs.scheduler` runs them ahead of it."""
 DEVICE_STAGES: tuple[Stage, ...] = (reference_stage, candidate_stage)
 STAGES = FRONT_STAGES + DEVICE_STAGES
 
@@ -57,7 +57,7 @@ def _run_all(run: EvalRun) -> EvalResult:
 def head_to_head(problem: Problem | str, challenger: str, incumbent: str,
                  config: EvalConfig | None = None) -> EvalResult:
     """Evaluate `challenger` as `evaluate` does, with `incumbent` timed beside it in the same
-    paired rounds (`evaluator.headtohead`): the result's `head_to_head` says which is faster,
+    paired rounds (`evaluator.harness.headtohead`): the result's `head_to_head` says which is faster,
     with an interval. Charge its wall time (`stage_seconds`) as any evaluation's."""
     run = start(problem, challenger, config or EvalConfig())
     run.incumbent = incumbent
@@ -97,7 +97,7 @@ def evaluate_many(problem_and_sources: Sequence[tuple[Problem | str, str]],
 
     `max_workers` evaluations at once in their device stages (the device lock still times one
     at a time); up to `ahead` more run their static checks and builds ahead of them
-    (`evaluator.scheduler`).
+    (`evaluator.procs.scheduler`).
     """
     from kloop.evaluator.procs.scheduler import Scheduler
 

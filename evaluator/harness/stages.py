@@ -1,4 +1,4 @@
-"""The stages of one evaluation, run in order by `evaluator.pipeline.evaluate`.
+"""The stages of one evaluation, run in order by `evaluator.harness.pipeline.evaluate`.
 
 Each stage reads and extends the `EvalRun` and may end it by setting a status:
 static (parse, backend, static rules) -> compile (build or check kernels in a child) ->
@@ -267,7 +267,7 @@ def baseline_kinds(run: EvalRun) -> list[str]:
 
 
 def candidate_stage(run: EvalRun) -> None:
-    """Run the candidate child and judge what it produces, trial by trial (evaluator.judge)."""
+    """Run the candidate child and judge what it produces, trial by trial (evaluator.harness.judge)."""
     run.record(Entered(stage="load"))
     job = candidate_job(run, reference_job(run), build_dir(run))
     if run.incumbent is not None:

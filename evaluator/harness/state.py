@@ -1,6 +1,6 @@
 """The state of one evaluation in the harness (`EvalRun`) and the helpers the stages share.
 
-Candidate code only ever runs in child processes (`evaluator.sandbox`); the harness never
+Candidate code only ever runs in child processes (`evaluator.procs.sandbox`); the harness never
 imports it.
 """
 
@@ -128,22 +128,22 @@ class EvalRun:
     started_at: str
     reference: ReferenceOutput | None = None
     sandbox: SandboxPlan | None = None
-    """How candidate code runs (uid, capabilities); see `evaluator.isolation`."""
+    """How candidate code runs (uid, capabilities); see `evaluator.procs.isolation`."""
     contained: bool = False
     """Whether children that run candidate code can be contained (`isolation.work_parent`)."""
     lease: uidpool.Lease | None = None
-    """This evaluation's sandbox uid, held until `cleanup` (evaluator.uidpool)."""
+    """This evaluation's sandbox uid, held until `cleanup` (evaluator.procs.uidpool)."""
     findings: list[Finding] = field(default_factory=list)
-    """Everything the stages found, in order (`evaluator.outcome`)."""
+    """Everything the stages found, in order (`evaluator.harness.outcome`)."""
     claim: devicepool.Claim | None = None
-    """`device`, counted in flight until `cleanup` (evaluator.devicepool)."""
+    """`device`, counted in flight until `cleanup` (evaluator.procs.devicepool)."""
     kept: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     """Children kept across stages (the parked reference worker), ended first at `cleanup`."""
     ref_child: Child | None = None
     """The reference worker while it is parked (`ReferenceJob.paired`): the candidate's timed
     calls are interleaved with its baselines' (`evaluator.harness.paired`)."""
     incumbent: str | None = None
-    """The source timed against this candidate in the same rounds (`evaluator.headtohead`)."""
+    """The source timed against this candidate in the same rounds (`evaluator.harness.headtohead`)."""
     incumbent_child: Child | None = None
     _mark: tuple[str, float] | None = None
 
@@ -223,7 +223,7 @@ class EvalRun:
         self.record(Decided(status=status, stage=stage, error=error))
 
     def gpu_lock(self) -> contextlib.AbstractContextManager[None]:
-        """The device lock of this evaluation's GPU stages (`evaluator.devicelock`), named after
+        """The device lock of this evaluation's GPU stages (`evaluator.procs.devicelock`), named after
         the physical GPU; its files live in the host's lock dir, whatever the cache dir, closed
         to candidate code (`isolation.host_lock_dir`)."""
         from kloop.evaluator.procs.isolation import host_lock_dir

@@ -1,6 +1,6 @@
 """Static anti-cheat rules, run on the candidate's syntax tree before anything executes.
 
-Names, rationales and severities per policy are in the one rule table (`evaluator.rules`); this
+Names, rationales and severities per policy are in the one rule table (`evaluator.common.rules`); this
 module holds the checks. Rules look at what the code does (imports, calls, assignments, class
 bases), never at text, so a `try/except` around `load_inline` or a `pass` in a helper cannot
 trip them, and each fires only on what it can show: a Lock starts no thread, a table of launch
@@ -102,7 +102,7 @@ class Context:
 
 Check = Callable[[Context], list[Finding]]
 RULES: dict[str, Rule] = of_kind("static")
-"""The static rules of the table in `evaluator.rules` (name, rationale, severities)."""
+"""The static rules of the table in `evaluator.common.rules` (name, rationale, severities)."""
 CHECKS: dict[str, Check] = {}
 
 
@@ -110,7 +110,7 @@ def rule(name: str) -> Callable[[Check], Check]:
     """Registers the check of the static rule `name` (which must be in the rule table)."""
     def register(check: Check) -> Check:
         if RULES.get(name) is None:
-            raise KeyError(f"static rule {name!r} is not in evaluator.rules")
+            raise KeyError(f"static rule {name!r} is not in evaluator.common.rules")
         CHECKS[name] = check
         return check
 

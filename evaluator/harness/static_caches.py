@@ -1,6 +1,6 @@
 """Which persistent tables a candidate keys by tensor identity or shape, and whether what it
 stores in them could be an output: the analysis behind the `identity_keyed_cache` and
-`shape_keyed_cache` rules of `evaluator.static`.
+`shape_keyed_cache` rules of `evaluator.harness.static`.
 
 A table is a cache only if something that is not provably a Python scalar is stored in it: a
 launch-config table keyed by `(shape, data_ptr() % 16 == 0)` that stores block sizes cannot

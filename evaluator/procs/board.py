@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 PHASES = ("build_wait", "build", "queued", "device_wait", "device")
 """`queued`: static checks and build done, waiting for one of the scheduler's device slots
-(`evaluator.scheduler`); `device_wait`: in a device stage, waiting for the device lock."""
+(`evaluator.procs.scheduler`); `device_wait`: in a device stage, waiting for the device lock."""
 _guard = threading.Lock()
 _counts: Counter[str] = Counter()
 

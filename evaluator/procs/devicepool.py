@@ -3,7 +3,7 @@
 Each evaluation claims one device when it is created and keeps it to the end (its compile
 target, reference worker, baselines and timings all belong to that GPU); the claim goes to the
 device with the fewest evaluations of this process in flight, the lowest index on a tie. Each
-device keeps its own lock (`evaluator.devicelock`), so timings on one GPU never overlap while the
+device keeps its own lock (`evaluator.procs.devicelock`), so timings on one GPU never overlap while the
 other GPUs time other candidates. Baselines are cached per GPU model (`reference.key_fields`),
 so a pool of one model measures each problem's compile baseline once.
 """

@@ -184,7 +184,7 @@ def plan_sandbox(sandbox_uid: int | None, on_gpu: bool, problem_path: Path) -> S
 
 
 def host_lock_dir() -> Path:
-    """Where the device lock's files live (`evaluator.devicelock`): one directory per host and
+    """Where the device lock's files live (`evaluator.procs.devicelock`): one directory per host and
     harness uid, whatever the cache dir, so two runs with different caches never time on one
     GPU at once. `KLOOP_LOCK_DIR` moves it (every process that should wait for another must
     name the same one). Closed like `private_dir`: no candidate can hold a lock."""

@@ -132,7 +132,7 @@ class _Tail:
 
 class Child:
     """One running child; use as a context manager so it is always killed and reaped. It starts
-    as a fork of the template process (`evaluator.forkserver`) where that works, else as a fresh
+    as a fork of the template process (`evaluator.procs.forkserver`) where that works, else as a fresh
     interpreter."""
 
     def __init__(self, mode: ChildMode, job: BaseModel, workdir: Path, env: dict[str, str],

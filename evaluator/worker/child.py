@@ -3,7 +3,7 @@
 MODE is `reference` (the trusted reference worker, see `evaluator.worker.reference_worker`), `candidate` (the
 one process that imports and runs candidate code), `compile` (imports the candidate only to
 build or check its kernels) or `forward` (a few forwards and nothing else, for `ncu`). Results
-go to RESULT_FD as JSON lines (`evaluator.protocol`).
+go to RESULT_FD as JSON lines (`evaluator.common.protocol`).
 
 What the candidate process gets: the problem file, its own work dir with `candidate.py` and the
 correctness inputs. Never the seeds, never the expected outputs, never the verdict.

@@ -1,4 +1,4 @@
-"""Anti-cheat probes that run inside the candidate process; `evaluator.checks` judges what they see.
+"""Anti-cheat probes that run inside the candidate process; `evaluator.harness.checks` judges what they see.
 
 - `Baseline.take()` at child start (after kloop's own set-up, before the candidate is imported):
   the identity of timer, synchronisation and comparison functions and of kloop's own functions,

@@ -5,7 +5,7 @@ seed, compute the expected outputs (and, for the precision check, float64 ones) 
 `no_grad`, write inputs (for the candidate) and expected outputs (harness-private) to disk; then
 serve the harness's calls (`evaluator.worker.serve`) on the eager model and on torch.compile of
 it (default mode, then mode="reduce-overhead"). The harness drives it from
-`evaluator.reference.collect_reference`.
+`evaluator.harness.reference.collect_reference`.
 
 What needs no device is made before the worker says it is ready, so before the harness takes
 the device lock for it (`_prepare`): the problem, the models built on CPU, the trials' inputs.

@@ -9,7 +9,7 @@ and the child initialises the device itself after the harness takes the device l
     python -m evaluator.worker.zygote SOCKET_FD
 
 Requests come on a Unix SEQPACKET socket whose other end only the harness holds
-(`evaluator.forkserver`): one packet per child, a `ForkRequest` as JSON with the child's fds
+(`evaluator.procs.forkserver`): one packet per child, a `ForkRequest` as JSON with the child's fds
 (stdin, stdout, stderr, then the fds it is passed) attached as SCM_RIGHTS. The answer is one
 packet: the child's pid, or `error: ...`. The child is forked twice (the middle process exits
 at once), so it is re-parented to the harness, a child subreaper, which waits for it as for any

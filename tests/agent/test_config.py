@@ -31,7 +31,7 @@ def test_unknown_keys_and_bad_values_name_the_key(tmp_path):
 
 
 def test_a_removed_evaluator_setting_is_refused_by_name_and_old_run_configs_still_load(tmp_path):
-    """Mechanism settings removed on 2026-12-05 (`evaluator.config.REMOVED`): an experiment file
+    """Mechanism settings removed on 2026-12-05 (`evaluator.common.config.REMOVED`): an experiment file
     that names one is refused as an unknown key is, saying why; a run saved before the removal
     (its config.json holds all six at their defaults) still reads, and starts again."""
     from pathlib import Path

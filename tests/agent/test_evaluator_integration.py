@@ -54,7 +54,7 @@ def test_bundled_example_replays_with_the_same_verdicts(tmp_path):
 @pytest.mark.slow
 def test_rescore_judges_the_bundled_example_through_the_evaluators_queue(tmp_path):
     """`kloop replay --rescore` with kloop's own evaluator: every kernel through one queue
-    (`LocalEvaluator.batch`, evaluator.scheduler), recorded in the source's order with the same
+    (`LocalEvaluator.batch`, evaluator.procs.scheduler), recorded in the source's order with the same
     verdicts, each turn's evaluation seconds its own (not the queue's wait to start)."""
     example = Path(__file__).resolve().parents[2] / "runs" / "examples" / "l3-1-mlp-triton"
     out = tmp_path / "rescored"

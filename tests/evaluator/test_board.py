@@ -1,4 +1,4 @@
-"""The pipeline board (`evaluator.board`): evaluations in flight show where they are, and the run
+"""The pipeline board (`evaluator.procs.board`): evaluations in flight show where they are, and the run
 progress line (`agent.run.PipelineColumn`) reads it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Build slots (`evaluator.buildslots`): at most `slots` compile children at once on the host,
+"""Build slots (`evaluator.procs.buildslots`): at most `slots` compile children at once on the host,
 across threads and processes; a dead holder's slot comes back."""
 
 from __future__ import annotations

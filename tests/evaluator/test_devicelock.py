@@ -1,4 +1,4 @@
-"""The device lock's rules (`evaluator.devicelock`), on CPU (it only looks at the device name):
+"""The device lock's rules (`evaluator.procs.devicelock`), on CPU (it only looks at the device name):
 one holder at a time per device, across processes and among the threads of one process, and a
 holder that dies gives the lock back."""
 

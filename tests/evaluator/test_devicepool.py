@@ -1,4 +1,4 @@
-"""Every GPU on the host (`evaluator.devicepool`): evaluations spread over the visible GPUs, each
+"""Every GPU on the host (`evaluator.procs.devicepool`): evaluations spread over the visible GPUs, each
 keeps its GPU to the end, and a GPU asked for by index is the only one used."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The timed calls' quick test (`ExpectedStore.passes`) answers exactly as the full comparison
-(`evaluator.correctness`) does, on values chosen to sit where the two could part: NaN, equal and
+(`evaluator.common.correctness`) does, on values chosen to sit where the two could part: NaN, equal and
 opposite infinities, overflow in the difference, elements exactly at the bound, half and double
 precision, integer outputs, no tolerance, sampled outputs."""
 

@@ -1,4 +1,4 @@
-"""Two candidates timed against each other in the same paired rounds (`evaluator.headtohead`),
+"""Two candidates timed against each other in the same paired rounds (`evaluator.harness.headtohead`),
 on CPU: the reference's own code as the challenger, and an incumbent that does the same work and
 sleeps 50 ms more per call, or returns a wrong output."""
 

@@ -1,4 +1,4 @@
-"""The rules by which findings become a verdict (`evaluator.outcome.fold`), on a real EvalRun."""
+"""The rules by which findings become a verdict (`evaluator.harness.outcome.fold`), on a real EvalRun."""
 
 from __future__ import annotations
 

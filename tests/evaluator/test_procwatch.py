@@ -1,4 +1,4 @@
-"""The harness's view of a child from /proc (`evaluator.procwatch`): threads that live only
+"""The harness's view of a child from /proc (`evaluator.procs.procwatch`): threads that live only
 inside each call, the whole process's CPU time, and the widest CPU affinity of its threads."""
 
 from __future__ import annotations

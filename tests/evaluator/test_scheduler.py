@@ -1,4 +1,4 @@
-"""evaluator.scheduler: front stages (static checks, builds) run ahead of the device stages.
+"""evaluator.procs.scheduler: front stages (static checks, builds) run ahead of the device stages.
 
 The scheduler is real here, and so are the runs it creates (work dirs, sandbox uids, device
 claims) and their results; the stages are probes that record what ran when, and wait on each

@@ -1,4 +1,4 @@
-"""Children forked from the template process (`evaluator.forkserver`, `evaluator.worker.zygote`)
+"""Children forked from the template process (`evaluator.procs.forkserver`, `evaluator.worker.zygote`)
 are the children a fresh interpreter would have been: their own session, fds, environment and
 working directory, nothing of the template's, re-parented to the harness; and when the template
 is gone, children start the plain way."""

@@ -1,4 +1,4 @@
-"""One sandbox uid per evaluation in flight (`evaluator.uidpool`): concurrent evaluations' candidate
+"""One sandbox uid per evaluation in flight (`evaluator.procs.uidpool`): concurrent evaluations' candidate
 code runs under different uids, so one cannot write into another's work dir or signal its
 processes."""
 
