@@ -6,6 +6,12 @@ result goes into the model's feedback and so to the provider. So every error is 
 the one place a verdict's error is recorded (`outcome.fold`): the exception's type, its message
 and the frames of the candidate's own file, a few hundred characters each, and every absolute
 path outside the evaluation's dir replaced by `<path>` (paths inside it are shown relative).
+
+The other text a candidate's process or its compiler can shape is cut the same way in the fold
+(`cut`): flags and violation messages (a probe's details), a trial's message (the worker's
+account of a failed call), compiler diagnostics and the compile log's tail (a compiler quotes
+what a candidate includes), and the names of profiled kernels (a kernel built at run time is
+named by the candidate).
 """
 
 from __future__ import annotations
@@ -37,6 +43,17 @@ def scrub(text: str, eval_root: Path) -> str:
         return path[len(root):] if path.startswith(root) else "<path>"
 
     return _PATH.sub(one, text)
+
+
+FLAG_CHARS = 400
+NAME_CHARS = 200
+
+
+def cut(text: str, eval_root: Path, limit: int = MESSAGE_CHARS, tail: bool = False) -> str:
+    """`text` scrubbed of host paths (`scrub`) and cut to `limit` characters: its start, or its
+    end with `tail`."""
+    text = scrub(text, eval_root)
+    return _tail(text, limit) if tail else _clip(text, limit)
 
 
 def _clip(text: str, limit: int) -> str:

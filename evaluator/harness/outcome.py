@@ -45,7 +45,7 @@ from kloop.evaluator.common.result import (
     Violation,
 )
 from kloop.evaluator.common.rules import RULES
-from kloop.evaluator.harness.errortext import for_model
+from kloop.evaluator.harness.errortext import FLAG_CHARS, NAME_CHARS, cut, for_model
 
 _STAGE_ORDER: tuple[Stage, ...] = typing.get_args(Stage)
 
@@ -198,25 +198,30 @@ def fold(v: Verdict, f: Finding, root: Path) -> None:
         if v.status is None and _STAGE_ORDER.index(f.stage) > _STAGE_ORDER.index(v.stage):
             v.stage = f.stage
     elif isinstance(f, Flagged):
-        v.flags.append(f.flag)
+        v.flags.append(cut(f.flag, root, FLAG_CHARS))
     elif isinstance(f, Violated):
-        v.violations.append(f.violation)
+        v.violations.append(f.violation.model_copy(
+            update={"message": cut(f.violation.message, root)}))
         if RULES[f.violation.rule].kind == "runtime":
             v.flags.append(f.violation.rule)
     elif isinstance(f, Judged):
-        v.trials.append(f.trial)
+        msg = f.trial.message
+        v.trials.append(f.trial if msg is None else f.trial.model_copy(
+            update={"message": cut(msg, root)}))
     elif isinstance(f, Noted):
         for i, t in enumerate(v.trials):
             if t.trial == f.trial:
-                v.trials[i] = t.model_copy(update={"message": f.message})
+                v.trials[i] = t.model_copy(update={"message": cut(f.message, root)})
     elif isinstance(f, Failed):
         v.error = for_model(f.error, root)
     elif isinstance(f, Measured):
         setattr(v, f.what, f.stats)
     elif isinstance(f, Built):
-        v.compile = f.log
+        v.compile = _cut_log(f.log, root)
     elif isinstance(f, Profiled):
-        v.profile = f.summary
+        v.profile = f.summary.model_copy(update={"kernels": [
+            k.model_copy(update={"name": cut(k.name, root, NAME_CHARS)})
+            for k in f.summary.kernels], "text": cut(f.summary.text, root, 8000)})
     elif isinstance(f, Observed):
         v.env = f.env
     elif isinstance(f, Precision):
@@ -234,3 +239,13 @@ def fold(v: Verdict, f: Finding, root: Path) -> None:
         v.stage_seconds[f.name] = round(v.stage_seconds.get(f.name, 0.0) + f.seconds, 3)
     else:  # pragma: no cover - a new kind of finding without a rule
         raise TypeError(f"no rule folds a {type(f).__name__}")
+
+
+def _cut_log(log: CompileLog, root: Path) -> CompileLog:
+    """A compile log with its diagnostics and tail scrubbed of host paths (`errortext.cut`);
+    `log_path` (the full log, in the harness's cache) stays for the user."""
+    return log.model_copy(update={
+        "diagnostics": [d.model_copy(update={"message": cut(d.message, root)})
+                        for d in log.diagnostics],
+        "log_tail": cut(log.log_tail, root, max(len(log.log_tail), 1), tail=True),
+        "infra_error": cut(log.infra_error, root) if log.infra_error else log.infra_error})

@@ -104,3 +104,43 @@ def test_the_run_keeps_no_verdict_and_a_write_to_one_changes_nothing(run):
     assert (run.verdict.status, run.verdict.flags) == ("incorrect", [])
     result = run.to_result()
     assert result.status == "incorrect" and result.flags == []
+
+
+def test_text_from_the_candidates_process_reaches_the_result_cut_and_without_host_paths(run):
+    """Flags, probe violations, a trial's message, compiler output and profiled kernel names
+    are text the candidate's process or its compiler shapes: each enters the verdict with host
+    paths replaced and cut to a bound, as errors do."""
+    from kloop.evaluator.common.result import (
+        CompileDiagnostic,
+        CompileLog,
+        ProfileKernel,
+        ProfileSummary,
+    )
+    from kloop.evaluator.harness.errortext import FLAG_CHARS, MESSAGE_CHARS, NAME_CHARS
+    from kloop.evaluator.harness.outcome import Built, Profiled
+
+    secret = "/home/alice/.ssh/id_rsa"
+    own = f"{run.root}/cand/candidate.py"
+    run.record(
+        Flagged(flag=f"probe_detail: read {secret} " + "x" * 5000),
+        *violated(Violation(rule="deferred_work", severity="reject", message=f"saw {secret}")),
+        Judged(trial=CorrectnessTrial(trial=7, kind="timed", passed=False,
+                                      message=f"unserved: {secret} at {own}")),
+        Built(log=CompileLog(backend="cuda", ok=False, diagnostics=[CompileDiagnostic(
+            file="candidate.py", line=3, message=f'cannot open "{secret}"')],
+            log_tail=f"{own}(3): error: cannot open {secret}\n", log_path="/var/log/x.log")),
+        Profiled(summary=ProfileSummary(activity="cuda", total_ms=1.0, custom_share=1.0,
+                                        kernels=[ProfileKernel(name="k" * 1000, kind="custom",
+                                                               time_ms=1.0, share=1.0, calls=1)],
+                                        text=f"k at {secret}")),
+        Decided(status="compile_error", stage="compile"))
+    v = run.verdict
+    assert len(v.flags[0]) <= FLAG_CHARS and "<path>" in v.flags[0]
+    assert v.violations[0].message == "saw <path>" and "deferred_work" in v.flags
+    assert v.trials[0].message == "unserved: <path> at cand/candidate.py"
+    assert len(v.trials[0].message) <= MESSAGE_CHARS
+    assert v.compile.diagnostics[0].message == 'cannot open "<path>"'
+    assert v.compile.log_tail == "cand/candidate.py(3): error: cannot open <path>\n"
+    assert v.compile.log_path == "/var/log/x.log"  # the full log stays for the user
+    assert len(v.profile.kernels[0].name) <= NAME_CHARS and v.profile.text == "k at <path>"
+    assert "alice" not in run.to_result().model_dump_json()
