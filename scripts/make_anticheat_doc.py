@@ -42,8 +42,10 @@ def render() -> str:
         "directories, shared scratch and logs show only the way to what the child needs, "
         "/etc entries others may not read are covered (`evaluator/common/hostview.py`), and "
         "every error enters a result cut to its type, a few hundred characters of message and "
-        "the candidate's own frames, with host paths removed (`evaluator/harness/errortext.py`; "
-        "`tests/evaluator/test_host_secrets.py`). Each evaluation has one writable place, its "
+        "the candidate's own frames, with host paths removed, and flags, probe messages, "
+        "compiler output and profiled kernel names enter it scrubbed and cut the same way "
+        "(`evaluator/harness/errortext.py`; `tests/evaluator/test_host_secrets.py`, "
+        "`test_outcome.py`). Each evaluation has one writable place, its "
         "own dir (its cache included): the rest of the tree is read-only to contained "
         "children under every identity (`tests/evaluator/test_one_writable_place.py`).",
         "",
