@@ -148,10 +148,15 @@ def _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_
             for side in [live[int(k)] for k in rng.permutation(len(live))]:
                 if side not in live:
                     continue  # dropped earlier in this round
-                calls = chunk if not side.null else \
-                    [chunk[k % len(chunk)] for k in range(max(len(chunk), NULLS_PER_ROUND))]
-                for i in calls:
-                    res = guarded(side, seeds[i])
+                # A null call carries a fresh seed, never a timed call's: the candidate's
+                # process serves null calls too, and a timed seed it saw early would let it
+                # compute that call's output off the clock (inside a null call, which only
+                # raises its own floor, which the reference's then caps).
+                calls = [(i, seeds[i]) for i in chunk] if not side.null else \
+                    [(chunk[k % len(chunk)], secrets.randbits(62))
+                     for k in range(max(len(chunk), NULLS_PER_ROUND))]
+                for i, seed in calls:
+                    res = guarded(side, seed)
                     if res is None:
                         break
                     served = out.sides.setdefault(side.name, Served())
@@ -212,6 +217,7 @@ def per_call(served: Served, handshake_ms: float | None, clock: str,
     ev = np.asarray(served.event_ms, dtype=np.float64)
     lo = np.maximum(wall - bound_ms, 0.0)
     return np.clip(ev, lo, np.maximum(wall - hs, lo))
+
 
 def own_handshake(reference_ms: float | None, own: Served | None) -> float | None:
     """What comes off a candidate process's calls: the reference worker's handshake, lowered to

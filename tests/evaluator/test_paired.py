@@ -159,6 +159,9 @@ def test_each_process_serves_its_null_calls_each_round_and_the_candidates_floor_
         assert len(nulls.null_ms) == out.n_rounds * NULLS_PER_ROUND
         assert sorted(set(out.rounds[side])) == list(range(out.n_rounds))
         assert len([e for e in log if e[0].startswith(who) and e[2]]) == len(nulls.null_ms)
+    # Null calls carry fresh seeds: the candidate's process never sees a timed call's seed
+    # outside that call.
+    assert not [e for e in log if e[2] and e[1] in seeds]
     ref_hs = out.sides["null"].handshake_ms()
     own = out.sides["candidate_null"].handshake_ms()
     assert own_handshake(ref_hs, out.sides["candidate_null"]) == min(ref_hs, own)
