@@ -7,6 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
+
+# Two pytest-xdist workers share CI's two cores. Torch's default of one intra-op thread per core
+# in each would put four spinning OpenMP threads on two cores: a 1 s full-size LSTM forward in a
+# test process read 30-56 s in a fresh-clone CI run (2026-12-05 at d2aa663). Evaluations' own
+# children set their thread counts themselves (`EvalConfig.cpu_threads`).
+torch.set_num_threads(1)
 
 
 def pytest_addoption(parser):
