@@ -135,7 +135,7 @@ def seed_baselines(src: Path, dst: Path) -> int:
     baselines twice (~340 s for the whole batch on the H200). Returns how many were copied."""
     import shutil
 
-    from kloop.evaluator.procs.isolation import private_dir
+    from kloop.evaluator.common.vault import private_dir
 
     to = private_dir(dst) / "baselines"
     to.mkdir(parents=True, exist_ok=True)

@@ -45,7 +45,7 @@ from kloop.evaluator.common.result import (
     Violation,
 )
 from kloop.evaluator.common.rules import RULES
-from kloop.evaluator.harness.errortext import FLAG_CHARS, NAME_CHARS, cut, for_model
+from kloop.evaluator.harness.errortext import FLAG_CHARS, NAME_CHARS, cut, for_model, scrub
 
 _STAGE_ORDER: tuple[Stage, ...] = typing.get_args(Stage)
 
@@ -247,5 +247,5 @@ def _cut_log(log: CompileLog, root: Path) -> CompileLog:
     return log.model_copy(update={
         "diagnostics": [d.model_copy(update={"message": cut(d.message, root)})
                         for d in log.diagnostics],
-        "log_tail": cut(log.log_tail, root, max(len(log.log_tail), 1), tail=True),
+        "log_tail": scrub(log.log_tail, root),  # already cut to LOG_TAIL_BYTES
         "infra_error": cut(log.infra_error, root) if log.infra_error else log.infra_error})

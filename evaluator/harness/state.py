@@ -461,8 +461,8 @@ class EvalRun:
     def to_result(self) -> EvalResult:
         v = self.verdict
         assert v.status is not None
-        vs = {"eager": self.speedup(v.eager), "compile": self.speedup(v.compiled),
-              "compile_ro": self.speedup(v.compiled_ro)}
+        vs = {"eager": self.speedup(v.eager, v), "compile": self.speedup(v.compiled, v),
+              "compile_ro": self.speedup(v.compiled_ro, v)}
         best = best_of(vs)
         return EvalResult(
             evaluator_version=__version__, status=v.status, stage_reached=v.stage,
@@ -476,7 +476,7 @@ class EvalRun:
             compiled=v.compiled, compiled_ro=v.compiled_ro, speedup_vs_eager=vs["eager"],
             speedup_vs_compile=vs["compile"], speedup_vs_compile_ro=vs["compile_ro"],
             speedup_vs_best=best.speedup, best_baseline=best.name,
-            speedup_clock=self.speedup_clock(),
+            speedup_clock=self.speedup_clock(v),
             speedup_ci={b: i for b, i in v.speedup_ci.items() if vs.get(b) is not None},
             head_to_head=v.head_to_head if v.status == "correct" else None,
             paired=v.paired, precision_calls=v.precision_calls,
@@ -486,13 +486,15 @@ class EvalRun:
             stage_seconds=v.stage_seconds, env=v.env, started_at=self.started_at,
         )
 
-    def speedup(self, baseline: TimingStats | None) -> float | None:
-        v = self.verdict
+    def speedup(self, baseline: TimingStats | None, v: Verdict | None = None) -> float | None:
+        """baseline / candidate on the policy's statistic and clock (`v`: the verdict already
+        folded, where the caller has it)."""
+        v = v or self.verdict
         if v.status != "correct":
             return None
-        return speedup(v.timing, baseline, self.policy.speedup_stat, self.speedup_clock())
+        return speedup(v.timing, baseline, self.policy.speedup_stat, self.speedup_clock(v))
 
-    def speedup_clock(self) -> SpeedupClock | None:
-        v = self.verdict
+    def speedup_clock(self, v: Verdict | None = None) -> SpeedupClock | None:
+        v = v or self.verdict
         return None if v.status != "correct" else \
             speedup_clock(self.policy, v.timing, v.eager)
