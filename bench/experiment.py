@@ -32,7 +32,7 @@ Printed (and written with `--json`), each with its conditions:
   clock; the trusted clock's net times where a side has no events). Correctness trials, builds
   and profiling are not counted: a lower bound;
 - per-stage p50/p90 (`bench/throughput.py`'s table), the build p50 of each CUDA form and which
-  path each CUDA build took (`lean`, `lean refused: ...`, plain).
+  path each CUDA build took (`lean`, `torch form`, `... refused`, `... failed`, plain).
 
 A batch too long for one device call runs in parts: `--part K/N` takes every N-th problem from
 the K-th, `--cache DIR` keeps the evaluator's cache in a directory the machine keeps between
@@ -217,10 +217,11 @@ def row_of(result) -> dict:
 
 
 def build_path(row: dict) -> str:
-    """How a CUDA build went: `lean`, `lean refused` or `lean failed` (then plain), or `plain`."""
+    """How a CUDA build went: `lean` or `torch form` (split into halves), `lean refused`,
+    `lean failed`, `torch form refused` or `torch form failed` (then plain), or `plain`."""
     for run in row.get("nvcc_runs", []):
-        if run.startswith("lean"):
-            return run.split(":")[0]
+        if run.startswith(("lean", "torch form")):
+            return run.split(":")[0].split(" (")[0]
     return "plain"
 
 

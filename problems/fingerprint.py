@@ -55,10 +55,22 @@ def output_tolerance(expected: dict[str, Any]) -> float:
 
 
 def check_problem(path: Path, expected: dict[str, Any]) -> list[str]:
-    """Rebuild the problem at `path` with the fingerprint's overrides; return the differences."""
+    """Rebuild the problem at `path` with the fingerprint's overrides; return the differences.
+    Runs on two intra-op threads, as the fingerprints were made, and gives the caller its own
+    setting back: a test process left at two threads beside another on a 2-core CI host ran a
+    1 s LSTM forward in 50-95 s, each of its thousands of small ops waiting on a spinning
+    OpenMP team (2026-12-05)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        return _check_problem(path, expected)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _check_problem(path: Path, expected: dict[str, Any]) -> list[str]:
     from kloop.problems.registry import load_module
 
-    torch.set_num_threads(2)
     diffs: list[str] = []
     module = load_module(path, expected.get("overrides") or {})
     torch.manual_seed(42)

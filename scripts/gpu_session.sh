@@ -64,6 +64,9 @@ for s in "$@"; do
     template-bench) step template-bench 150 python3 bench/template.py --device cuda ;;
     pch) step pch 300 python3 bench/pch.py ;;
     lean) step lean 150 python3 bench/lean_prologue.py ;;  # the way to a 15 s CUDA build
+    torchform) step torchform 300 python3 bench/torch_form.py --pch "$OUT/.pch-torchform" \
+                 --sources "${TORCHFORM_SOURCES:-mlp_cuda_relu.py,attention_cuda.py,resnet_block_bn_relu_cuda.py}" \
+                 --json "$OUT/torchform.json"; rm -rf "$OUT/.pch-torchform" ;;
     stages) step stages 300 python3 bench/evaluator.py --only stages --json "$OUT/stages.json" \
               ${STAGES_PROBLEMS:+--problems "$STAGES_PROBLEMS"} ;;
     cv) step cv 150 python3 bench/evaluator.py --only cv --repeats "${CV_REPEATS:-6}" \

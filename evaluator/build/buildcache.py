@@ -159,7 +159,7 @@ def build_key(args: dict[str, Any], arch: str | None, candidate_sha256: str | No
         "python": [sys.implementation.cache_tag, sysconfig.get_config_var("EXT_SUFFIX")],
     }
     if os.environ.get(lean.ENV) == "1":  # a lean build is another binary (keys without it stay)
-        payload["lean"] = True
+        payload["lean"] = "lean+torch-form"  # torch-form files are built as two halves too
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -110,12 +110,17 @@ def _preprocess_args(args: list[str], source: str) -> list[str]:
     return out
 
 
-def facts(nvcc: str, args: list[str], source: str, work: Path) -> Facts | None:
+def facts(nvcc: str, args: list[str], source: str, work: Path,
+          torch_lines: Sequence[str] = ()) -> Facts | None:
     """The lean prologue's headers and the macros torch's header adds, under this compile's own
-    flags (host pass; two preprocessor runs, ~1 s each); None if the preprocessor refuses."""
+    flags (host pass; two preprocessor runs, ~1 s each); None if the preprocessor refuses.
+    `torch_lines`: more of torch's includes that the lean prologue stands in for (the device
+    half of a torch-form file, `evaluator.build.torch_form`); a header they include that this
+    module cannot name (Python's, through pybind11) is left out, and the macros it defines
+    stay among those a candidate may not name."""
     flags = _preprocess_args(args, source)
     full, lean = work / "full.cu", work / "lean.cu"
-    full.write_text("\n".join(PROLOGUE) + "\n")
+    full.write_text("\n".join([*PROLOGUE, *torch_lines]) + "\n")
     r = subprocess.run([nvcc, *flags, "-E", "-Xcompiler", "-dM", "-Xcompiler", "-H", str(full)],
                        capture_output=True, text=True)
     if r.returncode != 0:
@@ -130,6 +135,8 @@ def facts(nvcc: str, args: list[str], source: str, work: Path) -> Facts | None:
         if parent is None or path.startswith(torch_dirs) or not parent.startswith(torch_dirs):
             continue  # the prologue's own lines, torch's headers, or a header's own includes
         name = include_name(path)
+        if name is None and torch_lines:
+            continue
         if name is None:  # a header this module cannot name: no lean build
             return None
         if name not in headers:

@@ -34,7 +34,8 @@ if __package__ in (None, ""):  # run as a script (torch's build calls it as its 
     # The directory holding the kloop package: the clone, or site-packages for a wheel.
     sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents
                                 if (p / "kloop" / "__init__.py").is_file())))
-from kloop.evaluator.build import lean  # noqa: E402
+from kloop.evaluator.build import cxx_pch, lean  # noqa: E402
+from kloop.evaluator.build import torch_form as torch_split  # noqa: E402
 
 SHELL = "/bin/sh"  # what ninja runs commands with; the scripts here are POSIX
 REPORT_ENV = "KLOOP_NVCC_REPORT"
@@ -133,7 +134,9 @@ def run(args: list[str]) -> int:
         nvcc, args = args[1], args[2:]
     source = next((a for a in args if a.endswith(".cu")), None)
     if source is not None and os.environ.get(lean.ENV) == "1":
-        code = _lean(nvcc, args, source)
+        torch_form = any(torch_split.TORCH_INCLUDE.match(line)
+                         for line in Path(source).read_text(errors="replace").split("\n")[3:])
+        code = _torch_form(nvcc, args, source) if torch_form else _lean(nvcc, args, source)
         if code is not None:
             return code
     with tempfile.TemporaryDirectory(prefix="kloop-nvcc-") as tmp:
@@ -202,6 +205,148 @@ def _lean(nvcc: str, args: list[str], source: str) -> int | None:
         sys.stdout.buffer.write(r.stdout)
         sys.stderr.buffer.write(r.stderr)
         return 0
+
+
+def _torch_form(nvcc: str, args: list[str], source: str) -> int | None:
+    """Build a torch-form `source` as two halves (`evaluator.build.torch_form`): 0 if both
+    built and joined, passing on what they printed; None (nothing printed) if it does not
+    qualify or a half failed: then the plain way."""
+    with tempfile.TemporaryDirectory(prefix="kloop-torchform-") as tmp:
+        work = Path(tmp)
+        why = _torch_form_build(nvcc, args, source, work)
+        if why is None:
+            return 0
+        _report(f"torch form {why}")
+        return None
+
+
+def _torch_form_build(nvcc: str, args: list[str], source: str, work: Path) -> str | None:
+    """None once the object is written, else `refused: why` or `failed: why`."""
+    text = Path(source).read_text()
+    lines = text.split("\n")
+    if lines[:3] != lean.PROLOGUE:
+        return "refused: not load_inline's prologue"
+    try:
+        halves = torch_split.split("\n".join(lines[3:]))
+    except torch_split.Refused as exc:
+        return f"refused: {exc}"
+    host = host_compile(args, source)
+    if isinstance(host, str):
+        return f"refused: {host}"
+    found = lean.facts(nvcc, args, source, work, halves.torch_includes)
+    if found is None:
+        return "refused: no lean facts for its torch includes"
+    why = lean.refusal(halves.device, found, lambda names: lean.extra_refusal(
+        nvcc, args, source, found, names, work))
+    if why is not None:
+        return f"refused: the device half: {why}"
+    (work / "src").mkdir()
+    dev_file = work / "src" / Path(source).name  # nvcc names the module id after the file
+    dev_file.write_text(lean.prologue_text(found.headers) + f'#line 4 "{source}"\n'
+                        + halves.device)
+    host_file = work / "host.cpp"
+    # The precompiled header serves only a first line; `#line 1` then keeps the candidate's
+    # lines where they were in the original file.
+    host_file.write_text(f'#include <{cxx_pch.HEADER}>\n#line 1 "{source}"\n'
+                         + "\n".join(lean.PROLOGUE) + "\n" + halves.host)
+    out = args[args.index("-o") + 1]
+    dev_obj, host_obj = work / "device.o", work / "host.o"
+    env = {k: v for k, v in os.environ.items() if k not in (lean.ENV, REPORT_ENV)}
+    dev_args = [str(dev_file) if a == source else str(dev_obj) if a == out else a for a in args]
+    command, pch_entry = host
+    host_cmd = [*command, *(["-I", str(pch_entry)] if pch_entry else []), "-c", str(host_file),
+                "-o", str(host_obj)]
+    logs = [work / "device.log", work / "host.log"]
+    with logs[0].open("wb") as f0, logs[1].open("wb") as f1:
+        devicing = subprocess.Popen([sys.executable, __file__, "--nvcc", nvcc, *dev_args],
+                                    stdout=f0, stderr=subprocess.STDOUT, env=env)
+        hosting = subprocess.Popen(host_cmd, stdout=f1, stderr=subprocess.STDOUT, env=env)
+        codes = devicing.wait(), hosting.wait()
+    if codes != (0, 0):
+        which = "the device half" if codes[0] else "the host half"
+        return f"failed: {which} did not build (built the plain way)"
+    joined = subprocess.run(["ld", "-r", "-o", out, str(dev_obj), str(host_obj)],
+                            capture_output=True, text=True)
+    if joined.returncode != 0:
+        return f"failed: ld -r: {joined.stderr.strip()[:200]}"
+    _report("torch form" + (" (host pch)" if pch_entry else " (host without pch)"))
+    for log_file in logs:  # warnings, as nvcc passes its tools' output on
+        sys.stderr.buffer.write(log_file.read_bytes())
+    return None
+
+
+_DEVICE_ONLY_FLAGS = {"--use_fast_math", "-use_fast_math", "-lineinfo", "--expt-relaxed-constexpr",
+                      "--expt-extended-lambda", "--extended-lambda", "-res-usage",
+                      "--resource-usage", "-Xptxas", "--ptxas-options", "-maxrregcount",
+                      "--maxrregcount", "-gencode", "--generate-code", "-arch", "--gpu-architecture",
+                      "-code", "--gpu-code"}
+
+
+def host_compile(args: list[str], source: str) -> tuple[list[str], Path | None] | str:
+    """The host compiler's command for the host half (without its input and output), and the
+    precompiled header's directory when one was made under exactly those flags; or why the
+    host half cannot be compiled as nvcc would have compiled it.
+
+    The flags are the binding file's, as torch builds them (its common flags, `-fPIC`, the
+    standard, the optimisation level nvcc gives its host compile): torch's common flags are
+    the ones before its nvcc-only `-D__CUDA_NO_…` defines; the `-D`s and `-I`s of
+    `extra_cuda_cflags` follow. Any flag this cannot place is refused."""
+    common: list[str] = []
+    extra: list[str] = []
+    std, opt, cxx = None, None, "gcc"
+    it = iter(a for a in args)
+    in_common = True
+    nvcc_only = {"-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+                 "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"}
+    for a in it:
+        if a in nvcc_only:
+            in_common = False
+            continue
+        if a in ("-c", source, "--generate-dependencies-with-compile"):
+            continue
+        if a in ("-o", "--dependency-output", "-MF"):
+            next(it, None)
+            continue
+        if a == "-ccbin":
+            cxx = next(it, "")
+            continue
+        if a in ("-isystem", "-I", "-D"):
+            (common if in_common else extra).extend([a, next(it, "")])
+            continue
+        if a.startswith(("-I", "-D")):
+            (common if in_common else extra).append(a)
+            continue
+        if a.startswith("-std="):
+            std = a
+            continue
+        if a in ("-O0", "-O1", "-O2", "-O3"):
+            opt = a
+            continue
+        if a in ("--compiler-options", "-Xcompiler"):
+            value = next(it, "")
+            if value.strip("'\"") != "-fPIC":
+                return f"host compiler options {value!r}"
+            continue
+        name = a.split("=", 1)[0]
+        if name in _DEVICE_ONLY_FLAGS:
+            if "=" not in a and name in ("-Xptxas", "--ptxas-options", "-maxrregcount",
+                                         "--maxrregcount", "-gencode", "--generate-code",
+                                         "-arch", "--gpu-architecture", "-code", "--gpu-code"):
+                next(it, None)
+            continue
+        return f"the nvcc flag {a!r}"
+    if std is None:
+        return "no -std flag"
+    flags = [*common, "-fPIC", std, *([opt] if opt else []), *extra]
+    real = os.environ.get(cxx_pch.REAL_ENV) or "c++"
+    root = os.environ.get(cxx_pch.ROOT_ENV)
+    keyed = [f for f in flags if not f.startswith("-DTORCH_EXTENSION_NAME=")]  # as the binding's
+    entry = Path(root) / cxx_pch.pch_key(real, keyed) if root else None
+    if entry is not None and not (entry / cxx_pch.READY).is_file():
+        entry = None
+    # nvcc's host compile is `gcc -x c++` (or -ccbin's); the PCH is g++'s own: the compiler
+    # checks that it fits and reads the header when it does not.
+    return [*shlex.split(cxx), "-x", "c++", "-Wno-psabi", *flags], entry
 
 
 def _kill_tree(pid: int) -> None:

@@ -55,6 +55,21 @@ def test_the_two_cuda_forms_differ_only_in_where_torch_is_named():
     assert experiment._CUDA_KERNEL.strip() in lean_cu and experiment._CUDA_KERNEL.strip() in plain_cu
 
 
+def test_the_torch_form_candidate_splits_and_each_builds_path_is_named():
+    """The `torch/extension.h` copy kernel is one the torch-form build takes (not refused), and
+    the summary names each path a build reported."""
+    from kloop.evaluator.build import torch_form
+
+    src = get_problem("L3/1").source
+    cu = experiment.candidate(src, "cuda_torch", "1").split('_cuda = r"""')[1].split('"""')[0]
+    assert torch_form.split(cu).launched == ["kloop_copy_kernel"]
+    runs = {"torch form (host pch)": "torch form", "torch form refused: a raw string literal":
+            "torch form refused", "lean": "lean", "lean refused: it names `at`": "lean refused"}
+    for run, path in runs.items():
+        assert experiment.build_path({"nvcc_runs": [run, "split"]}) == path
+    assert experiment.build_path({"nvcc_runs": ["split"]}) == "plain"
+
+
 def test_projection_charges_each_problem_its_first_use_and_each_candidate_the_steady_rate():
     first = {"candidates": 6, "problems": 2, "wall_s": 100.0, "per_gpu_hour": 216.0}
     steady = {"candidates": 6, "problems": 2, "wall_s": 30.0, "per_gpu_hour": 720.0}

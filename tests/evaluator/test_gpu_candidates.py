@@ -236,31 +236,47 @@ def test_a_profiled_process_launches_as_fast_afterwards_with_the_childrens_envir
 
 def test_a_real_cuda_build_splits_and_its_errors_point_into_the_candidate(tmp_path):
     """Builds on the GPU machine go through the parallel nvcc (evaluator.build.nvcc_parallel)
-    inside the evaluator's compile child: an honest extension builds and is correct, and an nvcc
-    error comes back at the candidate's own line, as the CPU compile check reports it."""
+    inside the evaluator's compile child: an honest extension builds (as two halves) and is
+    correct, and an nvcc error comes back at the candidate's own line from the plain build
+    that follows a failed half, as the CPU compile check reports it."""
     config = gpu_config(tmp_path / "cache", problem_overrides=MLP_SMALL, baselines="none")
     bad, good = evaluate_many([("L3/1", candidate("cuda_compile_error.py")),
                                ("L3/1", candidate("mlp_cuda_relu.py"))], config, max_workers=2)
     assert (bad.status, bad.stage_reached) == ("compile_error", "compile"), bad.error
     assert any(d.file == "candidate.py" and d.line == 12 and '"zero" is undefined' in d.message
                for d in bad.compile.diagnostics), bad.compile
-    assert bad.compile.nvcc_runs == ["split"], bad.compile
+    # Its device half fails; then the plain build (chains side by side) speaks.
+    assert bad.compile.nvcc_runs == ["torch form failed: the device half did not build (built "
+                                     "the plain way)", "split"], bad.compile
     assert good.status == "correct", good.error
-    assert good.compile is not None and good.compile.nvcc_runs == ["split"], good.compile
+    assert good.compile is not None and len(good.compile.nvcc_runs) == 1, good.compile
+    assert good.compile.nvcc_runs[0].startswith("torch form ("), good.compile
 
 
 def test_a_torch_free_cu_builds_lean_and_the_rest_the_plain_way(tmp_path):
     """`lean_cuda: on` in the evaluator's compile child: a `.cu` that names nothing of torch is
-    built lean (`evaluator.build.lean`) and is correct and timed on the GPU; one that uses
-    torch's API is built the usual way, with the reason recorded."""
+    built lean (`evaluator.build.lean`) and is correct and timed on the GPU; one that includes
+    `<torch/extension.h>` and launches from a torch host function is built as two halves
+    (`evaluator.build.torch_form`), is correct, and no plain build followed."""
     config = gpu_config(tmp_path / "cache", problem_overrides=MLP_MEDIUM, lean_cuda="on")
     lean_r, torch_r = evaluate_many([("L3/1", candidate("mlp_cuda_relu_lean.py")),
                                      ("L3/1", candidate("mlp_cuda_relu.py"))], config, max_workers=2)
     _assert_correct_and_timed(lean_r)
     assert lean_r.compile is not None and lean_r.compile.nvcc_runs == ["lean"], lean_r.compile
-    assert torch_r.status == "correct", torch_r.error
-    assert torch_r.compile.nvcc_runs[0].startswith("lean refused: it includes <torch/extension.h>")
-    assert torch_r.compile.nvcc_runs[1:] == ["split"], torch_r.compile
+    _assert_correct_and_timed(torch_r)
+    assert torch_r.compile is not None and len(torch_r.compile.nvcc_runs) == 1, torch_r.compile
+    assert torch_r.compile.nvcc_runs[0].startswith("torch form ("), torch_r.compile
+
+
+def test_the_torch_form_candidates_build_as_two_halves_and_are_correct(cache_dir):
+    """The repo's `.cu` files that include `<torch/extension.h>` (one kernel a launch; two
+    kernels, stats then apply; shared memory): each built as two halves, correct and timed."""
+    items = [("L3/43", candidate("attention_cuda.py")),
+             ("L3/8", candidate("resnet_block_bn_relu_cuda.py"))]
+    for r in evaluate_many(items, gpu_config(cache_dir, problem_overrides={}), max_workers=2):
+        _assert_correct_and_timed(r)
+        assert r.compile is not None and len(r.compile.nvcc_runs) == 1, r.compile
+        assert r.compile.nvcc_runs[0].startswith("torch form ("), r.compile
 
 
 def test_lean_forms_of_the_attention_and_bn_relu_candidates_build_lean_and_are_correct(

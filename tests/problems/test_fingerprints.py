@@ -6,6 +6,7 @@ and 1 equal to about 1e-6 relative. This also runs every problem's forward on CP
 """
 
 import pytest
+import torch
 
 from kloop.problems.fingerprint import DEFAULT_FINGERPRINTS, check_problem, load_fingerprints
 from kloop.problems.registry import BUNDLED_DIR
@@ -55,3 +56,16 @@ def test_checker_catches_an_output_change(tmp_path):
     bad.write_text(src.replace("return self.fc3(x)", "return self.fc3(x) * 1.001"))
     diffs = check_problem(bad, FINGERPRINTS["4_LeNet5"])
     assert any("output 0" in d for d in diffs)
+
+
+def test_a_check_gives_the_callers_thread_count_back():
+    """The check runs on the fingerprints' two threads and leaves the caller at its own (the
+    suite runs torch on one thread a process; two left behind made LSTM forwards 50-95x slower
+    on a 2-core host)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert check_problem(BUNDLED_DIR / "level3" / "1_MLP.py", FINGERPRINTS["1_MLP"]) == []
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
