@@ -39,8 +39,10 @@ def torch_args(source: Path, out: Path) -> list[str]:
 
     try:
         includes = ce.include_paths("cuda")
-    except OSError:  # a CPU torch: no CUDA_HOME
-        includes = [*ce.include_paths(), *nvcc._toolkit_include_dirs()]
+    except OSError:  # a CPU torch: no CUDA_HOME; the SDK headers the CPU check installs
+        includes = [*ce.include_paths(), *nvcc._toolkit_include_dirs(),
+                    *([str(nvcc.SDK_HEADERS_DIR / "include")]
+                      if (nvcc.SDK_HEADERS_DIR / "include").is_dir() else [])]
     common = ["-DTORCH_EXTENSION_NAME=kloop_bench_tf", "-DTORCH_API_INCLUDE_EXTENSION_H"]
     for p in [*includes, sysconfig.get_path("include", scheme="posix_prefix")]:
         common += ["-isystem", p]
