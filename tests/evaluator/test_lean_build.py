@@ -172,7 +172,10 @@ def test_headers_torch_never_opens_qualify_unless_they_name_its_macros_or_it_rea
     assert why is not None and "read already by the lean prologue only" in why, why
 
 
-def _build(work: Path, body: str, lean_on: bool) -> tuple[subprocess.CompletedProcess, list[str]]:
+def _build(work: Path, body: str, lean_on: bool, flags: list[str] | None = None
+           ) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`body` after `load_inline`'s prologue, compiled by the parallel nvcc into `work/cuda.o`
+    under `flags` (torch's, as `lean.torch_nvcc_flags` gives them, by default)."""
     work.mkdir(parents=True)
     src = work / "cuda.cu"
     src.write_text("\n".join(lean.PROLOGUE) + "\n" + body)
@@ -181,7 +184,8 @@ def _build(work: Path, body: str, lean_on: bool) -> tuple[subprocess.CompletedPr
     env[nvcc_parallel.REPORT_ENV] = str(report)
     if lean_on:
         env[lean.ENV] = "1"
-    r = subprocess.run([sys.executable, str(Path(nvcc_parallel.__file__)), *_flags(), "-c",
+    r = subprocess.run([sys.executable, str(Path(nvcc_parallel.__file__)),
+                        *(_flags() if flags is None else flags), "-c",
                         str(src), "-o", str(work / "cuda.o")], env=env, capture_output=True,
                        text=True)
     return r, report.read_text().splitlines() if report.exists() else []

@@ -138,3 +138,49 @@ def test_inline_host_device_helpers_go_to_both_halves():
     s = tf.split(text)
     assert "inline int cdiv" in s.device and "inline int cdiv" in s.host
     assert "kloop_launch_k(cdiv(n, 256),  256, 0, 0,t.data_ptr<float>(), n)" in s.host
+
+
+UNUSUAL = r"""
+#include <torch/extension.h>
+#include <cuda_fp16.h>
+
+#define BLOCK 128
+__host__ __device__ inline int cdiv(int a, int b) { return (a + b - 1) / b; }
+typedef float4 vec4;
+namespace ops {
+struct Params { int n; float alpha; };
+__device__ float act(float v, float a) { return v > 0 ? v : a * v; }
+__global__ void __launch_bounds__(BLOCK) leaky(const float* __restrict__ x, float* y, Params p) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < p.n) y[i] = act(x[i], p.alpha);
+}
+__global__ void halve(const __half* x, __half* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __hmul(x[i], __float2half(0.5f));
+}
+}  // namespace ops
+
+torch::Tensor halve_forward(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    int n = x.numel();
+    ops::halve<<<cdiv(n, 256), 256, 0, (cudaStream_t)0>>>(
+        reinterpret_cast<const __half*>(x.data_ptr<at::Half>()),
+        reinterpret_cast<__half*>(y.data_ptr<at::Half>()), n);
+    return y;
+}
+"""
+
+
+def test_an_unusual_honest_file_is_split_and_only_what_it_launches_gets_a_launcher():
+    """Namespaced kernels with `__launch_bounds__`, half-precision parameters, a device
+    function, an inline host-device helper and a cast in the launch (it built, and its object
+    defined both launchers and host functions, on the CPU host: 2026-12-05)."""
+    s = tf.split(UNUSUAL)
+    assert s.launched == ["halve"]
+    assert "ops::kloop_launch_halve(cdiv(n, 256),  256,  0,  (cudaStream_t)0," in s.host
+    assert "void kloop_launch_halve(dim3 kloop_g, dim3 kloop_b, size_t kloop_s, " \
+        "cudaStream_t kloop_t, const __half* x, __half* y, int n);" in s.host
+    assert "kloop_launch_leaky" not in s.device + s.host  # never launched: no launcher
+    assert "__launch_bounds__(BLOCK) leaky" in s.device and "act(float v" in s.device
+    assert "inline int cdiv" in s.host and "typedef float4 vec4;" in s.host
+    assert "__hmul" not in s.host and "data_ptr" not in s.device

@@ -6,17 +6,15 @@ with the plain build (test_gpu_candidates.py)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import shutil
 import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
+from test_lean_build import _build, _sass
 
-from kloop.evaluator.build import lean, nvcc, nvcc_parallel
+from kloop.evaluator.build import nvcc
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 
@@ -43,9 +41,10 @@ torch::Tensor scale_relu(torch::Tensor x, double scale) {
 """
 
 
-def _torch_args(source: Path, out: Path) -> list[str]:
+def _torch_args() -> list[str]:
     """The arguments torch's `load_inline` gives its nvcc for `cuda.cu` (its common flags, then
-    nvcc's own), with this host's toolkit headers where a CUDA torch would name them."""
+    nvcc's own; the source and output follow), with this host's toolkit headers where a CUDA
+    torch would name them."""
     from torch.utils import cpp_extension as ce
 
     common = ["-DTORCH_EXTENSION_NAME=kloop_tf", "-DTORCH_API_INCLUDE_EXTENSION_H"]
@@ -53,33 +52,7 @@ def _torch_args(source: Path, out: Path) -> list[str]:
               sysconfig.get_path("include", scheme="posix_prefix")]:
         common += ["-isystem", p]
     return [*common, *ce.COMMON_NVCC_FLAGS, "-gencode=arch=compute_90,code=sm_90",
-            "--compiler-options", "'-fPIC'", "-O3", "-std=c++17", "-c", str(source), "-o", str(out)]
-
-
-def _build(work: Path, text: str, lean_on: bool) -> tuple[subprocess.CompletedProcess, list[str]]:
-    work.mkdir(parents=True)
-    source = work / "cuda.cu"
-    source.write_text("\n".join(lean.PROLOGUE) + "\n" + text)
-    report = work / "report"
-    env = {k: v for k, v in os.environ.items() if k != lean.ENV}
-    env[nvcc_parallel.REPORT_ENV] = str(report)
-    if lean_on:
-        env[lean.ENV] = "1"
-    r = subprocess.run([sys.executable, nvcc_parallel.__file__,
-                        *_torch_args(source, work / "cuda.cuda.o")],
-                       capture_output=True, text=True, env=env, timeout=900)
-    return r, report.read_text().splitlines() if report.exists() else []
-
-
-def _sass(obj: Path) -> list[str]:
-    """The device code, as bench/lean_prologue.py compares it."""
-    spec = importlib.util.spec_from_file_location(
-        "lean_prologue", Path(__file__).resolve().parents[2] / "bench" / "lean_prologue.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    dump = bench.find_cuobjdump(shutil.which("nvcc"))
-    assert dump is not None, "no cuobjdump on PATH, beside nvcc, or in Triton"
-    return bench.sass(dump, obj)
+            "--compiler-options", "'-fPIC'", "-O3", "-std=c++17"]
 
 
 def _defined(obj: Path) -> set[str]:
@@ -90,10 +63,10 @@ def _defined(obj: Path) -> set[str]:
 
 @pytest.mark.slow
 def test_a_torch_form_file_builds_as_two_halves_into_one_object(tmp_path):
-    r, runs = _build(tmp_path / "split", TEXT, lean_on=True)
+    r, runs = _build(tmp_path / "split", TEXT, lean_on=True, flags=_torch_args())
     assert r.returncode == 0, r.stderr[-3000:]
     assert runs == ["torch form (host without pch)"], runs
-    obj = tmp_path / "split" / "cuda.cuda.o"
+    obj = tmp_path / "split" / "cuda.o"
     names = _defined(obj)
     # The host function the binding calls, the launcher it calls, and the kernel's host stub.
     assert "scale_relu(at::Tensor, double)" in names, sorted(names)
@@ -107,8 +80,8 @@ def test_a_torch_form_file_builds_as_two_halves_into_one_object(tmp_path):
     # test_lean_build ties to the plain build's).
     kernel_only = TEXT.split("torch::Tensor scale_relu")[0].replace(
         "#include <torch/extension.h>\n", "")
-    r2, runs2 = _build(tmp_path / "lean", kernel_only, lean_on=True)
+    r2, runs2 = _build(tmp_path / "lean", kernel_only, lean_on=True, flags=_torch_args())
     assert r2.returncode == 0 and runs2 == ["lean"], (runs2, r2.stderr[-2000:])
     code = _sass(obj)
     assert code and any("FMNMX" in ln for ln in code), code[:20]
-    assert code == _sass(tmp_path / "lean" / "cuda.cuda.o")
+    assert code == _sass(tmp_path / "lean" / "cuda.o")
