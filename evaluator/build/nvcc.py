@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from kloop.evaluator.build import lean, torch_form
+from kloop.evaluator.build import lean
 from kloop.evaluator.build.diagnostics import (
     build_source_map,
     locate_string,
@@ -325,42 +325,6 @@ def _plan(cuda_parts: list[str], cpp_parts: list[str], functions, no_implicit_he
     return _Plan(files=files, cmds=cmds, maps=maps, prefix=prefix)
 
 
-def _torch_form_check(plan: _Plan, cuda_sources, host_flags: list[str], work_dir: Path,
-                      timeout_s: float) -> RawCheck:
-    """The check of a torch-form `cuda.cu` as two halves (`evaluator.build.torch_form`): the
-    device half through nvcc (`-cubin -Xptxas -v`, lean), the host half through g++
-    (`-fsyntax-only`), beside `main.cpp`'s check where `plan` has one. It stands for the plain
-    check only where every compiler accepted its half: otherwise (or refused: returncode 1 and
-    why, never a diagnostic) the plain check runs and its diagnostics are the ones reported."""
-    cuda_text = "\n".join(as_list(cuda_sources))
-    whole = plan.files["cuda.cu"].split("\n")
-    prologue = len(CUDA_IMPLICIT_HEADERS)
-    folded = "\n".join(whole[prologue + cuda_text.count("\n") + 1:])
-    try:
-        halves = torch_form.split(cuda_text)
-    except torch_form.Refused as exc:
-        return RawCheck(returncodes=[1], output=f"torch form refused: {exc}", seconds=0.0)
-    nvcc_cmd = plan.cmds[0]
-    args = [*nvcc_cmd[1:nvcc_cmd.index("-cubin")], "-c", "cuda.cu", "-o", "cuda.o"]
-    work = work_dir / "torch-form"
-    work.mkdir(parents=True, exist_ok=True)
-    nvcc_bin = shutil.which("nvcc") or "nvcc"
-    found = lean.facts(nvcc_bin, args, "cuda.cu", work, halves.torch_includes)
-    why = "no lean facts for its torch includes" if found is None else lean.refusal(
-        halves.device, found, lambda names: lean.extra_refusal(nvcc_bin, args, "cuda.cu",
-                                                                found, names, work))
-    if why is not None or found is None:
-        return RawCheck(returncodes=[1], output=f"torch form refused: {why}", seconds=0.0)
-    files = {"cuda.cu": lean.prologue_text(found.headers) + '#line 4 "cuda.cu"\n' + halves.device,
-             "host.cpp": '#include <torch/extension.h>\n#line 1 "cuda.cu"\n'
-             + "\n".join(CUDA_IMPLICIT_HEADERS) + "\n" + halves.host
-             + ("\n" + folded if folded else "")}
-    cmds = [nvcc_cmd, ["g++", *host_flags, "-fsyntax-only", "host.cpp"], *plan.cmds[1:]]
-    for name, text in {**plan.files, **files}.items():
-        (work_dir / name).write_text(text)
-    return _run_parallel(cmds, work_dir, timeout_s)
-
-
 def nvcc_check(
     cuda_sources: str | Sequence[str],
     cpp_sources: str | Sequence[str] | None,
@@ -398,29 +362,13 @@ def nvcc_check(
         [*common, *_NVCC_DEFAULT_FLAGS, *extra_cuda, *_std_flag(extra_cuda), f"-arch={target}"],
         [*common, "-fPIC", *extra_c, *_std_flag(extra_c)],
     )
+    for name, text in plan.files.items():
+        (work_dir / name).write_text(text)
     key = hashlib.sha256(
         json.dumps([plan.files, plan.cmds, _toolchain_id()]).encode()
     ).hexdigest()
-    raw: RawCheck | None = None
-    runs: list[str] = []
-    if not no_implicit_headers and os.environ.get(lean.ENV) == "1":
-        host_flags = [*common, "-fPIC", *(f for f in extra_cuda if f.startswith(("-D", "-I"))),
-                      *_std_flag(extra_cuda)]
-        split_raw, hit = _cached_run(
-            hashlib.sha256(f"torch-form:{key}".encode()).hexdigest(), _cache_dir(cache_dir),
-            lambda: _torch_form_check(plan, cuda_sources, host_flags, work_dir, timeout_s))
-        if not split_raw.timed_out and split_raw.returncodes and \
-                all(rc == 0 for rc in split_raw.returncodes):
-            raw, runs = split_raw, ["torch form check"]
-        elif split_raw.output.startswith("torch form refused"):
-            runs = [split_raw.output.splitlines()[0].replace("refused", "check refused", 1)]
-        else:
-            runs = ["torch form check failed: the plain check ran"]
-    if raw is None:
-        for name, text in plan.files.items():
-            (work_dir / name).write_text(text)
-        raw, hit = _cached_run(key, _cache_dir(cache_dir),
-                               lambda: _run_parallel(plan.cmds, work_dir, timeout_s))
+    raw, hit = _cached_run(key, _cache_dir(cache_dir),
+                           lambda: _run_parallel(plan.cmds, work_dir, timeout_s))
 
     smaps = {
         name: build_source_map(name, plan.prefix[name], parts, candidate_source, candidate_name)
@@ -440,5 +388,5 @@ def nvcc_check(
         "cuda", ok, raw.output, diagnostics, work_dir / "compile.log",
         infra_error=infra, cache_hit=hit, target=target,
         resources=parse_ptxas_verbose(raw.output) if ok else [],
-        seconds=0.0 if hit else raw.seconds, nvcc_runs=runs,
+        seconds=0.0 if hit else raw.seconds,
     )

@@ -86,9 +86,7 @@ class CompileLog(_Record):
     """Wall time of the build or check (near zero on a cache hit)."""
     nvcc_runs: list[str] = Field(default_factory=list)
     """GPU builds: what each nvcc run did, as the compile child reported it
-    (`evaluator.build.nvcc_parallel`: `split`, `lean`, `torch form (…)`, or `plain: <why>`).
-    CPU compile checks of a torch-form `.cu`: `torch form check` (its two halves stood for the
-    plain check), `torch form check refused: <why>` or `… failed: the plain check ran`."""
+    (`evaluator.build.nvcc_parallel`: `split`, or `plain: <why>`)."""
     cxx_runs: list[str] = Field(default_factory=list)
     """Each compile of `load_inline`'s binding file (`evaluator.build.cxx_pch`): `pch` (torch's
     header precompiled by the trusted builder) or `plain: <why>`."""

@@ -396,9 +396,7 @@ def test_a_forged_nvcc_check_never_speaks_for_another_file(tmp_path, monkeypatch
     # strict it would first have to dodge the rule against importing the evaluator).
     attack = evaluate("L3/1", poisoner, config.model_copy(update={"policy": "kernelbench"}))
     assert attack.status == "not_run", attack.error
-    # The forged result under every key the check tried (its two halves', then the plain one's).
-    forged = set(os.listdir(buildstore.checks_root(tmp_path / "cache") / sha(poisoner)))
-    assert forged
+    [forged] = os.listdir(buildstore.checks_root(tmp_path / "cache") / sha(poisoner))
 
     # Had it been shared, the forged entry would have been the honest file's check result.
     staged = tmp_path / "staged"
@@ -414,4 +412,4 @@ def test_a_forged_nvcc_check_never_speaks_for_another_file(tmp_path, monkeypatch
     result = evaluate("L3/1", honest, config)
     assert (result.status, result.stage_reached) == ("not_run", "compile"), result.compile
     assert result.compile is not None and result.compile.ok and not result.compile.cache_hit
-    assert forged & set(os.listdir(buildstore.checks_root(tmp_path / "cache") / sha(honest)))
+    assert forged in os.listdir(buildstore.checks_root(tmp_path / "cache") / sha(honest))

@@ -21,11 +21,6 @@ def test_cuda_candidates_are_compile_checked_without_a_gpu(cache_dir):
     assert ok.compile is not None and ok.compile.ok and ok.compile.target == "sm_90"
     assert "not_run:no_gpu" in ok.flags
     assert ok.correctness == [] and ok.timing is None
-    # Checked as two halves (`evaluator.build.torch_form`); the broken one's device half failed,
-    # and its diagnostic below is the plain check's.
-    assert ok.compile.nvcc_runs == ["torch form check"], ok.compile
-    assert ok.compile.resources and ok.compile.resources[0].registers, ok.compile.resources
-    assert broken.compile.nvcc_runs == ["torch form check failed: the plain check ran"]
 
     assert (broken.status, broken.stage_reached) == ("compile_error", "compile")
     [diag] = broken.compile.diagnostics
