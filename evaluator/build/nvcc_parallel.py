@@ -213,7 +213,10 @@ def _torch_form(nvcc: str, args: list[str], source: str) -> int | None:
     qualify or a half failed: then the plain way."""
     with tempfile.TemporaryDirectory(prefix="kloop-torchform-") as tmp:
         work = Path(tmp)
-        why = _torch_form_build(nvcc, args, source, work)
+        try:
+            why = _torch_form_build(nvcc, args, source, work)
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:  # no `ld`, a bad arg
+            why = f"failed: {type(exc).__name__}: {exc} (built the plain way)"
         if why is None:
             return 0
         _report(f"torch form {why}")

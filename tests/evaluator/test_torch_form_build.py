@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_lean_build import _build, _sass
 
-from kloop.evaluator.build import nvcc
+from kloop.evaluator.build import lean, nvcc, nvcc_parallel
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 
@@ -85,3 +85,17 @@ def test_a_torch_form_file_builds_as_two_halves_into_one_object(tmp_path):
     code = _sass(obj)
     assert code and any("FMNMX" in ln for ln in code), code[:20]
     assert code == _sass(tmp_path / "lean" / "cuda.o")
+
+
+def test_an_attempt_that_cannot_finish_reports_why_and_leaves_the_build_to_the_plain_way(
+        tmp_path, monkeypatch):
+    """Whatever stops the two halves (here arguments without an output file; on a host, a
+    missing `ld`) is a report, never a failed build: the caller builds the plain way."""
+    source = tmp_path / "cuda.cu"
+    source.write_text("\n".join(lean.PROLOGUE) + "\n" + TEXT)
+    report = tmp_path / "report"
+    monkeypatch.setenv(nvcc_parallel.REPORT_ENV, str(report))
+    assert nvcc_parallel._torch_form(shutil.which("nvcc"), [*_torch_args(), "-c", str(source)],
+                                     str(source)) is None
+    [line] = report.read_text().splitlines()
+    assert line.startswith("torch form failed: ValueError"), line
