@@ -65,7 +65,7 @@ def test_a_check_gives_the_callers_thread_count_back():
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        assert check_problem(BUNDLED_DIR / "level3" / "1_MLP.py", FINGERPRINTS["1_MLP"]) == []
+        assert check_problem(BUNDLED_DIR / "level3" / "4_LeNet5.py", FINGERPRINTS["4_LeNet5"]) == []
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
