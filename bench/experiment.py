@@ -5,6 +5,7 @@ full sizes, on a fresh cache (first use included), through the scheduler as `klo
                                [--part K/N] [--kinds reference,cuda_lean,...] [--size full|small]
                                [--cache DIR] [--steady] [--rows F] [--json F]
     python bench/experiment.py --list
+    python bench/experiment.py --combine part1.json part2.json ... [--json F]
 
 The batch is made here, never read from a model's replies, so it is the same on every machine.
 For each problem, one candidate of each kind:
@@ -38,6 +39,9 @@ A batch too long for one device call runs in parts: `--part K/N` takes every N-t
 the K-th, `--cache DIR` keeps the evaluator's cache in a directory the machine keeps between
 calls (an ignored folder of the working tree), and `--rows F` appends every finished candidate;
 each part prints its own figures, and the first part's first use is the one a user pays.
+Parts may also run on machines of their own, in different sessions (a device call's machine is
+bare): `--combine` adds up their `--json` files into one figure (candidates, wall and busy
+seconds summed, so every part's first use is charged; build p50 over all parts' builds).
 The old path as a ratio: `bench/throughput.py --kloop-root` runs a batch through another checkout.
 """
 
@@ -240,11 +244,75 @@ def summarise(res: dict, items: list[dict], problems: int) -> dict:
     statuses: dict[str, int] = {}
     for r in rows:
         statuses[r["status"]] = statuses.get(r["status"], 0) + 1
-    return {"candidates": len(rows), "problems": problems, "wall_s": res["wall_s"],
-            "per_gpu_hour": len(rows) / res["wall_s"] * 3600 if res["wall_s"] else None,
-            "gpu_busy_real_work": busy_ms / 1000.0 / res["wall_s"] if res["wall_s"] else None,
+    return _figures(len(rows), problems, res["wall_s"], busy_ms / 1000.0, builds, paths,
+                    statuses)
+
+
+def _figures(candidates: int, problems: int, wall_s: float, busy_s: float,
+             builds: dict[str, list[float]], paths: dict[str, dict[str, int]],
+             statuses: dict[str, int]) -> dict:
+    """One pass's figures; the raw build times and busy seconds stay in, so that passes run as
+    parts on several machines can be added up (`combine`)."""
+    return {"candidates": candidates, "problems": problems, "wall_s": wall_s,
+            "per_gpu_hour": candidates / wall_s * 3600 if wall_s else None,
+            "busy_s": busy_s, "gpu_busy_real_work": busy_s / wall_s if wall_s else None,
+            "build_s": builds,
             "build_p50_s": {k: statistics.median(v) for k, v in builds.items()},
             "build_paths": paths, "statuses": statuses}
+
+
+def _add(counts: list[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def combine(parts: list[dict]) -> dict:
+    """The figure of record from parts (`--json` files of `--part K/N` runs), each on a machine
+    of its own: candidates, problems, wall and busy seconds are added, so the rate is what one
+    machine running the parts one after another would give, every part's first use included
+    (a single run pays a machine's own start-up once: the sum overstates it, never hides it).
+    Parts must share device, size and concurrency, and no problem may be in two of them."""
+    if not parts:
+        raise ValueError("no parts to combine")
+    keys = ("device", "size", "concurrency")
+    first_c = parts[0]["conditions"]
+    for p in parts[1:]:
+        if any(p["conditions"].get(k) != first_c.get(k) for k in keys):
+            raise ValueError(f"parts differ in {', '.join(keys)}: {first_c} vs {p['conditions']}")
+    labels = [p["conditions"].get("part") or "all" for p in parts]
+    ids = [i for p in parts for i in p["conditions"].get("problem_ids", [])]
+    if len(ids) != sum(len(p["conditions"].get("problem_ids", [None])) for p in parts):
+        raise ValueError("a part without its problem ids: rerun it with this bench")
+    if twice := sorted({i for i in ids if ids.count(i) > 1}):
+        raise ValueError(f"problems counted by more than one part: {', '.join(twice)}")
+    passes: dict[str, dict | None] = {}
+    for name in ("first_use_included", "steady_state"):
+        got = [p[name] for p in parts if p.get(name) is not None]
+        if len(got) != len(parts):
+            passes[name] = None
+            continue
+        builds: dict[str, list[float]] = {}
+        for g in got:
+            if "build_s" not in g:
+                raise ValueError("a part without raw build times: rerun it with this bench")
+            for k, v in g["build_s"].items():
+                builds.setdefault(k, []).extend(v)
+        paths: dict[str, dict[str, int]] = {}
+        for k in {k for g in got for k in g["build_paths"]}:
+            paths[k] = _add([g["build_paths"].get(k, {}) for g in got])
+        passes[name] = _figures(sum(g["candidates"] for g in got),
+                                sum(g["problems"] for g in got), sum(g["wall_s"] for g in got),
+                                sum(g["busy_s"] for g in got), builds, paths,
+                                _add([g["statuses"] for g in got]))
+    first, steady = passes["first_use_included"], passes["steady_state"]
+    return {"conditions": {**{k: first_c.get(k) for k in keys}, "parts": labels,
+                           "problem_ids": ids,
+                           "started": [p["conditions"].get("started") for p in parts]},
+            "first_use_included": first, "steady_state": steady,
+            "projection": project(first, steady) if first is not None else None}
 
 
 def project(first: dict, steady: dict | None) -> dict | None:
@@ -298,7 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=Path, help="append each finished candidate's row here")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--combine", type=Path, nargs="+", metavar="PART_JSON",
+                    help="add up the --json files of parts run on machines of their own")
     args = ap.parse_args(argv)
+    if args.combine:
+        return _combined(args.combine, args.json)
     sys.path[:0] = [str(HERE)]
     from throughput import report, run_batch
 
@@ -315,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     conditions = {"device": args.device, "concurrency": args.concurrency, "size": args.size,
                   "cache": "given" if args.cache else "fresh", "part": args.part,
+                  "problem_ids": problems,
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     first_res = run_batch(items, args.device, args.concurrency, args.rows, ahead=args.ahead,
                           cache_dir=args.cache, row_of=row_of)
@@ -332,15 +405,37 @@ def main(argv: list[str] | None = None) -> int:
         steady = summarise(steady_res, again, len(problems))
         _print("steady state (baselines and caches warm, builds fresh)", steady)
     projection = project(first, steady)
-    if projection is not None:
-        print(f"  projected {projection['projected']}: {projection['projected_wall_s'] / 3600:.2f}"
-              f" h ({projection['first_use_per_problem_s']:.0f} s first use per problem, "
-              f"{projection['steady_per_candidate_s']:.1f} s per candidate steady)")
+    _print_projection(projection)
     if args.json:
         args.json.write_text(json.dumps({"conditions": conditions, "first_use_included": first,
                                          "steady_state": steady, "projection": projection},
                                         indent=2))
     return 0
+
+
+def _combined(files: list[Path], out: Path | None) -> int:
+    try:
+        data = combine([json.loads(f.read_text()) for f in files])
+    except ValueError as exc:
+        raise SystemExit(f"--combine: {exc}") from None
+    c = data["conditions"]
+    print(f"== {len(files)} parts ({', '.join(c['parts'])}), each on a fresh machine, "
+          f"{c['device']}, {c['size']} sizes, {c['concurrency']} at once ==")
+    for name, label in (("first_use_included", "first use included (every part's)"),
+                        ("steady_state", "steady state (baselines and caches warm, builds fresh)")):
+        if data[name] is not None:
+            _print(label, data[name])
+    _print_projection(data["projection"])
+    if out:
+        out.write_text(json.dumps(data, indent=2))
+    return 0
+
+
+def _print_projection(projection: dict | None) -> None:
+    if projection is not None:
+        print(f"  projected {projection['projected']}: {projection['projected_wall_s'] / 3600:.2f}"
+              f" h ({projection['first_use_per_problem_s']:.0f} s first use per problem, "
+              f"{projection['steady_per_candidate_s']:.1f} s per candidate steady)")
 
 
 if __name__ == "__main__":

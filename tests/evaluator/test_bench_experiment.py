@@ -80,6 +80,48 @@ def test_projection_charges_each_problem_its_first_use_and_each_candidate_the_st
     assert experiment.project(first, None) is None
 
 
+def _part(label: str, ids: list[str], wall: float, steady_wall: float | None, builds: list[float],
+          **conditions) -> dict:
+    def figures(w: float) -> dict:
+        paths = {"cuda_torch": {"torch form": len(builds)}}
+        return experiment._figures(3 * len(ids), len(ids), w, w / 4, {"cuda_torch": builds},
+                                   paths, {"correct": 2 * len(ids), "compile_error": len(ids)})
+    return {"conditions": {"device": "cuda", "size": "full", "concurrency": 8, "part": label,
+                           "problem_ids": ids, "started": "t", **conditions},
+            "first_use_included": figures(wall),
+            "steady_state": figures(steady_wall) if steady_wall else None}
+
+
+def test_parts_on_machines_of_their_own_add_up_to_one_figure():
+    a = _part("1/2", ["L3/1", "L3/3"], 100.0, 20.0, [9.0, 10.0])
+    b = _part("2/2", ["L3/2"], 80.0, 10.0, [30.0])
+    got = experiment.combine([a, b])
+    first, steady = got["first_use_included"], got["steady_state"]
+    # One machine running both parts in turn: every part's first use is charged.
+    assert (first["candidates"], first["problems"], first["wall_s"]) == (9, 3, 180.0)
+    assert first["per_gpu_hour"] == pytest.approx(9 / 180.0 * 3600)
+    assert first["gpu_busy_real_work"] == pytest.approx((25.0 + 20.0) / 180.0)
+    # The median of all builds, not of the parts' medians (9.5 and 30).
+    assert first["build_p50_s"] == {"cuda_torch": 10.0}
+    assert first["build_paths"] == {"cuda_torch": {"torch form": 3}}
+    assert first["statuses"] == {"correct": 6, "compile_error": 3}
+    assert steady["wall_s"] == 30.0
+    assert got["projection"] == experiment.project(first, steady)
+    assert got["conditions"]["problem_ids"] == ["L3/1", "L3/3", "L3/2"]
+    # A part without a steady pass leaves the combined one out, and the projection with it.
+    assert experiment.combine([a, _part("2/2", ["L3/2"], 80.0, None, [30.0])])["projection"] is None
+
+
+@pytest.mark.parametrize("other, why", [
+    (_part("2/2", ["L3/2"], 80.0, 10.0, [1.0], size="small"), "parts differ"),
+    (_part("2/2", ["L3/2"], 80.0, 10.0, [1.0], concurrency=4), "parts differ"),
+    (_part("1/3", ["L3/3"], 80.0, 10.0, [1.0]), "more than one part: L3/3"),
+])
+def test_parts_that_do_not_add_up_are_refused(other, why):
+    with pytest.raises(ValueError, match=why):
+        experiment.combine([_part("1/2", ["L3/1", "L3/3"], 100.0, 20.0, [9.0]), other])
+
+
 @pytest.mark.slow
 def test_the_bench_runs_a_first_use_and_a_steady_pass_on_cpu(tmp_path):
     out = tmp_path / "e.json"
@@ -99,6 +141,21 @@ def test_the_bench_runs_a_first_use_and_a_steady_pass_on_cpu(tmp_path):
     assert len(rows) == 6
     correct = [r for r in rows if r["status"] == "correct"]
     assert all(r["device_ms"] > 0 for r in correct)  # timed calls and the eager baseline
+    # A second part, as run on another machine, and the two added up by --combine.
+    other = tmp_path / "other.json"
+    assert experiment.main(["--device", "cpu", "--problems", "L3/1,L3/4", "--part", "2/2",
+                            "--size", "small", "--kinds", "syntax", "--concurrency", "2",
+                            "--json", str(other)]) == 0
+    data["conditions"]["part"] = "1/2"  # the run above took every problem, under no --part
+    (tmp_path / "one.json").write_text(json.dumps(data))
+    assert experiment.main(["--combine", str(tmp_path / "one.json"), str(other),
+                            "--json", str(tmp_path / "all.json")]) == 0
+    both = json.loads((tmp_path / "all.json").read_text())
+    assert both["conditions"]["problem_ids"] == ["L3/1", "L3/4"]
+    assert both["first_use_included"]["candidates"] == 4
+    assert both["first_use_included"]["statuses"] == {"correct": 1, "compile_error": 2,
+                                                      "incorrect": 1}
+    assert both["steady_state"] is None  # the second part ran no steady pass
 
 
 @pytest.mark.slow
