@@ -282,10 +282,10 @@ def combine(parts: list[dict]) -> dict:
     for p in parts[1:]:
         if any(p["conditions"].get(k) != first_c.get(k) for k in keys):
             raise ValueError(f"parts differ in {', '.join(keys)}: {first_c} vs {p['conditions']}")
-    labels = [p["conditions"].get("part") or "all" for p in parts]
-    ids = [i for p in parts for i in p["conditions"].get("problem_ids", [])]
-    if len(ids) != sum(len(p["conditions"].get("problem_ids", [None])) for p in parts):
+    if any("problem_ids" not in p["conditions"] for p in parts):
         raise ValueError("a part without its problem ids: rerun it with this bench")
+    labels = [p["conditions"].get("part") or "all" for p in parts]
+    ids = [i for p in parts for i in p["conditions"]["problem_ids"]]
     if twice := sorted({i for i in ids if ids.count(i) > 1}):
         raise ValueError(f"problems counted by more than one part: {', '.join(twice)}")
     passes: dict[str, dict | None] = {}

@@ -181,3 +181,10 @@ def test_cv_is_the_spread_over_the_mean_and_needs_two_values():
     assert repeat.cv([1.0]) is None
     assert repeat.cv([1.0, 1.0, 1.0]) == 0.0
     assert repeat.cv([0.9, 1.1]) == pytest.approx(0.1414213 / 1.0 * 100, rel=1e-5)
+
+
+def test_a_part_that_does_not_say_its_problems_is_refused():
+    old = _part("2/2", ["L3/2"], 80.0, 10.0, [1.0])
+    del old["conditions"]["problem_ids"]
+    with pytest.raises(ValueError, match="without its problem ids"):
+        experiment.combine([_part("1/2", ["L3/1"], 100.0, 20.0, [9.0]), old])
