@@ -24,7 +24,7 @@ def test_evaluations_pass_through_build_and_device_and_leave_nothing_behind(cach
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        results = evaluate_many([("L3/1", candidate("mlp_cuda_relu.py")),
+        results = evaluate_many([("L3/1", candidate("mlp_cuda_relu_types.py")),
                                  ("L3/1", candidate("mlp_torch.py"))],
                                 cpu_config(cache_dir, build_slots=1), max_workers=2)
     finally:
@@ -33,6 +33,8 @@ def test_evaluations_pass_through_build_and_device_and_leave_nothing_behind(cach
     assert results[1].status == "correct", results[1].error
     assert {"build", "device"} <= seen, seen
     assert results[0].stage_seconds["build_wait"] >= 0 and "compile" in results[0].stage_seconds
+    # The CUDA candidate's check passes: `not_run` for want of a GPU, not a compile error.
+    assert results[0].status == "not_run" and results[0].compile.ok, results[0].compile
     assert board.snapshot() == {}
 
 

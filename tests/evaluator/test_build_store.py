@@ -389,7 +389,7 @@ def test_a_forged_nvcc_check_never_speaks_for_another_file(tmp_path, monkeypatch
     from kloop.evaluator.build import nvcc
     from kloop.evaluator.harness.pipeline import evaluate
 
-    honest = candidate("mlp_cuda_relu.py")
+    honest = candidate("mlp_cuda_relu_types.py")
     poisoner = nvcc_poisoner(honest)
     config = cpu_config(tmp_path / "cache")
     # kernelbench: static rules only flag, so the import that carries the attack runs (under
