@@ -21,6 +21,18 @@ def candidate(name: str) -> str:
     return (CANDIDATES / name).read_text()
 
 
+def light_cuda_candidate() -> str:
+    """`mlp_cuda_relu.py` without its `.cu`'s own `#include <torch/extension.h>`: the kernel and
+    its host function need only the `<torch/types.h>` that `load_inline` puts before every CUDA
+    source, so the CPU compile check parses torch's types header alone (a test that needs a CUDA
+    candidate only for its compile child took 24-27 s with the include, 8-12 s without it, one
+    at a time on the 2-core host, 2026-12-05)."""
+    text = candidate("mlp_cuda_relu.py")
+    light = text.replace('cuda_source = r"""\n#include <torch/extension.h>\n', 'cuda_source = r"""\n', 1)
+    assert light != text, "mlp_cuda_relu.py no longer starts its .cu with the include"
+    return light
+
+
 def drop_rows(log: Path) -> list[dict]:
     """The JSON lines probes left at `log.<suffix>` (one file per writer: a file another uid
     made is not ours to append to, and contained children are all pid 1)."""

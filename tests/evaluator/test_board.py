@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from eval_helpers import candidate, cpu_config
+from eval_helpers import candidate, cpu_config, light_cuda_candidate
 
 from kloop.evaluator.harness.pipeline import evaluate_many
 from kloop.evaluator.procs import board
@@ -24,7 +24,7 @@ def test_evaluations_pass_through_build_and_device_and_leave_nothing_behind(cach
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        results = evaluate_many([("L3/1", candidate("mlp_cuda_relu_types.py")),
+        results = evaluate_many([("L3/1", light_cuda_candidate()),
                                  ("L3/1", candidate("mlp_torch.py"))],
                                 cpu_config(cache_dir, build_slots=1), max_workers=2)
     finally:

@@ -384,12 +384,12 @@ for target in (Path(os.environ[nvcc.CHECK_VERIFIED_ENV]),
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_a_forged_nvcc_check_never_speaks_for_another_file(tmp_path, monkeypatch):
-    from eval_helpers import candidate, cpu_config
+    from eval_helpers import cpu_config, light_cuda_candidate
 
     from kloop.evaluator.build import nvcc
     from kloop.evaluator.harness.pipeline import evaluate
 
-    honest = candidate("mlp_cuda_relu_types.py")
+    honest = light_cuda_candidate()
     poisoner = nvcc_poisoner(honest)
     config = cpu_config(tmp_path / "cache")
     # kernelbench: static rules only flag, so the import that carries the attack runs (under

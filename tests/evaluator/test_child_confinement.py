@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from eval_helpers import candidate, cpu_config, drop_rows
+from eval_helpers import candidate, cpu_config, drop_rows, light_cuda_candidate
 
 from kloop.evaluator.harness.judge import candidate_job
 from kloop.evaluator.harness.pipeline import evaluate
@@ -52,7 +52,7 @@ def test_a_compile_child_runs_idle_and_cannot_leave_it(tmp_path, drop_box):
     GPU host) while other evaluations are timed: every thread of it is SCHED_IDLE, and neither
     SCHED_OTHER, SCHED_BATCH nor a normal nice value can be had back."""
     log = drop_box / "compile"
-    r = evaluate("L3/1", _planted(candidate("mlp_cuda_relu_types.py"), log),
+    r = evaluate("L3/1", _planted(light_cuda_candidate(), log),
                  cpu_config(tmp_path / "cache"))
     rows = [s for s in drop_rows(log) if s["child"] == "compile"]
     assert rows, (r.status, r.error, drop_rows(log))

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from eval_helpers import candidate, cpu_config, drop_rows
+from eval_helpers import candidate, cpu_config, drop_rows, light_cuda_candidate
 
 from kloop.evaluator.harness.pipeline import evaluate, evaluate_many
 from kloop.evaluator.procs import isolation
@@ -44,7 +44,7 @@ def test_candidate_code_sees_no_other_evaluation(tmp_path, drop_box):
     peek = f"import torch.nn as nn\n{LOOK}\n_look({str(log)!r})\n"
     # A CUDA candidate runs its module in the compile child (on CPU: an nvcc check), a
     # plain-PyTorch one in the candidate child; two honest evaluations run beside them.
-    cuda = candidate("mlp_cuda_relu_types.py").replace("import torch.nn as nn", peek, 1)
+    cuda = light_cuda_candidate().replace("import torch.nn as nn", peek, 1)
     torch_ = candidate("mlp_torch.py").replace("import torch.nn as nn", peek, 1)
     honest = candidate("mlp_torch.py")
     results = evaluate_many([("L3/1", cuda), ("L3/1", torch_), ("L3/1", honest),
@@ -97,7 +97,7 @@ def test_candidate_code_cannot_fill_or_litter_shared_scratch(tmp_path, drop_box)
 
     log, tag = drop_box / "litter", f"kloop-litter-{uuid.uuid4().hex}"
     peek = f"import torch.nn as nn\n{LITTER}\n_litter({str(log)!r}, {tag!r})\n"
-    cuda = candidate("mlp_cuda_relu_types.py").replace("import torch.nn as nn", peek, 1)
+    cuda = light_cuda_candidate().replace("import torch.nn as nn", peek, 1)
     torch_ = candidate("mlp_torch.py").replace("import torch.nn as nn", peek, 1)
     results = evaluate_many([("L3/1", cuda), ("L3/1", torch_)], cpu_config(tmp_path / "cache"),
                             max_workers=2)
@@ -175,7 +175,7 @@ def test_the_compile_child_cannot_rewrite_the_candidate_childs_source(tmp_path, 
     here)."""
     log = drop_box / "rewrite"
     peek = f"import torch.nn as nn\n{REWRITE}\n_rewrite({str(log)!r})\n"
-    cuda = candidate("mlp_cuda_relu_types.py").replace("import torch.nn as nn", peek, 1)
+    cuda = light_cuda_candidate().replace("import torch.nn as nn", peek, 1)
     triton_ = candidate("mlp_triton.py").replace("import torch.nn as nn", peek, 1)
     results = evaluate_many([("L3/1", cuda), ("L3/1", triton_)],
                             cpu_config(tmp_path / "cache"), max_workers=2)

@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from eval_helpers import MLP_SMALL, candidate, cpu_config
+from eval_helpers import MLP_SMALL, candidate, cpu_config, light_cuda_candidate
 
 from kloop.evaluator.harness.pipeline import evaluate
 from kloop.evaluator.procs import forkserver
@@ -135,7 +135,7 @@ def test_a_compile_child_cannot_open_what_is_hidden_from_builds(tmp_path, drop_b
     secret.write_text("the device")
     secret.chmod(0o666)  # readable by any uid: only the mount namespace may stop the child
     out = drop_box / "seen.txt"
-    src = candidate("mlp_cuda_relu_types.py")  # a CUDA candidate: it has a compile stage
+    src = light_cuda_candidate()  # a CUDA candidate: it has a compile stage
     peek = f"open({str(out)!r}, 'w').write(open({str(secret)!r}).read() + '\\n')"
     src = src.replace("import torch.nn as nn", f"import torch.nn as nn\n{peek}", 1)
     evaluate("L3/1", src, cpu_config(tmp_path / "cache", policy="kernelbench",
