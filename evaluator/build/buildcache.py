@@ -345,8 +345,7 @@ def _check(args: dict[str, Any], key: str) -> None:
     )
     BUILD_RECORDS.append(BuildRecord(
         name=args["name"], key=key, mode="check", cache_hit=clog.cache_hit, ok=clog.ok,
-        seconds=time.monotonic() - start, path=str(work), compile=clog,
-        nvcc_runs=clog.nvcc_runs))
+        seconds=time.monotonic() - start, path=str(work), compile=clog))
     raise CudaNotAvailable(clog)
 
 

@@ -86,7 +86,9 @@ class CompileLog(_Record):
     """Wall time of the build or check (near zero on a cache hit)."""
     nvcc_runs: list[str] = Field(default_factory=list)
     """GPU builds: what each nvcc run did, as the compile child reported it
-    (`evaluator.build.nvcc_parallel`: `split`, or `plain: <why>`)."""
+    (`evaluator.build.nvcc_parallel`: `split`, `lean`, `lean refused: <why>`, `lean failed: …`,
+    `torch form (host pch)` or `(host without pch)`, `torch form refused: <why>`, `torch form
+    failed: …`, or `plain: <why>`). Empty for CPU compile checks (one plain check each)."""
     cxx_runs: list[str] = Field(default_factory=list)
     """Each compile of `load_inline`'s binding file (`evaluator.build.cxx_pch`): `pch` (torch's
     header precompiled by the trusted builder) or `plain: <why>`."""
