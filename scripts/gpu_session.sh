@@ -90,7 +90,7 @@ for s in "$@"; do
     agent) step agent 150 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/agent ;;
     alone) step alone 240 python3 -m pytest -m "gpu and alone" -q -rA -p no:cacheprovider \
                 tests ${EVALUATOR_K:+-k "$EVALUATOR_K"} ;;
-    exploits) step exploits 540 python3 -m pytest -m gpu -q -rA -p no:cacheprovider -n 8 \
+    exploits) step exploits 540 python3 -m pytest -m gpu -q -rA -p no:cacheprovider -n "${EXPLOITS_N:-8}" \
                 tests/exploits ${EXPLOITS_K:+-k "$EXPLOITS_K"} ;;
     *) echo "unknown step $s" | tee -a "$OUT/steps.txt" ;;
   esac

@@ -26,12 +26,13 @@ from kloop.evaluator.harness.outcome import Flagged
 from kloop.evaluator.procs.isolation import write_new
 
 if TYPE_CHECKING:
+    from kloop.evaluator.harness.ledger import Ledger
     from kloop.evaluator.harness.state import EvalRun
 
 STAGES = ["load", "correctness", "timing", "profile", "compile"]
 
 
-def start_incumbent(run: EvalRun, job: CandidateJob, env: dict[str, str]) -> None:
+def start_incumbent(run: EvalRun, ledger: Ledger, job: CandidateJob, env: dict[str, str]) -> None:
     """Start the incumbent's child, under the lock for its load and off it once it waits to
     serve (kept in `run.kept`); `run.incumbent_child` is set when it is ready to serve, and a
     flag says why not otherwise."""
@@ -48,7 +49,7 @@ def start_incumbent(run: EvalRun, job: CandidateJob, env: dict[str, str]) -> Non
     inc_job = job.model_copy(update={
         "candidate_path": str(inc / "candidate.py"), "trials": [], "build_dir": str(inc / "ext"),
         "fills_path": fills, "construct_ahead": False, "profile": False, "ncu": False})
-    with run.on_device("candidate", inc_job, inc, STAGES, env, serves=True, keep=True,
+    with run.on_device(ledger, "candidate", inc_job, inc, STAGES, env, serves=True, keep=True,
                        mask=[run.root / "cand"]) as child:
         for msg in child.messages():
             if isinstance(msg, AwaitMsg):
@@ -56,8 +57,8 @@ def start_incumbent(run: EvalRun, job: CandidateJob, env: dict[str, str]) -> Non
                 return
             if isinstance(msg, ErrorMsg):
                 why = f"{msg.error.type}: {msg.error.message[:200]}"
-                run.record(Flagged(flag=f"head_to_head_unavailable: the incumbent failed to "
+                ledger.record(Flagged(flag=f"head_to_head_unavailable: the incumbent failed to "
                                         f"load ({why})"))
                 child.kill("decided")
                 return
-    run.record(Flagged(flag="head_to_head_unavailable: the incumbent ended before it served"))
+    ledger.record(Flagged(flag="head_to_head_unavailable: the incumbent ended before it served"))

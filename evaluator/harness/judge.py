@@ -51,6 +51,7 @@ from kloop.evaluator.harness.checks import (
     trial_violations,
     violate,
 )
+from kloop.evaluator.harness.ledger import Ledger
 from kloop.evaluator.harness.outcome import (
     Built,
     Clocked,
@@ -59,6 +60,7 @@ from kloop.evaluator.harness.outcome import (
     Judged,
     Profiled,
     Reached,
+    Verdict,
     violated,
 )
 from kloop.evaluator.harness.precision import precision_check
@@ -126,12 +128,12 @@ def served64(run: EvalRun) -> list[Served64]:
             for i in sorted(pick)]
 
 
-def candidate_job(run: EvalRun, ref: ReferenceJob, build_dir: Path) -> CandidateJob:
+def candidate_job(run: EvalRun, ledger: Ledger, ref: ReferenceJob, build_dir: Path) -> CandidateJob:
     cand = run.root / "cand"
-    kernels = run.verdict.backend not in (None, "torch")
+    kernels = ledger.verdict.backend not in (None, "torch")
     ghost = _ghost_index(run, ref) if kernels else None
     if kernels and ghost is None:
-        run.record(Flagged(flag="ghost_check_skipped"))
+        ledger.record(Flagged(flag="ghost_check_skipped"))
     trials = [
         CandTrial(
             index=t.index, kind=t.kind, forward_seed=t.forward_seed, inputs_path=t.inputs_path,
@@ -146,9 +148,9 @@ def candidate_job(run: EvalRun, ref: ReferenceJob, build_dir: Path) -> Candidate
     mem = int(run.config.cpu_memory_limit_gb * (1 << 30)) if run.on_cpu else None
     return CandidateJob(
         problem=run.problem_spec(), candidate_path=str(cand / "candidate.py"),
-        backend=run.verdict.backend or "torch", trials=trials, fills_path=ref.fills_path,
+        backend=ledger.verdict.backend or "torch", trials=trials, fills_path=ref.fills_path,
         timing=run.timing_spec(), profile=run.config.profile, ncu=run.config.ncu,
-        memory_limit_bytes=mem, cpu_emulation=run.on_cpu and run.verdict.backend == "triton",
+        memory_limit_bytes=mem, cpu_emulation=run.on_cpu and ledger.verdict.backend == "triton",
         triton_aot=run.config.triton_aot, build_dir=str(build_dir),
         tolerance=run.policy.tolerance(run.config.precision),
     )
@@ -166,7 +168,7 @@ def _ghost_index(run: EvalRun, ref: ReferenceJob) -> int | None:
 
 
 @dataclass
-class Sequence:
+class MessageOrder:
     """What the candidate child has said so far: its result pipe is writable by candidate code,
     so a message out of order (a second timing, a trial twice, anything after `done`) is a
     forgery, never a glitch."""
@@ -176,7 +178,7 @@ class Sequence:
     done: bool = False
 
 
-def _out_of_sequence(seq: Sequence, msg: Any, job: CandidateJob) -> str | None:
+def _out_of_sequence(seq: MessageOrder, msg: Any, job: CandidateJob) -> str | None:
     once = {AwaitMsg: "await", ProfileMsg: "profile", DoneMsg: "done"}
     if seq.done:
         return f"a {msg.kind} message after done"
@@ -198,48 +200,50 @@ def _out_of_sequence(seq: Sequence, msg: Any, job: CandidateJob) -> str | None:
     return None
 
 
-def on_message(run: EvalRun, job: CandidateJob, seq: Sequence, child: Any, msg: Any) -> bool:
+def on_message(run: EvalRun, ledger: Ledger, job: CandidateJob, seq: MessageOrder, child: Any,
+               msg: Any) -> bool:
     """Judge one message of the candidate child; True once it reported it is done."""
     problem = _out_of_sequence(seq, msg, job)
     if problem is not None:
-        run.record(*violated(violate(run, "protocol_violation", f"the candidate process sent "
+        ledger.record(*violated(violate(run, "protocol_violation", f"the candidate process sent "
                                     f"{problem}")))
         if isinstance(msg, AwaitMsg):
             child.send(Control(next="stop"))
         return False
     if isinstance(msg, StageMsg):
-        run.record(Reached(stage=STAGE_OF_CHILD.get(msg.stage, run.verdict.stage)))  # type: ignore[arg-type]
-        run.mark(msg.stage)
+        ledger.record(Reached(stage=STAGE_OF_CHILD.get(msg.stage, ledger.verdict.stage)))  # type: ignore[arg-type]
+        ledger.mark(msg.stage)
     elif isinstance(msg, FlagMsg):
-        run.record(Flagged(flag=msg.flag))
+        ledger.record(Flagged(flag=msg.flag))
     elif isinstance(msg, ErrorMsg):
-        run.record(Decided(status=msg.status,  # type: ignore[arg-type]
-                           stage=STAGE_OF_CHILD.get(msg.stage, run.verdict.stage), error=msg.error))
+        ledger.record(Decided(status=msg.status,  # type: ignore[arg-type]
+                           stage=STAGE_OF_CHILD.get(msg.stage, ledger.verdict.stage), error=msg.error))
     elif isinstance(msg, TrialMsg):
-        if not run.verdict.trials and (t := run.since_mark("correctness")) is not None:
+        if not ledger.verdict.trials and (t := ledger.since_mark("correctness")) is not None:
             # The first trial alone (it counts launches: under the profiler for CUDA sources
             # on a GPU): where the correctness stage's time goes, for bench/throughput.py.
-            run.record(Clocked(name="first_trial", seconds=t))
-        _judge_trial(run, job, msg)
+            ledger.record(Clocked(name="first_trial", seconds=t))
+        _judge_trial(run, ledger, job, msg)
     elif isinstance(msg, ProbeMsg):
-        run.record(*violated(*probe_violations(run, msg)))
+        ledger.record(*violated(*probe_violations(run, ledger, msg)))
     elif isinstance(msg, AwaitMsg):
-        go = _all_passed(run, job) and not rejected(run) and not compile_failed(run)
+        v = ledger.verdict
+        go = _all_passed(v, job) and not rejected(v) and not compile_failed(v)
         seq.control = "time" if go and job.timing is not None else "stop"
         if seq.control == "time":
-            timed_calls(run, child, served_seeds(run))
+            timed_calls(run, ledger, child, served_seeds(run))
         else:
             child.send(Control(next="stop"))
     elif isinstance(msg, CallProblemMsg):
-        note_call_problem(run, msg.message)
+        note_call_problem(ledger, msg.message)
     elif isinstance(msg, ProfileMsg):
-        run.record(Profiled(summary=msg.summary))
+        ledger.record(Profiled(summary=msg.summary))
     elif isinstance(msg, CompileMsg):
         # The compile stage's log says how the source was built (nvcc's diagnostics, the split);
         # loading the store's verified copy only adds news when it failed or built something
         # the compile stage did not.
-        if run.verdict.compile is None or not (msg.log.ok and msg.log.cache_hit):
-            run.record(Built(log=msg.log))
+        if ledger.verdict.compile is None or not (msg.log.ok and msg.log.cache_hit):
+            ledger.record(Built(log=msg.log))
     elif isinstance(msg, DoneMsg):
         seq.done = True
         return True
@@ -250,10 +254,10 @@ def _trial_spec(job: CandidateJob, index: int) -> CandTrial | None:
     return next((t for t in job.trials if t.index == index), None)
 
 
-def _judge_trial(run: EvalRun, job: CandidateJob, msg: TrialMsg) -> None:
+def _judge_trial(run: EvalRun, ledger: Ledger, job: CandidateJob, msg: TrialMsg) -> None:
     spec = _trial_spec(job, msg.index)
-    if spec is None or any(t.trial == msg.index for t in run.verdict.trials):
-        run.record(*violated(violate(run, "protocol_violation", f"the candidate process sent "
+    if spec is None or any(t.trial == msg.index for t in ledger.verdict.trials):
+        ledger.record(*violated(violate(run, "protocol_violation", f"the candidate process sent "
                                     f"trial {msg.index}, which is unknown or already judged")))
         return
     assert run.reference is not None
@@ -266,18 +270,18 @@ def _judge_trial(run: EvalRun, job: CandidateJob, msg: TrialMsg) -> None:
     else:
         diffs = compare_outputs(expected, got, msg.output_types, tol)
     if any(d.got_type for d in diffs):
-        run.record(Flagged(flag="non_tensor_output"))
+        ledger.record(Flagged(flag="non_tensor_output"))
     passed = all(d.ok for d in diffs)
-    run.record(Judged(trial=CorrectnessTrial(
+    ledger.record(Judged(trial=CorrectnessTrial(
         trial=msg.index, kind=spec.kind, passed=passed, outputs=diffs,
         message=None if passed else next((d.message for d in diffs if not d.ok), None))))
-    run.record(*violated(*trial_violations(run, msg)))
+    ledger.record(*violated(*trial_violations(run, ledger, msg)))
     if passed and msg.index in run.reference.expected64:
-        precision_check(run, got, expected, run.reference.expected64[msg.index])
+        precision_check(run, ledger, got, expected, run.reference.expected64[msg.index])
     if spec.repeat_output_path is not None and passed:
         again, problem = load_output(Path(spec.repeat_output_path), expected)
         if problem is None:
-            run.record(*violated(*determinism(run, got, again, tol)))
+            ledger.record(*violated(*determinism(run, got, again, tol)))
 
 
 def load_output(path: Path, expected: list[Any]) -> tuple[list[Any], str | None]:
@@ -298,46 +302,47 @@ def load_output(path: Path, expected: list[Any]) -> tuple[list[Any], str | None]
     return got, None
 
 
-def _all_passed(run: EvalRun, job: CandidateJob) -> bool:
-    judged = {t.trial: t.passed for t in run.verdict.trials}
+def _all_passed(v: Verdict, job: CandidateJob) -> bool:
+    judged = {t.trial: t.passed for t in v.trials}
     return all(judged.get(t.index, False) for t in job.trials)
 
 
-def compile_failed(run: EvalRun) -> bool:
-    return run.verdict.compile is not None and not run.verdict.compile.ok and not run.verdict.compile.infra_error
+def compile_failed(v: Verdict) -> bool:
+    return v.compile is not None and not v.compile.ok and not v.compile.infra_error
 
 
-def rejected(run: EvalRun) -> bool:
-    return any(v.severity == "reject" for v in run.verdict.violations)
+def rejected(v: Verdict) -> bool:
+    return any(x.severity == "reject" for x in v.violations)
 
 
-def first_diagnostic(run: EvalRun) -> str:
-    log_ = run.verdict.compile
+def first_diagnostic(v: Verdict) -> str:
+    log_ = v.compile
     if log_ is None or not log_.diagnostics:
         return "compilation failed"
     d = log_.diagnostics[0]
     return f"{d.file or '?'}:{d.line or '?'}: {d.message}"
 
 
-def final_verdict(run: EvalRun, job: CandidateJob) -> None:
+def final_verdict(run: EvalRun, ledger: Ledger, job: CandidateJob) -> None:
+    v = ledger.verdict
     expected = [t.index for t in job.trials]
-    judged = {t.trial: t for t in run.verdict.trials}
+    judged = {t.trial: t for t in v.trials}
     missing = [k for k in expected if k not in judged]
-    timed_failed = any(not t.passed for t in run.verdict.trials if t.kind == "timed")
-    if compile_failed(run):
-        run.stop("compile_error", "compile", ErrorInfo(
-            type="CompileError", message=first_diagnostic(run)))
-    elif rejected(run):
-        run.stop("rejected", run.verdict.stage)
+    timed_failed = any(not t.passed for t in v.trials if t.kind == "timed")
+    if compile_failed(v):
+        ledger.stop("compile_error", "compile", ErrorInfo(
+            type="CompileError", message=first_diagnostic(v)))
+    elif rejected(v):
+        ledger.stop("rejected", v.stage)
     elif missing or timed_failed or not all(judged[k].passed for k in expected):
-        run.stop("incorrect", run.verdict.stage, ErrorInfo(
+        ledger.stop("incorrect", v.stage, ErrorInfo(
             type="MissingTrials", message=f"trials {missing} never ran") if missing else None)
-    elif job.timing is not None and run.verdict.timing is None:
-        run.stop("runtime_error", "timing", run.verdict.error or ErrorInfo(
+    elif job.timing is not None and v.timing is None:
+        ledger.stop("runtime_error", "timing", v.error or ErrorInfo(
             type="NoTiming", message="the timed calls did not complete"))
-    elif run.verdict.backend == "torch" and run.policy.require_custom_kernel:
-        run.record(*violated(violate(run, "no_custom_kernel", "plain PyTorch: the candidate "
+    elif v.backend == "torch" and run.policy.require_custom_kernel:
+        ledger.record(*violated(violate(run, "no_custom_kernel", "plain PyTorch: the candidate "
                                     "defines no kernel of its own", severity="reject")))
-        run.stop("rejected", "done")
+        ledger.stop("rejected", "done")
     else:
-        run.stop("correct", "done")
+        ledger.stop("correct", "done")

@@ -1,10 +1,11 @@
 """What the stages of an evaluation find, as typed records, and the one place they are folded.
 
 Stages, the judge of the candidate's messages and the checks never write a verdict: each finding
-is a record below, handed to `EvalRun.record`, which keeps the ordered list (`EvalRun.findings`).
-The run holds resources and that list only; its `Verdict` (status, stage, trials, measurements,
-flags...) is the fold of the list by the rules of `fold`, made afresh on every read
-(`EvalRun.verdict`), and `EvalResult` is built from it. The rules:
+is a record below. A stage adds its own to a `Ledger` (`evaluator.harness.ledger`) and returns
+them; the pipeline keeps the ordered list (`evaluator.harness.pipeline.run_stages`), and the run
+(`EvalRun`) holds resources only. The `Verdict` (status, stage, trials, measurements, flags...)
+is the fold of the list by the rules of `fold`, made afresh on every read (`Ledger.verdict`),
+and `EvalResult` is built from it (`evaluator.harness.state.result_of`). The rules:
 
 - the first `Decided` stands: a verdict decided on a wrong timed output is not undone by the
   crash or the error report of the process killed after it; it keeps the stage it was decided

@@ -1,8 +1,10 @@
 """`evaluate`: one candidate through the staged pipeline; `evaluate_many`: a batch of them.
 
 static (parse, backend, static rules) -> compile (child, no GPU) -> reference (reference worker)
--> candidate (candidate child, judged here). Each stage may end the run with a status; every
-number in the result comes from a child process, every verdict from this process.
+-> candidate (candidate child, judged here). Each stage takes the run's resources (`EvalRun`)
+and the findings of the stages before it, and returns its own (`evaluator.harness.ledger`); the
+list is kept here, in order, and the result is its fold: a `Decided` ends the run. Every number
+in the result comes from a child process, every verdict from this process.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from collections.abc import Callable, Sequence
 from kloop.evaluator.common.config import EvalConfig
 from kloop.evaluator.common.result import EvalResult
 from kloop.evaluator.harness.checks import result_checks
-from kloop.evaluator.harness.outcome import Flagged
+from kloop.evaluator.harness.ledger import Ledger
+from kloop.evaluator.harness.outcome import Finding, Flagged, verdict_of
 from kloop.evaluator.harness.reference import ReferenceOutput
 from kloop.evaluator.harness.stages import (
     candidate_stage,
@@ -23,12 +26,13 @@ from kloop.evaluator.harness.stages import (
     reference_stage,
     static_stage,
 )
-from kloop.evaluator.harness.state import EvalRun
+from kloop.evaluator.harness.state import EvalRun, result_of
 from kloop.problems.registry import Problem, get_problem
 
 log = logging.getLogger(__name__)
 
-Stage = Callable[[EvalRun], None]
+Stage = Callable[[EvalRun, Sequence[Finding]], list[Finding]]
+"""A stage: the run's resources and the findings before it -> the findings it adds."""
 FRONT_STAGES: tuple[Stage, ...] = (static_stage, compile_stage)
 """Stages that never touch the device: `evaluator.procs.scheduler` runs them ahead of it."""
 DEVICE_STAGES: tuple[Stage, ...] = (reference_stage, candidate_stage)
@@ -46,12 +50,13 @@ def evaluate(problem: Problem | str, candidate_source: str,
 
 
 def _run_all(run: EvalRun) -> EvalResult:
+    findings: list[Finding] = []
     try:
-        run_stages(run, STAGES)
+        run_stages(run, STAGES, findings)
     except BaseException:
         run.cleanup()
         raise
-    return finish(run)
+    return finish(run, findings)
 
 
 def head_to_head(problem: Problem | str, challenger: str, incumbent: str,
@@ -73,21 +78,28 @@ def start(problem: Problem | str, candidate_source: str, config: EvalConfig) -> 
     return run
 
 
-def run_stages(run: EvalRun, stages: Sequence[Stage]) -> None:
-    """Each stage records its own wall time (after waiting for the device, if it needs it);
-    the first that gives the run a status ends it."""
+def run_stages(run: EvalRun, stages: Sequence[Stage], findings: list[Finding]) -> None:
+    """Run `stages` in order, each given the findings so far, adding what it returns to
+    `findings`; the first that decides a status ends the run. Each stage clocks its own wall
+    time (less its wait for the device)."""
     for stage in stages:
-        if run.verdict.status is not None:
+        if decided(run, findings):
             return
-        stage(run)
+        findings.extend(stage(run, tuple(findings)))
 
 
-def finish(run: EvalRun) -> EvalResult:
-    """The result of a run whose stages are over (its work dir removed first)."""
+def decided(run: EvalRun, findings: Sequence[Finding]) -> bool:
+    return verdict_of(list(findings), run.root).status is not None
+
+
+def finish(run: EvalRun, findings: Sequence[Finding]) -> EvalResult:
+    """The result of a run whose stages are over (its work dir removed first): the fold of its
+    findings and of the result checks' (problem facts, speedup bounds, GPU conditions)."""
     run.cleanup()
-    run.record(*(Flagged(flag=f"problem_{f}") for f in run.problem.meta.flags()))
-    result_checks(run)
-    return run.to_result()
+    ledger = Ledger(run.root, tuple(findings))
+    ledger.record(*(Flagged(flag=f"problem_{f}") for f in run.problem.meta.flags()))
+    result_checks(run, ledger)
+    return result_of(run, ledger.verdict)
 
 
 def evaluate_many(problem_and_sources: Sequence[tuple[Problem | str, str]],
@@ -115,7 +127,7 @@ def build_baselines(problem: Problem | str, config: EvalConfig | None = None,
     run = EvalRun.create(problem, "", config)
     try:
         job = reference_job(run).model_copy(update={"trials": []})
-        reference_stage(run, job, reference_serving(run, rebuild=rebuild))
+        reference_stage(run, (), job, reference_serving(run, rebuild=rebuild))
     finally:
         run.cleanup()
     assert run.reference is not None

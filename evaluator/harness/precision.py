@@ -21,6 +21,7 @@ from kloop.evaluator.harness.checks import violate
 from kloop.evaluator.harness.outcome import Flagged, Precision, violated
 
 if TYPE_CHECKING:
+    from kloop.evaluator.harness.ledger import Ledger
     from kloop.evaluator.harness.state import EvalRun
 
 FLOOR = 2.0 ** -24
@@ -48,25 +49,25 @@ def _worst(outs: list[Any], outs64: list[Any]) -> float | None:
     return max(errs) if errs else None
 
 
-def precision_check(run: EvalRun, got: list[Any], expected: list[Any],
+def precision_check(run: EvalRun, ledger: Ledger, got: list[Any], expected: list[Any],
                     expected64: list[Any]) -> None:
     factor = run.policy.precision_factor
     if factor is None:
         return
     cand, ref = _worst(got, expected64), _worst(expected, expected64)
     if cand is None or ref is None:
-        run.record(Flagged(flag="precision_check_unavailable"))
+        ledger.record(Flagged(flag="precision_check_unavailable"))
         return
     ok = cand <= factor * max(ref, FLOOR)
-    run.record(Precision(check=PrecisionCheck(candidate_rel_err=cand, reference_rel_err=ref,
+    ledger.record(Precision(check=PrecisionCheck(candidate_rel_err=cand, reference_rel_err=ref,
                                               factor=factor, floor=FLOOR, ok=ok)))
     if not ok:
-        run.record(*violated(violate(
+        ledger.record(*violated(violate(
             run, "precision_below_fp32", f"relative RMS error against float64 {cand:.2e}, the "
             f"fp32 reference's {ref:.2e} (more than {factor:g}x)")))
 
 
-def precision_on_call(run: EvalRun, index: int, got: list[Any], outs64: list[Any],
+def precision_on_call(run: EvalRun, ledger: Ledger, index: int, got: list[Any], outs64: list[Any],
                       reference_rel_err: float | None) -> None:
     """The same test on a timed call chosen in secret (`judge.served64`): the reference worker
     computed that call's float64 output and its own fp32 error for the call's seed. Timed
@@ -77,15 +78,15 @@ def precision_on_call(run: EvalRun, index: int, got: list[Any], outs64: list[Any
         return
     cand = _worst(got, outs64)
     if cand is None or reference_rel_err is None:
-        run.record(Flagged(flag="precision_check_unavailable"))
+        ledger.record(Flagged(flag="precision_check_unavailable"))
         return
     ok = cand <= factor * max(reference_rel_err, FLOOR)
-    run.record(Precision(check=PrecisionCheck(candidate_rel_err=cand,
+    ledger.record(Precision(check=PrecisionCheck(candidate_rel_err=cand,
                                               reference_rel_err=reference_rel_err,
                                               factor=factor, floor=FLOOR, ok=ok),
                          timed_call=True))
     if not ok:
-        run.record(*violated(violate(
+        ledger.record(*violated(violate(
             run, "precision_below_fp32", f"timed call {index}: relative RMS error against "
             f"float64 {cand:.2e}, the fp32 reference's {reference_rel_err:.2e} (more than "
             f"{factor:g}x)")))

@@ -1,6 +1,7 @@
 """The stages of one evaluation, run in order by `evaluator.harness.pipeline.evaluate`.
 
-Each stage reads and extends the `EvalRun` and may end it by setting a status:
+Each stage takes the run's resources (`EvalRun`) and the findings of the stages before it, and
+returns its own (`evaluator.harness.ledger`); a `Decided` among them ends the run:
 static (parse, backend, static rules) -> compile (build or check kernels in a child) ->
 reference (reference worker: inputs, expected outputs, baselines) -> candidate (candidate
 child: load, correctness, timing, profile; judged here, in the harness).
@@ -14,6 +15,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from kloop.evaluator.build import buildstore, cxx_pch, lean, pch
@@ -30,7 +32,7 @@ from kloop.evaluator.common.result import ErrorInfo, TimingStats
 from kloop.evaluator.harness.checks import STATIC_CHECKS
 from kloop.evaluator.harness.judge import (
     STAGE_OF_CHILD,
-    Sequence,
+    MessageOrder,
     candidate_job,
     final_verdict,
     first_diagnostic,
@@ -39,11 +41,13 @@ from kloop.evaluator.harness.judge import (
     served64,
     served_seeds,
 )
+from kloop.evaluator.harness.ledger import Ledger
 from kloop.evaluator.harness.outcome import (
     Built,
     Clocked,
     Detected,
     Entered,
+    Finding,
     Flagged,
     Measured,
     Observed,
@@ -53,7 +57,7 @@ from kloop.evaluator.harness.outcome import (
 from kloop.evaluator.harness.precheck import precheck_source
 from kloop.evaluator.harness.reference import Serving, collect_reference
 from kloop.evaluator.harness.served import null_call_count
-from kloop.evaluator.harness.state import EvalRun, cuda_arch_list
+from kloop.evaluator.harness.state import EvalRun, child_failure, cuda_arch_list
 from kloop.evaluator.procs import board
 from kloop.evaluator.procs.buildslots import build_slot, default_slots
 from kloop.evaluator.procs.isolation import identity_env, private_dir, write_new
@@ -67,61 +71,66 @@ recursion depth that is not safe across threads (`SystemError: AST constructor r
 mismatch`, seen in a batch of CPU evaluations on 2026-12-05); the stage takes milliseconds."""
 
 
-def static_stage(run: EvalRun) -> None:
+def static_stage(run: EvalRun, before: Sequence[Finding] = ()) -> list[Finding]:
     """Parse (never execute) the source, detect its backend, run the static rules."""
-    with run.timed("static"), _AST_LOCK:
-        _static(run)
+    ledger = Ledger(run.root, before)
+    with ledger.timed("static"), _AST_LOCK:
+        _static(run, ledger)
+    return ledger.found
 
 
-def _static(run: EvalRun) -> None:
+def _static(run: EvalRun, ledger: Ledger) -> None:
     from kloop.evaluator.common.backend import detect_backend
 
     try:
         ast.parse(run.source, filename="candidate.py")
     except SyntaxError as e:
-        _syntax_error(run, e)
+        _syntax_error(run, ledger, e)
         return
     if (bad := precheck_source(run.source)) is not None:  # empty, or no ModelNew: stop before any child
-        run.stop("compile_error", "static", ErrorInfo(type=bad.kind, message=bad.message))
+        ledger.stop("compile_error", "static", ErrorInfo(type=bad.kind, message=bad.message))
         return
     backend = detect_backend(run.source)
-    run.record(Detected(backend=backend, has_custom_kernel=backend != "torch"))
+    ledger.record(Detected(backend=backend, has_custom_kernel=backend != "torch"))
     for check in STATIC_CHECKS:
-        run.record(*violated(*check(run.source, backend, run.policy.name)))
-    if any(v.severity == "reject" for v in run.verdict.violations):
-        run.stop("rejected", "static")
+        ledger.record(*violated(*check(run.source, backend, run.policy.name)))
+    if any(v.severity == "reject" for v in ledger.verdict.violations):
+        ledger.stop("rejected", "static")
     (run.root / "cand" / "candidate.py").write_text(run.source)
     (run.root / "compile" / "candidate.py").write_text(run.source)
 
 
-def _syntax_error(run: EvalRun, exc: SyntaxError) -> None:
+def _syntax_error(run: EvalRun, ledger: Ledger, exc: SyntaxError) -> None:
     from kloop.evaluator.build.diagnostics import diagnostic_from_exception, make_compile_log
 
     # The backend cannot be parsed out of a file that does not parse; a guess is enough here.
     guess = "cuda" if "load_inline" in run.source else "triton" if "triton" in run.source else "torch"
     where = f'  File "candidate.py", line {exc.lineno}\n    {(exc.text or "").rstrip()}'
-    run.record(Built(log=make_compile_log(guess, False, f"{where}\nSyntaxError: {exc.msg}",
-                                          [diagnostic_from_exception(exc, "candidate.py")], None)))
-    run.stop("compile_error", "static", ErrorInfo(
+    ledger.record(Built(log=make_compile_log(guess, False, f"{where}\nSyntaxError: {exc.msg}",
+                                             [diagnostic_from_exception(exc, "candidate.py")],
+                                             None)))
+    ledger.stop("compile_error", "static", ErrorInfo(
         type=type(exc).__name__, message=f"{exc.msg} (line {exc.lineno})", traceback=where))
 
 
-def compile_stage(run: EvalRun) -> None:
+def compile_stage(run: EvalRun, before: Sequence[Finding] = ()) -> list[Finding]:
     """CUDA candidates: build their extensions into the cache (GPU machine) or compile-check
     them with nvcc (no GPU), in a child that cannot touch the GPU. Triton kernels compile at
     their first launch (GPU) or are compiled for sm_90 after the interpreter ran them (CPU)."""
-    run.record(Entered(stage="compile"))
-    if run.verdict.backend != "cuda":
-        return
+    ledger = Ledger(run.root, before)
+    ledger.record(Entered(stage="compile"))
+    if ledger.verdict.backend != "cuda":
+        return ledger.found
     _start_pch(run)
     t0 = time.monotonic()
     slots = run.config.build_slots or default_slots()
     with contextlib.ExitStack() as slot:
         with board.phase("build_wait"):
             slot.enter_context(build_slot(private_dir(run.config.cache_dir) / "locks", slots))
-        run.record(Clocked(name="build_wait", seconds=time.monotonic() - t0))
-        with board.phase("build"), run.timed("compile"):
-            _compile(run)
+        ledger.clock("build_wait", time.monotonic() - t0)
+        with board.phase("build"), ledger.timed("compile"):
+            _compile(run, ledger)
+    return ledger.found
 
 
 def _start_pch(run: EvalRun) -> None:
@@ -132,18 +141,19 @@ def _start_pch(run: EvalRun) -> None:
         pch.ensure_async(pch.default_variants(cuda=not run.on_cpu))
 
 
-def _compile(run: EvalRun) -> None:
+def _compile(run: EvalRun, ledger: Ledger) -> None:
     workdir = run.root / "compile"
     store = buildstore.Store(run.config.cache_dir, run.source_sha256, run.sandbox)
     store.stage(build_dir(run), run.root / "nvcc_checks")
-    job = CompileJob(candidate_path=str(workdir / "candidate.py"), backend=run.verdict.backend,
+    job = CompileJob(candidate_path=str(workdir / "candidate.py"), backend=ledger.verdict.backend,
                      device=run.child_device, build_dir=str(build_dir(run)))
     # Compilation never needs the GPU: hide it so parallel builds do not disturb timings.
-    with run.spawn("compile", job, workdir, ["compile"], _build_env(run), device="cpu") as child:
+    with run.spawn(ledger, "compile", job, workdir, ["compile"], _build_env(run),
+                   device="cpu") as child:
         error, done = None, False
         for msg in child.messages():
             if isinstance(msg, CompileMsg):
-                run.record(Built(log=msg.log))
+                ledger.record(Built(log=msg.log))
             elif isinstance(msg, ErrorMsg):
                 error = msg
             elif isinstance(msg, DoneMsg):
@@ -153,20 +163,20 @@ def _compile(run: EvalRun) -> None:
     # its file's candidate child may load.
     store.install(workdir / "build", workdir / "nvcc_cache")
     store.stage(build_dir(run), run.root / "nvcc_checks")
-    log_ = run.verdict.compile
+    log_ = ledger.verdict.compile
     if error is not None and error.status == "compile_error":
-        run.stop("compile_error", "compile", error.error)
+        ledger.stop("compile_error", "compile", error.error)
     elif log_ is not None and log_.infra_error:
-        run.record(Flagged(flag="compile_check_incomplete"))
+        ledger.record(Flagged(flag="compile_check_incomplete"))
     elif log_ is not None and not log_.ok:
-        run.stop("compile_error", "compile", ErrorInfo(
-            type="CompileError", message=first_diagnostic(run)))
+        ledger.stop("compile_error", "compile", ErrorInfo(
+            type="CompileError", message=first_diagnostic(ledger.verdict)))
     elif error is None and not done:
-        run.fail_from_outcome(outcome, "compile")
+        ledger.record(child_failure(outcome, "compile", run.config))
     # A runtime error while importing only to compile is judged where the candidate really runs.
-    if run.verdict.status is None and run.on_cpu:
-        run.stop("not_run", "compile")
-        run.record(Flagged(flag="not_run:no_gpu"))
+    if ledger.verdict.status is None and run.on_cpu:
+        ledger.stop("not_run", "compile")
+        ledger.record(Flagged(flag="not_run:no_gpu"))
 
 
 def build_dir(run: EvalRun) -> Path:
@@ -194,18 +204,19 @@ def _build_env(run: EvalRun) -> dict[str, str]:
     return env
 
 
-def reference_stage(run: EvalRun, job: ReferenceJob | None = None,
-                    serving: Serving | None = None) -> None:
+def reference_stage(run: EvalRun, before: Sequence[Finding] = (), job: ReferenceJob | None = None,
+                    serving: Serving | None = None) -> list[Finding]:
     """Reference worker: probe-trial inputs (to the candidate's dir) and expected outputs (kept
     in the harness's memory only); then its served calls, timed by the harness: the handshake,
     the eager baseline and the expected output of every timed call; the compile baseline."""
-    run.record(Entered(stage="correctness"))
+    ledger = Ledger(run.root, before)
+    ledger.record(Entered(stage="correctness"))
     job = job or reference_job(run)
     serving = serving or reference_serving(run)
     env = {"TORCHINDUCTOR_CACHE_DIR": str(private_dir(run.config.cache_dir) / "inductor")}
-    with run.timed("reference"), run.on_device("reference", job, run.root / "ref",
-                                               ["reference", "baselines"], env,
-                                               serves=True, keep=job.paired) as child:
+    with ledger.timed("reference"), run.on_device(ledger, "reference", job, run.root / "ref",
+                                                  ["reference", "baselines"], env,
+                                                  serves=True, keep=job.paired) as child:
         try:
             out = collect_reference(child, job, serving)
         finally:
@@ -215,15 +226,16 @@ def reference_stage(run: EvalRun, job: ReferenceJob | None = None,
     run.reference = out
     if out.parked:  # off the lock now, serving nothing until the candidate's timed calls
         run.ref_child = child
-    run.record(*(Clocked(name=k, seconds=v) for k, v in out.stage_seconds.items()))
+    ledger.record(*(Clocked(name=k, seconds=v) for k, v in out.stage_seconds.items()))
     kinds = job.baselines
-    run.record(Observed(env=out.env),
+    ledger.record(Observed(env=out.env),
                Measured(what="eager", stats=_as_reference(out.eager) if "eager" in kinds else None),
                Measured(what="compiled",
                         stats=_as_reference(out.compiled) if "compile" in kinds else None),
                Measured(what="compiled_ro",
                         stats=_as_reference(out.compiled_ro) if "compile_ro" in kinds else None),
                *(Flagged(flag=f) for f in out.flags))
+    return ledger.found
 
 
 def _as_reference(stats: TimingStats | None) -> TimingStats | None:
@@ -266,38 +278,40 @@ def baseline_kinds(run: EvalRun) -> list[str]:
             "both": ["eager", "compile"], "all": ["eager", "compile", "compile_ro"]}[mode]
 
 
-def candidate_stage(run: EvalRun) -> None:
+def candidate_stage(run: EvalRun, before: Sequence[Finding] = ()) -> list[Finding]:
     """Run the candidate child and judge what it produces, trial by trial (evaluator.harness.judge)."""
-    run.record(Entered(stage="load"))
-    job = candidate_job(run, reference_job(run), build_dir(run))
+    ledger = Ledger(run.root, before)
+    ledger.record(Entered(stage="load"))
+    job = candidate_job(run, ledger, reference_job(run), build_dir(run))
     if run.incumbent is not None:
         from kloop.evaluator.harness.headtohead import start_incumbent
 
-        start_incumbent(run, job, _candidate_env(run))
-    ahead = construct_ahead(run)
+        start_incumbent(run, ledger, job, _candidate_env(run))
+    ahead = construct_ahead(run, ledger)
     judged = None
     if ahead:
         ahead_job = job.model_copy(update={"construct_ahead": True,
                                            "ahead_hidden": run.ahead_paths()})
-        judged = _candidate_child(run, ahead_job)
+        judged = _candidate_child(run, ledger, ahead_job)
         if isinstance(judged, str):
-            run.record(Flagged(flag=f"constructed_under_lock: {judged}"))
+            ledger.record(Flagged(flag=f"constructed_under_lock: {judged}"))
             # What the static rules judged, whatever that child left in its dir.
             write_new(run.root / "cand" / "candidate.py", run.source)
     if not isinstance(judged, tuple):
-        judged = _candidate_child(run, job)
+        judged = _candidate_child(run, ledger, job)
     done, outcome = judged
-    run.mark(None)
-    if run.verdict.status is None and not done:
-        run.fail_from_outcome(outcome, STAGE_OF_CHILD.get(outcome.stage, "load"))
-    if run.verdict.status is None:
-        final_verdict(run, job)
-    if run.verdict.status == "correct" and run.config.ncu and not run.on_cpu:
-        with run.gpu_lock(), run.timed("ncu"):
-            _ncu_pass(run, job)
+    ledger.mark(None)
+    if ledger.verdict.status is None and not done:
+        ledger.record(child_failure(outcome, STAGE_OF_CHILD.get(outcome.stage, "load"), run.config))
+    if ledger.verdict.status is None:
+        final_verdict(run, ledger, job)
+    if ledger.verdict.status == "correct" and run.config.ncu and not run.on_cpu:
+        with run.gpu_lock(), ledger.timed("ncu"):
+            _ncu_pass(run, ledger, job)
+    return ledger.found
 
 
-def construct_ahead(run: EvalRun) -> bool:
+def construct_ahead(run: EvalRun, ledger: Ledger) -> bool:
     """Whether the candidate child builds its models before the lock (`EvalConfig.construct_at`)."""
     mode = run.config.construct_at
     if mode == "under_lock":
@@ -305,18 +319,19 @@ def construct_ahead(run: EvalRun) -> bool:
     if run.can_construct_ahead:
         return True
     if mode == "before_lock":
-        run.record(Flagged(flag="construct_before_lock_unavailable"))
+        ledger.record(Flagged(flag="construct_before_lock_unavailable"))
     return False
 
 
-def _candidate_child(run: EvalRun, job: CandidateJob) -> tuple[bool, ChildOutcome] | str:
+def _candidate_child(run: EvalRun, ledger: Ledger,
+                     job: CandidateJob) -> tuple[bool, ChildOutcome] | str:
     """One candidate child, judged message by message: (whether it said done, how it ended).
     A child built ahead whose candidate must be judged again in a new child: why (nothing of
     it was judged; it never reported past `ready`, or only that the device is unusable)."""
-    seq = Sequence()
+    seq = MessageOrder()
     done = False
-    with run.timed("candidate"), run.on_device(
-            "candidate", job, run.root / "cand",
+    with ledger.timed("candidate"), run.on_device(
+            ledger, "candidate", job, run.root / "cand",
             ["load", "correctness", "timing", "profile", "compile"], _candidate_env(run),
             serves=True, mask=[run.root / "inc"] if run.incumbent is not None else None) as child:
         if job.construct_ahead and (why := _retry(child)) is not None:
@@ -326,7 +341,7 @@ def _candidate_child(run: EvalRun, job: CandidateJob) -> tuple[bool, ChildOutcom
             # Its trusted start found a hidden path uncovered or no SCHED_IDLE (a host that
             # refused a mount or the policy): it builds under the lock, as it must. Judged the
             # same; said, since it costs the lock what the build ahead is for.
-            run.record(Flagged(flag="construct_before_lock_unavailable: the child was not kept "
+            ledger.record(Flagged(flag="construct_before_lock_unavailable: the child was not kept "
                                     "from the device, so it built under the lock"))
         t0 = time.monotonic()
         first = True
@@ -336,7 +351,7 @@ def _candidate_child(run: EvalRun, job: CandidateJob) -> tuple[bool, ChildOutcom
                 child.kill("retry")
                 return f"the device was unusable in its process: {msg.reason[:300]}"
             first = False
-            done = on_message(run, job, seq, child, msg) or done
+            done = on_message(run, ledger, job, seq, child, msg) or done
             if log.isEnabledFor(logging.DEBUG):  # nothing more under the lock otherwise
                 _trace(run, msg, got - t0, time.monotonic() - got)
         outcome = child.outcome()
@@ -363,15 +378,16 @@ def _trace(run: EvalRun, msg: object, at: float, judged: float) -> None:
               type(msg).__name__, what, at, judged)
 
 
-def _ncu_pass(run: EvalRun, job: CandidateJob) -> None:
+def _ncu_pass(run: EvalRun, ledger: Ledger, job: CandidateJob) -> None:
     """Nsight Compute metrics for the custom kernels that dominate the profile (optional
     feedback), from one ncu run. Its wall time is `stage_seconds["ncu"]`: part of the
     evaluation's, and so of the agent's `eval_s` budget."""
     from kloop.evaluator.harness.ncu import dominant_custom_kernels, ncu_kernel_metrics
 
-    if run.verdict.profile is None:
+    profile = ledger.verdict.profile
+    if profile is None:
         return
-    targets = dominant_custom_kernels(run.verdict.profile, run.config.ncu_kernels)
+    targets = dominant_custom_kernels(profile, run.config.ncu_kernels)
     if not targets:
         return
     workdir = run.root / "cand"
@@ -380,9 +396,9 @@ def _ncu_pass(run: EvalRun, job: CandidateJob) -> None:
     cmd, env = forward_command(run, job_path)
     metrics = ncu_kernel_metrics(cmd, targets, env, run.config.timeouts.profile)
     if not metrics:
-        run.record(Flagged(flag="ncu_unavailable"))
+        ledger.record(Flagged(flag="ncu_unavailable"))
         return
-    run.record(Profiled(summary=run.verdict.profile.model_copy(
+    ledger.record(Profiled(summary=profile.model_copy(
         update={"ncu": metrics[0], "ncu_kernels": metrics})))
 
 

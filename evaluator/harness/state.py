@@ -33,12 +33,12 @@ from kloop.evaluator.common.result import (
     ErrorInfo,
     EvalResult,
     Stage,
-    Status,
     TimingStats,
 )
 from kloop.evaluator.harness import cores
 from kloop.evaluator.harness.baselines import best_of
-from kloop.evaluator.harness.outcome import Clocked, Decided, Finding, Flagged, Verdict, verdict_of
+from kloop.evaluator.harness.ledger import Ledger
+from kloop.evaluator.harness.outcome import Decided, Flagged, Verdict
 from kloop.evaluator.harness.reference import ReferenceOutput
 from kloop.evaluator.procs import board, devicepool, isolation, uidpool
 from kloop.evaluator.procs.devicelock import device_lock
@@ -114,9 +114,10 @@ def gpu_lock_name(device: str) -> str:
 
 @dataclass
 class EvalRun:
-    """One evaluation's resources (its problem, config, dirs, device claim, uid lease, children)
-    and what its stages found (`findings`, in order). The verdict is never stored: `verdict`
-    folds the findings afresh (`evaluator.harness.outcome`), so nothing but a finding moves it."""
+    """One evaluation's resources: its problem, config, dirs, device claim, uid lease, children
+    and the reference's outputs in memory. What its stages find is not kept here: each stage
+    returns its findings (`evaluator.harness.ledger`), the pipeline keeps them in order, and
+    the result is their fold (`result_of`)."""
 
     problem: Problem
     source: str
@@ -133,8 +134,6 @@ class EvalRun:
     """Whether children that run candidate code can be contained (`isolation.work_parent`)."""
     lease: uidpool.Lease | None = None
     """This evaluation's sandbox uid, held until `cleanup` (evaluator.procs.uidpool)."""
-    findings: list[Finding] = field(default_factory=list)
-    """Everything the stages found, in order (`evaluator.harness.outcome`)."""
     claim: devicepool.Claim | None = None
     """`device`, counted in flight until `cleanup` (evaluator.procs.devicepool)."""
     kept: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
@@ -145,7 +144,6 @@ class EvalRun:
     incumbent: str | None = None
     """The source timed against this candidate in the same rounds (`evaluator.harness.headtohead`)."""
     incumbent_child: Child | None = None
-    _mark: tuple[str, float] | None = None
 
     @classmethod
     def create(cls, problem: Problem, source: str, config: EvalConfig) -> EvalRun:
@@ -209,19 +207,6 @@ class EvalRun:
         """What a candidate child built ahead must not open before the lock."""
         return gpu_nodes() + list(self.config.hidden_from_builds)
 
-    def record(self, *findings: Finding) -> None:
-        """Add findings to the run: the verdict is their fold (`verdict`)."""
-        self.findings.extend(findings)
-
-    @property
-    def verdict(self) -> Verdict:
-        """The fold of every finding so far, made afresh: a copy nobody can write back."""
-        return verdict_of(self.findings, self.root)
-
-    def stop(self, status: Status, stage: Stage, error: ErrorInfo | None = None) -> None:
-        """A verdict (`Decided`: the first one stands)."""
-        self.record(Decided(status=status, stage=stage, error=error))
-
     def gpu_lock(self) -> contextlib.AbstractContextManager[None]:
         """The device lock of this evaluation's GPU stages (`evaluator.procs.devicelock`), named after
         the physical GPU; its files live in the host's lock dir, whatever the cache dir, closed
@@ -231,19 +216,7 @@ class EvalRun:
         return device_lock(gpu_lock_name(self.device), host_lock_dir())
 
     @contextlib.contextmanager
-    def timed(self, name: str) -> Iterator[None]:
-        """Adds the block's wall time to `stage_seconds[name]`, less its wait for the device
-        (which `stage_seconds["device_wait"]` counts)."""
-        t0 = time.monotonic()
-        w0 = self.verdict.stage_seconds.get("device_wait", 0.0)
-        try:
-            yield
-        finally:
-            waited = self.verdict.stage_seconds.get("device_wait", 0.0) - w0
-            self._add(name, time.monotonic() - t0 - waited)
-
-    @contextlib.contextmanager
-    def on_device(self, mode, job, workdir: Path, stages: list[str],
+    def on_device(self, ledger: Ledger, mode, job, workdir: Path, stages: list[str],
                   extra_env: dict[str, str] | None = None, serves: bool = False,
                   keep: bool = False,
                   mask: list[Path] | None = None) -> Iterator[Child]:
@@ -253,27 +226,28 @@ class EvalRun:
         overlaps, and no process start holds the device. A candidate child built ahead
         (`CandidateJob.construct_ahead`) gets its device nodes and its CPU priority back once the
         lock is held (`Child.grant`); one that asked to be judged again, or could not be given
-        them, never gets `go` (`child.retry`).
+        them, never gets `go` (`child.retry`). Its times go to `ledger`.
         `keep`: the child outlives the block (in `kept`, ended at `cleanup` or by its caller)
         and the lock is given back at the block's end: a trusted worker that does no device
         work until the harness asks it to, under a later hold."""
         lock = self.gpu_lock()
         with contextlib.ExitStack() as held:  # outside the child's block: kept till it is gone
             spawned = time.monotonic()
-            made = self.spawn(mode, job, workdir, stages, extra_env, serves=serves, mask=mask)
+            made = self.spawn(ledger, mode, job, workdir, stages, extra_env, serves=serves,
+                              mask=mask)
             scope = contextlib.nullcontext(self.kept.enter_context(made)) if keep else made
             with scope as child:
                 if child.wait_ready() and child.retry is None:
                     t0 = time.monotonic()
-                    self._add(f"{mode}_start", t0 - spawned)
+                    ledger.clock(f"{mode}_start", t0 - spawned)
                     with child.paused(), board.phase("device_wait"):
                         held.enter_context(lock)
                     held.enter_context(board.phase("device"))
                     got = time.monotonic()
-                    self._add("device_wait", got - t0)
+                    ledger.clock("device_wait", got - t0)
                     # Unwound first (the child is gone, the lock still held): the time this
                     # child kept the device, start-up and exit included, beside its stages.
-                    held.callback(lambda: self._add(f"{mode}_held", time.monotonic() - got))
+                    held.callback(lambda: ledger.clock(f"{mode}_held", time.monotonic() - got))
                     quiet = cores.plan()  # the lock holder's processes on the serving cores
                     cores.place(child.proc.pid, quiet.serving if quiet else None)
                     if child.ahead and (why := child.grant()) is not None:
@@ -282,21 +256,6 @@ class EvalRun:
                     else:
                         child.send(Control(next="go"))
                 yield child
-
-    def _add(self, name: str, seconds: float) -> None:
-        self.record(Clocked(name=name, seconds=seconds))
-
-    def since_mark(self, name: str) -> float | None:
-        """Seconds since the child stage `name` began, while it is the running one."""
-        return time.monotonic() - self._mark[1] if self._mark and self._mark[0] == name else None
-
-    def mark(self, name: str | None) -> None:
-        """Close the running child stage's wall time (if any) and start timing `name`."""
-        now = time.monotonic()
-        if self._mark is not None:
-            prev, t0 = self._mark
-            self._add(prev, now - t0)
-        self._mark = (name, now) if name is not None else None
 
     def problem_spec(self) -> ProblemSpec:
         p, meta = self.policy, self.problem.meta
@@ -330,7 +289,7 @@ class EvalRun:
             gpu=None if self.on_cpu else visible_device(self.device),
         )
 
-    def spawn(self, mode, job, workdir: Path, stages: list[str],
+    def spawn(self, ledger: Ledger, mode, job, workdir: Path, stages: list[str],
               extra_env: dict[str, str] | None = None, device: str | None = None,
               serves: bool = False, mask: list[Path] | None = None) -> Child:
         c = self.config
@@ -394,7 +353,7 @@ class EvalRun:
             needed=[str(self.problem.path)] if contain else [])
         child = Child(mode, job, workdir, env, timeouts, rss, c.output_tail_bytes, plan,
                       serves=serves, confine=confine, disk=disk,
-                      on_uncontained=lambda: self.record(Flagged(flag="isolation_uncontained")),
+                      on_uncontained=lambda: ledger.record(Flagged(flag="isolation_uncontained")),
                       ahead=ahead)
         quiet = cores.plan()
         if quiet is not None and (outside or ahead):  # off the timed cores until the lock
@@ -402,7 +361,7 @@ class EvalRun:
         if plan is not None:
             isolation.give_to(plan, workdir)
             if plan.same_uid:
-                self.record(Flagged(flag="isolation_same_uid"))
+                ledger.record(Flagged(flag="isolation_same_uid"))
         return child
 
     @property
@@ -416,32 +375,6 @@ class EvalRun:
         there reaches another. Caches that outlive an evaluation are filed by trusted code
         only (`evaluator.build.buildstore`)."""
         return self.root / "cache"
-
-    def fail_from_outcome(self, outcome: ChildOutcome, stage: Stage) -> None:
-        """A child that ended without reporting: timeout, memory kill, signal or exit code."""
-        tail = outcome.stderr_tail[-8000:] or None
-        if outcome.killed_for == "timeout":
-            info = ErrorInfo(type="Timeout", stderr_tail=tail, message=(
-                f"stage {outcome.stage} ran past its limit of {outcome.stage_limit_s:g} s"))
-            self.stop("timeout", stage, info)
-            return
-        if outcome.killed_for == "memory":
-            info = ErrorInfo(type="MemoryLimit", stderr_tail=tail, message=(
-                f"host memory above {self.config.host_rss_limit_gb:g} GiB in stage "
-                f"{outcome.stage}; the process was killed"))
-        elif outcome.killed_for == "disk":
-            info = ErrorInfo(type="DiskLimit", stderr_tail=tail, message=(
-                f"more than {self.config.disk_limit_gb:g} GiB (or 200,000 files) written into "
-                f"its work dir in stage {outcome.stage}; the process was killed"))
-        elif outcome.signal:
-            info = ErrorInfo(type=outcome.signal, stderr_tail=tail, message=(
-                f"process killed by {outcome.signal} ({-(outcome.returncode or 0)}) in stage "
-                f"{outcome.stage}"))
-        else:
-            info = ErrorInfo(type="ProcessExit", stderr_tail=tail, message=(
-                f"process exited with code {outcome.returncode} in stage {outcome.stage} "
-                f"without reporting a result"))
-        self.stop("runtime_error", stage, info)
 
     def cleanup(self) -> None:
         try:
@@ -458,43 +391,69 @@ class EvalRun:
             if self.claim is not None:
                 self.claim.release()
 
-    def to_result(self) -> EvalResult:
-        v = self.verdict
-        assert v.status is not None
-        vs = {"eager": self.speedup(v.eager, v), "compile": self.speedup(v.compiled, v),
-              "compile_ro": self.speedup(v.compiled_ro, v)}
-        best = best_of(vs)
-        return EvalResult(
-            evaluator_version=__version__, status=v.status, stage_reached=v.stage,
-            backend=v.backend, has_custom_kernel=v.has_custom_kernel,
-            problem_id=self.problem.id, problem_sha256=self.problem.sha256,
-            candidate_sha256=self.source_sha256,
-            policy=self.policy.name, tolerance=self.policy.tolerance(self.config.precision),
-            device=self.device,
-            problem_overrides=self.config.problem_overrides, compile=v.compile,
-            correctness=v.trials, timing=v.timing, eager=v.eager,
-            compiled=v.compiled, compiled_ro=v.compiled_ro, speedup_vs_eager=vs["eager"],
-            speedup_vs_compile=vs["compile"], speedup_vs_compile_ro=vs["compile_ro"],
-            speedup_vs_best=best.speedup, best_baseline=best.name,
-            speedup_clock=self.speedup_clock(v),
-            speedup_ci={b: i for b, i in v.speedup_ci.items() if vs.get(b) is not None},
-            head_to_head=v.head_to_head if v.status == "correct" else None,
-            paired=v.paired, precision_calls=v.precision_calls,
-            profile=v.profile,
-            precision=v.precision,
-            violations=v.violations, flags=sorted(set(v.flags)), error=v.error,
-            stage_seconds=v.stage_seconds, env=v.env, started_at=self.started_at,
-        )
 
-    def speedup(self, baseline: TimingStats | None, v: Verdict | None = None) -> float | None:
-        """baseline / candidate on the policy's statistic and clock (`v`: the verdict already
-        folded, where the caller has it)."""
-        v = v or self.verdict
-        if v.status != "correct":
-            return None
-        return speedup(v.timing, baseline, self.policy.speedup_stat, self.speedup_clock(v))
+def child_failure(outcome: ChildOutcome, stage: Stage, config: EvalConfig) -> Decided:
+    """The verdict on a child that ended without reporting: timeout, memory kill, signal or exit
+    code."""
+    tail = outcome.stderr_tail[-8000:] or None
+    if outcome.killed_for == "timeout":
+        return Decided(status="timeout", stage=stage, error=ErrorInfo(
+            type="Timeout", stderr_tail=tail,
+            message=f"stage {outcome.stage} ran past its limit of {outcome.stage_limit_s:g} s"))
+    if outcome.killed_for == "memory":
+        info = ErrorInfo(type="MemoryLimit", stderr_tail=tail, message=(
+            f"host memory above {config.host_rss_limit_gb:g} GiB in stage "
+            f"{outcome.stage}; the process was killed"))
+    elif outcome.killed_for == "disk":
+        info = ErrorInfo(type="DiskLimit", stderr_tail=tail, message=(
+            f"more than {config.disk_limit_gb:g} GiB (or 200,000 files) written into "
+            f"its work dir in stage {outcome.stage}; the process was killed"))
+    elif outcome.signal:
+        info = ErrorInfo(type=outcome.signal, stderr_tail=tail, message=(
+            f"process killed by {outcome.signal} ({-(outcome.returncode or 0)}) in stage "
+            f"{outcome.stage}"))
+    else:
+        info = ErrorInfo(type="ProcessExit", stderr_tail=tail, message=(
+            f"process exited with code {outcome.returncode} in stage {outcome.stage} "
+            f"without reporting a result"))
+    return Decided(status="runtime_error", stage=stage, error=info)
 
-    def speedup_clock(self, v: Verdict | None = None) -> SpeedupClock | None:
-        v = v or self.verdict
-        return None if v.status != "correct" else \
-            speedup_clock(self.policy, v.timing, v.eager)
+
+def result_of(run: EvalRun, v: Verdict) -> EvalResult:
+    """The result of `run` whose findings fold to `v` (its status decided)."""
+    assert v.status is not None
+    vs = {"eager": run_speedup(run.policy, v, v.eager), "compile": run_speedup(run.policy, v, v.compiled),
+          "compile_ro": run_speedup(run.policy, v, v.compiled_ro)}
+    best = best_of(vs)
+    return EvalResult(
+        evaluator_version=__version__, status=v.status, stage_reached=v.stage,
+        backend=v.backend, has_custom_kernel=v.has_custom_kernel,
+        problem_id=run.problem.id, problem_sha256=run.problem.sha256,
+        candidate_sha256=run.source_sha256,
+        policy=run.policy.name, tolerance=run.policy.tolerance(run.config.precision),
+        device=run.device,
+        problem_overrides=run.config.problem_overrides, compile=v.compile,
+        correctness=v.trials, timing=v.timing, eager=v.eager,
+        compiled=v.compiled, compiled_ro=v.compiled_ro, speedup_vs_eager=vs["eager"],
+        speedup_vs_compile=vs["compile"], speedup_vs_compile_ro=vs["compile_ro"],
+        speedup_vs_best=best.speedup, best_baseline=best.name,
+        speedup_clock=verdict_clock(run.policy, v),
+        speedup_ci={b: i for b, i in v.speedup_ci.items() if vs.get(b) is not None},
+        head_to_head=v.head_to_head if v.status == "correct" else None,
+        paired=v.paired, precision_calls=v.precision_calls,
+        profile=v.profile,
+        precision=v.precision,
+        violations=v.violations, flags=sorted(set(v.flags)), error=v.error,
+        stage_seconds=v.stage_seconds, env=v.env, started_at=run.started_at,
+    )
+
+
+def run_speedup(policy: Policy, v: Verdict, baseline: TimingStats | None) -> float | None:
+    """baseline / candidate on the policy's statistic and clock, for a `correct` verdict only."""
+    if v.status != "correct":
+        return None
+    return speedup(v.timing, baseline, policy.speedup_stat, verdict_clock(policy, v))
+
+
+def verdict_clock(policy: Policy, v: Verdict) -> SpeedupClock | None:
+    return None if v.status != "correct" else speedup_clock(policy, v.timing, v.eager)

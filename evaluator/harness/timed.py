@@ -44,6 +44,7 @@ from kloop.evaluator.harness.served import CallPlan, run_plan, timing_stats
 from kloop.evaluator.procs import procwatch
 
 if TYPE_CHECKING:
+    from kloop.evaluator.harness.ledger import Ledger
     from kloop.evaluator.harness.state import EvalRun
 
 TIMED_TRIAL_BASE = 1000
@@ -56,30 +57,30 @@ _FIELDS = {"eager": "eager", "compile": "compiled", "compile_ro": "compiled_ro"}
 _RELEASE_S = 60.0
 
 
-def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
-    """Serve the plan through the child's call channel; sets `run.verdict.timing` when every call
+def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> None:
+    """Serve the plan through the child's call channel; measures the timing when every call
     passed, else records the failed call as a `timed` trial (or the error, timeout or
     violation)."""
     ref = run.reference
     assert ref is not None and child.calls is not None
     if ref.layout is None or ref.served is None:
         child.send(Control(next="stop"))
-        run.record(Failed(error=ErrorInfo(type="NoReferenceCalls",
+        ledger.record(Failed(error=ErrorInfo(type="NoReferenceCalls",
                                           message="the reference served no calls")))
         return
     layout, store = ref.layout, ref.served
     child.calls.set_layout(layout)
     child.calls.spin = not run.on_cpu
     child.send(Control(next="serve", data=layout.model_dump_json()))
-    run.record(Entered(stage="timing"))
-    run.mark("timing")
+    ledger.record(Entered(stage="timing"))
+    ledger.mark("timing")
     tol = run.policy.tolerance(run.config.precision)
     failed: list[int] = []
 
     def fail(i: int, message: str, diffs: list[OutputDiff] | None = None) -> bool:
         failed.append(i)
         # Decided here: whatever the process does next (hang, crash) does not change it.
-        run.record(Judged(trial=CorrectnessTrial(trial=TIMED_TRIAL_BASE + i, kind="timed",
+        ledger.record(Judged(trial=CorrectnessTrial(trial=TIMED_TRIAL_BASE + i, kind="timed",
                                                  passed=False, outputs=diffs or [],
                                                  message=message)),
                    Decided(status="incorrect", stage="timing"))
@@ -101,7 +102,7 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
             if bad is not None:
                 return fail(i, f"timed call {i}: {bad.message}", diffs)
         if i in ref.served64:
-            precision_on_call(run, i, got.tensors(), *ref.served64[i])
+            precision_on_call(run, ledger, i, got.tensors(), *ref.served64[i])
         return True
 
     def incumbent_ok(i: int, r: CallResult) -> bool:
@@ -133,14 +134,14 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
     except ChannelBroken as e:
         child.kill(e.kind)
         if e.kind == "timeout":
-            run.stop("timeout", "timing", ErrorInfo(
+            ledger.stop("timeout", "timing", ErrorInfo(
                 type="Timeout", message=f"the timed calls ran past their limit of "
                 f"{run.config.timeouts.timing:g} s"))
         elif e.kind == "protocol":
             v = violate(run, "protocol_violation", str(e))
-            run.record(*violated(v))
+            ledger.record(*violated(v))
             if v.severity == "reject":  # decided here: the kill that follows is ours
-                run.stop("rejected", "timing")
+                ledger.stop("rejected", "timing")
         return
     finally:
         child.calls.stop()
@@ -148,14 +149,14 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
             run.incumbent_child.kill("decided")
             run.incumbent_child = None
         if parked is not None:
-            release_reference(run)
+            release_reference(run, ledger)
     if failed:
         # Decided: what the process would do next (profile, hang) changes nothing.
         child.kill("decided")
         return
     if parked is not None:
-        _cpu_use(run, child, cpu0, paired.busy_ms.get("candidate", 0.0) / 1000.0)
-        _record_paired(run, paired, len(seeds))
+        _cpu_use(run, ledger, child, cpu0, paired.busy_ms.get("candidate", 0.0) / 1000.0)
+        _record_paired(run, ledger, paired, len(seeds))
         return
     if len(served.wall_ms) < len(seeds):
         return
@@ -163,7 +164,7 @@ def timed_calls(run: EvalRun, child: Any, seeds: list[int]) -> None:
     # reference worker's serving overhead (`served.bounded_events`), which only the
     # `kernelbench` policy divides (`Policy.timing_of_record`). Taken off: the reference
     # worker's fastest null call only; nothing the candidate's process measures.
-    run.record(Measured(what="timing", stats=timing_stats(
+    ledger.record(Measured(what="timing", stats=timing_stats(
         served, ref.handshake_ms, on_cuda=not run.on_cpu, null_call_ms=ref.null_call_ms,
         calibrated_overhead_ms=ref.calibrated_overhead_ms, event_bound=ref.event_bound_ms)))
 
@@ -180,7 +181,7 @@ def _sides(run: EvalRun, child: Any, parked: Any) -> list[Side]:
     return sides
 
 
-def _record_paired(run: EvalRun, paired: PairedServed, n_seeds: int) -> None:
+def _record_paired(run: EvalRun, ledger: Ledger, paired: PairedServed, n_seeds: int) -> None:
     """The numbers of record from the rounds, each speedup with its interval over the rounds.
     A baseline's calls are net of the reference worker's fastest null call of these rounds, a
     candidate's of the fastest of those and its own process's (`own_handshake`)."""
@@ -208,16 +209,16 @@ def _record_paired(run: EvalRun, paired: PairedServed, n_seeds: int) -> None:
                             event_bound=ref.event_bound_ms)
 
     timing = stats("candidate", hs_cand)
-    run.record(Measured(what="timing", stats=timing))
+    ledger.record(Measured(what="timing", stats=timing))
     measured: dict[str, TimingStats] = {}
     for name in ref.paired_roles:
         st = stats(name, hs)
         if st is None:
             why = paired.dropped.get(name, "not timed")
-            run.record(Flagged(flag=f"paired_baseline_dropped: {name}: {why}"))
+            ledger.record(Flagged(flag=f"paired_baseline_dropped: {name}: {why}"))
             continue
         measured[name] = st.model_copy(update={"measured_as": "reference"})
-        run.record(Measured(what=_FIELDS[name], stats=measured[name]))  # type: ignore[arg-type]
+        ledger.record(Measured(what=_FIELDS[name], stats=measured[name]))  # type: ignore[arg-type]
     clock = speedup_clock(run.policy, timing, measured.get("eager")) or "harness"
     stat = run.policy.speedup_stat
     c = per_call(cand, hs_cand, clock, ref.event_bound_ms)
@@ -230,10 +231,10 @@ def _record_paired(run: EvalRun, paired: PairedServed, n_seeds: int) -> None:
             rounds = len(set(paired.rounds["candidate"]) & set(paired.rounds[name]))
             intervals[name] = SpeedupInterval(low=ci[0], high=ci[1], level=0.95, rounds=rounds)
     if run.incumbent is not None:
-        run.record(Compared(head_to_head=_head_to_head(run, paired, c, hs, clock, stat)))
+        ledger.record(Compared(head_to_head=_head_to_head(run, paired, c, hs, clock, stat)))
     eager = measured.get("eager")
     multiple = eager.median_ms / hs if eager is not None and hs else None
-    run.record(Paired(summary=PairedSummary(
+    ledger.record(Paired(summary=PairedSummary(
         rounds=paired.n_rounds, calls_per_round=paired.calls_per_round, handshake_ms=hs,
         baselines=list(measured), resolution_multiple=multiple,
         unpaired_eager_ms=ref.eager.median_ms if ref.eager is not None else None),
@@ -241,7 +242,7 @@ def _record_paired(run: EvalRun, paired: PairedServed, n_seeds: int) -> None:
     if hs and timing is not None and on_cuda and (
             timing.median_ms < RESOLUTION_MULTIPLE * hs or
             (eager is not None and eager.median_ms < RESOLUTION_MULTIPLE * hs)):
-        run.record(Flagged(flag=f"below_clock_resolution: a median under {RESOLUTION_MULTIPLE:g}x "
+        ledger.record(Flagged(flag=f"below_clock_resolution: a median under {RESOLUTION_MULTIPLE:g}x "
                                 f"the serving overhead of {hs:.3f} ms"))
 
 
@@ -271,7 +272,8 @@ def _head_to_head(run: EvalRun, paired: PairedServed, c: Any, hs: float | None, 
                       note="host clock: not comparable with GPU numbers" if run.on_cpu else None)
 
 
-def _cpu_use(run: EvalRun, child: Any, cpu0: float | None, wall_s: float) -> None:
+def _cpu_use(run: EvalRun, ledger: Ledger, child: Any, cpu0: float | None,
+             wall_s: float) -> None:
     """On CPU: the candidate process's CPU time over its calls' wall time, read by the harness
     from /proc (whatever the process set for itself: `torch.set_num_threads`, a helper thread
     started and joined inside each call). Above its thread allotment it computed on more cores
@@ -284,11 +286,11 @@ def _cpu_use(run: EvalRun, child: Any, cpu0: float | None, wall_s: float) -> Non
         return
     ratio = (cpu1 - cpu0) / wall_s
     if ratio > 1.5 * run.config.cpu_threads + 0.25:
-        run.record(Flagged(flag=f"cpu_threads_exceeded: {ratio:.1f} cores busy per call, "
+        ledger.record(Flagged(flag=f"cpu_threads_exceeded: {ratio:.1f} cores busy per call, "
                                 f"{run.config.cpu_threads} allotted"))
 
 
-def release_reference(run: EvalRun) -> None:
+def release_reference(run: EvalRun, ledger: Ledger) -> None:
     """Stop the parked reference worker and collect what it said while serving the rounds (a
     baseline that failed there); killed if it does not end in time."""
     child = run.ref_child
@@ -302,15 +304,15 @@ def release_reference(run: EvalRun) -> None:
     try:
         for msg in child.messages():
             if isinstance(msg, FlagMsg):
-                run.record(Flagged(flag=msg.flag))
+                ledger.record(Flagged(flag=msg.flag))
         child.outcome()
     finally:
         timer.cancel()
 
 
-def note_call_problem(run: EvalRun, message: str) -> None:
+def note_call_problem(ledger: Ledger, message: str) -> None:
     """The worker's account of why its output could not be served, on the failed call."""
-    for t in run.verdict.trials:
+    for t in ledger.verdict.trials:
         if t.kind == "timed" and t.message == _UNSERVED:
-            run.record(Noted(trial=t.trial, message=f"{_UNSERVED}: {message[:500]}"))
+            ledger.record(Noted(trial=t.trial, message=f"{_UNSERVED}: {message[:500]}"))
             return

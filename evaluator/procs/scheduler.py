@@ -22,10 +22,12 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 
 from kloop.evaluator.common.config import EvalConfig
 from kloop.evaluator.common.result import EvalResult
+from kloop.evaluator.harness.outcome import Finding
 from kloop.evaluator.harness.pipeline import (
     DEVICE_STAGES,
     FRONT_STAGES,
     Stage,
+    decided,
     finish,
     run_stages,
     start,
@@ -79,37 +81,39 @@ class Scheduler:
             out.set_exception(CancelledError())
             return
         run: EvalRun | None = None
+        findings: list[Finding] = []
         try:
             run = start(problem, source, config)
-            run_stages(run, self._front_stages)
+            run_stages(run, self._front_stages, findings)
         except BaseException as e:  # noqa: BLE001 (the caller gets it through the future)
-            self._done(run, out, error=e)
+            self._done(run, findings, out, error=e)
             return
-        if run.verdict.status is not None:  # ended before the device (a compile error, a static rule)
-            self._done(run, out)
+        if decided(run, findings):  # ended before the device (a compile error, a static rule)
+            self._done(run, findings, out)
         else:  # in the order front stages finish; the device pool's queue is first in, first out
             with self._handoff:
                 board.enter("queued")
-                self._device.submit(self._device_half, run, out)
+                self._device.submit(self._device_half, run, findings, out)
 
-    def _device_half(self, run: EvalRun, out: Future[EvalResult]) -> None:
+    def _device_half(self, run: EvalRun, findings: list[Finding],
+                     out: Future[EvalResult]) -> None:
         board.leave("queued")
         if self._cancelled:
-            self._done(run, out, error=CancelledError())
+            self._done(run, findings, out, error=CancelledError())
             return
         try:
-            run_stages(run, self._device_stages)
+            run_stages(run, self._device_stages, findings)
         except BaseException as e:  # noqa: BLE001
-            self._done(run, out, error=e)
+            self._done(run, findings, out, error=e)
             return
-        self._done(run, out)
+        self._done(run, findings, out)
 
-    def _done(self, run: EvalRun | None, out: Future[EvalResult],
+    def _done(self, run: EvalRun | None, findings: list[Finding], out: Future[EvalResult],
               error: BaseException | None = None) -> None:
         result = None
         try:
             if error is None and run is not None:
-                result = finish(run)
+                result = finish(run, findings)
             elif run is not None:
                 run.cleanup()
         except BaseException as e:  # noqa: BLE001

@@ -276,9 +276,9 @@ def test_a_ready_message_from_candidate_code_is_out_of_sequence():
     """The harness takes the child's `ready` before any candidate code is imported; one that
     comes later was written by candidate code (it would ask for the device lock again)."""
     from kloop.evaluator.common.protocol import ReadyMsg
-    from kloop.evaluator.harness.judge import Sequence, _out_of_sequence
+    from kloop.evaluator.harness.judge import MessageOrder, _out_of_sequence
 
-    assert "ready" in (_out_of_sequence(Sequence(), ReadyMsg(), None) or "")
+    assert "ready" in (_out_of_sequence(MessageOrder(), ReadyMsg(), None) or "")
 
 
 def test_the_launch_hook_counts_only_the_candidates_kernels_and_leaves_other_hooks_alone():

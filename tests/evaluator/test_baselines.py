@@ -12,6 +12,7 @@ from eval_helpers import UNCOMPILABLE, candidate, cpu_config
 from kloop.evaluator.common.protocol import TimingSpec
 from kloop.evaluator.common.result import BoundedEvents, EnvInfo, EvalResult, TimingStats
 from kloop.evaluator.harness.baselines import BestBaseline, best_of
+from kloop.evaluator.harness.ledger import Ledger
 from kloop.evaluator.harness.outcome import Decided, Measured
 from kloop.evaluator.harness.pipeline import evaluate
 from kloop.evaluator.harness.reference import (
@@ -21,7 +22,7 @@ from kloop.evaluator.harness.reference import (
     _cached,
     _store,
 )
-from kloop.evaluator.harness.state import EvalRun
+from kloop.evaluator.harness.state import EvalRun, result_of
 from kloop.evaluator.procs.isolation import private_dir
 from kloop.problems.registry import get_problem, load_problem_set, reference_as_candidate
 
@@ -55,9 +56,10 @@ def run(tmp_path):
 
 
 def _result(run: EvalRun, status: str = "correct", **baselines: TimingStats | None) -> EvalResult:
-    run.record(Decided(status=status, stage="done"), Measured(what="timing", stats=stats(1.0)),
-               *(Measured(what=w, stats=s) for w, s in baselines.items()))
-    return run.to_result()
+    ledger = Ledger(run.root)
+    ledger.record(Decided(status=status, stage="done"), Measured(what="timing", stats=stats(1.0)),
+                  *(Measured(what=w, stats=s) for w, s in baselines.items()))
+    return result_of(run, ledger.verdict)
 
 
 def test_a_result_carries_every_speedup_and_names_the_fastest_baseline(run):
@@ -87,12 +89,13 @@ def test_the_best_is_the_smallest_speedup_on_each_pairs_own_clock(tmp_path):
     them on the trusted clock (`state.speedup`); the best is read from those speedups."""
     r = EvalRun.create(get_problem("L3/1"), "", cpu_config(tmp_path / "cache", policy="kernelbench"))
     try:
-        r.record(Decided(status="correct", stage="done"),
-                 Measured(what="timing", stats=stats(1.0, events_ms=0.5)),
-                 Measured(what="eager", stats=stats(3.0, events_ms=2.0)),
-                 Measured(what="compiled", stats=stats(1.6)),  # no events: 1.6 / 1.0
-                 Measured(what="compiled_ro", stats=stats(1.1, events_ms=0.9)))  # 0.9 / 0.5
-        res = r.to_result()
+        ledger = Ledger(r.root)
+        ledger.record(Decided(status="correct", stage="done"),
+                      Measured(what="timing", stats=stats(1.0, events_ms=0.5)),
+                      Measured(what="eager", stats=stats(3.0, events_ms=2.0)),
+                      Measured(what="compiled", stats=stats(1.6)),  # no events: 1.6 / 1.0
+                      Measured(what="compiled_ro", stats=stats(1.1, events_ms=0.9)))  # 0.9 / 0.5
+        res = result_of(r, ledger.verdict)
     finally:
         r.cleanup()
     assert res.speedup_clock == "events_bounded"

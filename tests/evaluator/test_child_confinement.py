@@ -13,6 +13,7 @@ import pytest
 from eval_helpers import candidate, cpu_config, drop_rows, light_cuda_candidate
 
 from kloop.evaluator.harness.judge import candidate_job
+from kloop.evaluator.harness.ledger import Ledger
 from kloop.evaluator.harness.pipeline import evaluate
 from kloop.evaluator.harness.stages import forward_command, reference_job
 from kloop.evaluator.harness.state import EvalRun
@@ -95,7 +96,8 @@ def test_the_ncu_child_takes_on_the_sandbox_identity(tmp_path, drop_box):
         if run.sandbox is not None:
             isolation.give_to(run.sandbox, cand)
         job_path = cand / "job_forward.json"
-        job_path.write_text(candidate_job(run, reference_job(run), run.root / "build")
+        job_path.write_text(candidate_job(run, Ledger(run.root), reference_job(run),
+                                          run.root / "build")
                             .model_dump_json())
         cmd, env = forward_command(run, job_path)
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

@@ -40,7 +40,9 @@ def test_a_root_harness_without_a_capability_it_needs_builds_under_the_lock(cap,
             "import sys; sys.path.insert(0, 'tests/evaluator'); "
             "from eval_helpers import cpu_config; from pathlib import Path; "
             f"run = EvalRun.create(get_problem('L3/1'), '', cpu_config(Path({str(tmp_path)!r}))); "
-            "print(isolation.can_grant(), construct_ahead(run), run.verdict.flags); run.cleanup()")
+            "from kloop.evaluator.harness.ledger import Ledger; ledger = Ledger(run.root); "
+            "print(isolation.can_grant(), construct_ahead(run, ledger), ledger.verdict.flags); "
+            "run.cleanup()")
     for drop, want in ((f"-{cap}", "False"), ("+all", "True")):
         out = subprocess.run(["setpriv", "--bounding-set", drop, sys.executable, "-c", code],
                              capture_output=True, text=True, timeout=120,

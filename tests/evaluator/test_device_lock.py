@@ -119,8 +119,8 @@ def _observed(monkeypatch, lock_dir: Path):
     spawn = EvalRun.spawn
     guard = threading.Lock()
 
-    def observed_spawn(self, mode, *args, **kwargs):
-        child = spawn(self, mode, *args, **kwargs)
+    def observed_spawn(self, ledger, mode, *args, **kwargs):
+        child = spawn(self, ledger, mode, *args, **kwargs)
         self._observed_child = child
         return child
 
@@ -193,7 +193,7 @@ def test_each_device_child_reports_how_long_it_held_the_device(tmp_path):
     r = evaluate("L3/1", candidate("mlp_torch.py"), cpu_config(tmp_path / "c", baselines="eager"))
     s = r.stage_seconds
     assert r.status == "correct", r.error
-    # Each figure is rounded to the millisecond (`EvalRun._add`): a sum of rounded parts may
+    # Each figure is rounded to the millisecond (`outcome.fold`): a sum of rounded parts may
     # pass the rounded whole by half a millisecond per figure. Built ahead, nothing but the
     # stages themselves is left under the candidate's hold, so they can meet.
     ms = 0.0005

@@ -63,14 +63,16 @@ def test_a_speedup_on_two_clocks_or_a_throttled_gpu_is_flagged(tmp_path, cand, e
     from eval_helpers import cpu_config
 
     from kloop.evaluator.harness.checks import gpu_conditions
+    from kloop.evaluator.harness.ledger import Ledger
     from kloop.evaluator.harness.outcome import Measured
     from kloop.evaluator.harness.state import EvalRun
     from kloop.problems.registry import get_problem
 
     run = EvalRun.create(get_problem("L3/1"), "", cpu_config(tmp_path / "cache"))
     try:
-        run.record(Measured(what="timing", stats=cand), Measured(what="eager", stats=eager))
-        gpu_conditions(run)
-        assert set(run.verdict.flags) & {"gpu_clock_differs", "gpu_throttled"} == flags
+        ledger = Ledger(run.root)
+        ledger.record(Measured(what="timing", stats=cand), Measured(what="eager", stats=eager))
+        gpu_conditions(run, ledger)
+        assert set(ledger.verdict.flags) & {"gpu_clock_differs", "gpu_throttled"} == flags
     finally:
         run.cleanup()

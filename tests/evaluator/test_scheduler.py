@@ -14,6 +14,7 @@ import time
 import pytest
 
 from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.harness.outcome import Decided
 from kloop.evaluator.procs import board
 from kloop.evaluator.procs.scheduler import Scheduler
 
@@ -41,7 +42,7 @@ class Probes:
     def entered(self, name: str) -> threading.Event:
         return self.entered_device.setdefault(name, threading.Event())
 
-    def front(self, run) -> None:
+    def front(self, run, before) -> list:
         name = run.source
         with self._lock:
             self.active += 1
@@ -49,11 +50,11 @@ class Probes:
             self.log.append(("front", name))
         if name in self.hold_front:
             assert self.hold_front[name].wait(WAIT_S), f"{name}'s front stage was never released"
-        if name in self.status:
-            run.stop(self.status[name], "static")
+        found = [Decided(status=self.status[name], stage="static")] if name in self.status else []
         self.done(name).set()
+        return found
 
-    def device(self, run) -> None:
+    def device(self, run, before) -> list:
         name = run.source
         with self._lock:
             self.log.append(("device", name))
@@ -64,7 +65,7 @@ class Probes:
             self.active -= 1
         if name in self.fail:
             raise RuntimeError(f"reference failure on {name}")
-        run.stop("correct", "done")
+        return [Decided(status="correct", stage="done")]
 
     def stages(self):
         return (self.front,), (self.device,)
