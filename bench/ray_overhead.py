@@ -8,12 +8,15 @@ hits both alike: `local` (kloop's evaluator in this process) and `ray` (one work
 instance of this machine, a stand-in resource in place of a GPU on a CPU machine). Prints each
 executor's median wall time per candidate, the difference (Ray's overhead per candidate: the
 object store round trip, the actor call, the result's JSON), their ratio, and the bare round
-trip of an empty actor call. Verdicts must match; the script exits 1 if one differs.
+trip of an empty actor call, and where Ray placed its worker: its device and the
+`CUDA_VISIBLE_DEVICES` Ray gave it. Verdicts must match, and with `--device cuda` the worker
+must be on a GPU that Ray named for it; the script exits 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -25,6 +28,7 @@ from kloop.agent.components import LocalEvaluator, load_problems  # noqa: E402
 from kloop.agent.config import resolve  # noqa: E402
 from kloop.agent.demo.kernels import SIZES, source  # noqa: E402
 from kloop.agent.executor.ray_pool import RayEvaluator, close_pools, import_ray  # noqa: E402
+from kloop.agent.executor.ray_worker import WorkerInfo  # noqa: E402
 
 CASES = [("L3/1", "ok"), ("L3/1", "wrong"), ("L3/4", "ok"), ("L3/4", "crash")]
 
@@ -45,7 +49,10 @@ def main() -> int:
     remote = RayEvaluator(cfg, list(problems.values()))
     ray = import_ray()
     worker = remote.pool.workers[0].handle
-    ray.get(worker.hello.remote())
+    info = WorkerInfo.model_validate_json(ray.get(worker.hello.remote()))
+    print(f"ray worker on {info.hardware}, CUDA_VISIBLE_DEVICES={info.visible_devices}, "
+          f"pid {info.pid} (the driver's: {os.getpid()})")
+    placed = args.device == "cpu" or (info.hardware != "cpu" and info.visible_devices is not None)
     trips = []
     for _ in range(20):
         t = time.perf_counter()
@@ -74,7 +81,9 @@ def main() -> int:
           f"{statistics.median(trips) * 1e3:.2f} ms")
     same = sorted(verdicts["local"]) == sorted(verdicts["ray"])
     print("verdicts identical" if same else f"verdicts differ: {verdicts}")
-    return 0 if same else 1
+    if not placed:
+        print("the ray worker is not on a GPU that Ray placed it on")
+    return 0 if same and placed else 1
 
 
 if __name__ == "__main__":

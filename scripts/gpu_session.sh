@@ -86,7 +86,16 @@ for s in "$@"; do
     # the speed-of-light bound (agent/demo/search_gpu.yaml); the run dirs come back packed.
     search) step search 300 bash -c 'rm -rf runs/search-gpu && python3 -m kloop run -c agent/demo/search_gpu.yaml && python3 -m kloop report runs/search-gpu --bootstrap 200'
             tar czf "$OUT/search.tgz" runs/search-gpu ;;
-    # The ray executor's worker class on the GPU (Ray itself does not fit in a device call).
+    # Ray in two calls of one warm machine (scripts/ray_wheels.sh made .ray-a and .ray-b here):
+    # the first call keeps its part in .ray-stage, which no call carries, so the machine keeps it.
+    ray-stash) mkdir -p .ray-stage && cp .ray-a/*.part-a .ray-stage/ && ls -l .ray-stage | tee "$OUT/ray-stash.log" ;;
+    ray-install) step ray-install 120 bash -c 'set -e; w=$(bash scripts/wheel_parts.sh join .ray-stage .ray-b /tmp/ray-whl)
+                   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "$w" .ray-b/*.whl
+                   python3 -c "import ray; print(\"ray\", ray.__version__)"' ;;
+    # What the ray executor adds per candidate beside the local executor, and where Ray placed
+    # its worker (its CUDA_VISIBLE_DEVICES and GPU).
+    ray) step ray 400 python3 bench/ray_overhead.py --device cuda --rounds "${RAY_ROUNDS:-4}" ;;
+    # The ray executor's worker class on the GPU, without Ray.
     agent) step agent 150 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/agent ;;
     alone) step alone 240 python3 -m pytest -m "gpu and alone" -q -rA -p no:cacheprovider \
                 tests ${EVALUATOR_K:+-k "$EVALUATOR_K"} ;;

@@ -27,6 +27,9 @@ class WorkerInfo(BaseModel):
     pid: int
     hardware: str
     """The device this worker's evaluations run on: the GPU's name, or `cpu`."""
+    visible_devices: str | None = None
+    """`CUDA_VISIBLE_DEVICES` as the worker started with it: on a GPU node, the GPU Ray placed it
+    on (its `num_gpus=1`); None where nothing set it."""
 
 
 def device_name(device: str) -> str:
@@ -41,7 +44,8 @@ def device_name(device: str) -> str:
 class EvalWorker:
     def __init__(self, device: str) -> None:
         self.info = WorkerInfo(hostname=socket.gethostname(), pid=os.getpid(),
-                               hardware=device_name(device))
+                               hardware=device_name(device),
+                               visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
         # Readable by the evaluator's sandbox uid (it imports the problem file), writable by us.
         self.problems = Path(tempfile.gettempdir()) / f"kloop-problems-{os.getuid()}"
         self.problems.mkdir(mode=0o755, exist_ok=True)
