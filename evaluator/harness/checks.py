@@ -257,7 +257,7 @@ def implausible_speedup(run: EvalRun, ledger: Ledger) -> None:
     speedup = run_speedup(run.policy, v, v.eager)
     if speedup is not None and speedup > run.policy.excessive_speedup:
         ledger.record(*violated(violate(run, "implausible_speedup", f"{speedup:.1f}x over eager "
-                                    f"(bound {run.policy.excessive_speedup:g}x)")))
+                                       f"(bound {run.policy.excessive_speedup:g}x)")))
 
 
 _THROTTLED = {"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"}

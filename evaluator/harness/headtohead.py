@@ -58,7 +58,7 @@ def start_incumbent(run: EvalRun, ledger: Ledger, job: CandidateJob, env: dict[s
             if isinstance(msg, ErrorMsg):
                 why = f"{msg.error.type}: {msg.error.message[:200]}"
                 ledger.record(Flagged(flag=f"head_to_head_unavailable: the incumbent failed to "
-                                        f"load ({why})"))
+                                           f"load ({why})"))
                 child.kill("decided")
                 return
     ledger.record(Flagged(flag="head_to_head_unavailable: the incumbent ended before it served"))

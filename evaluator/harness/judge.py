@@ -206,7 +206,7 @@ def on_message(run: EvalRun, ledger: Ledger, job: CandidateJob, seq: MessageOrde
     problem = _out_of_sequence(seq, msg, job)
     if problem is not None:
         ledger.record(*violated(violate(run, "protocol_violation", f"the candidate process sent "
-                                    f"{problem}")))
+                                       f"{problem}")))
         if isinstance(msg, AwaitMsg):
             child.send(Control(next="stop"))
         return False
@@ -217,7 +217,8 @@ def on_message(run: EvalRun, ledger: Ledger, job: CandidateJob, seq: MessageOrde
         ledger.record(Flagged(flag=msg.flag))
     elif isinstance(msg, ErrorMsg):
         ledger.record(Decided(status=msg.status,  # type: ignore[arg-type]
-                           stage=STAGE_OF_CHILD.get(msg.stage, ledger.verdict.stage), error=msg.error))
+                              stage=STAGE_OF_CHILD.get(msg.stage, ledger.verdict.stage),
+                              error=msg.error))
     elif isinstance(msg, TrialMsg):
         if not ledger.verdict.trials and (t := ledger.since_mark("correctness")) is not None:
             # The first trial alone (it counts launches: under the profiler for CUDA sources
@@ -258,7 +259,7 @@ def _judge_trial(run: EvalRun, ledger: Ledger, job: CandidateJob, msg: TrialMsg)
     spec = _trial_spec(job, msg.index)
     if spec is None or any(t.trial == msg.index for t in ledger.verdict.trials):
         ledger.record(*violated(violate(run, "protocol_violation", f"the candidate process sent "
-                                    f"trial {msg.index}, which is unknown or already judged")))
+                                       f"trial {msg.index}, which is unknown or already judged")))
         return
     assert run.reference is not None
     expected = run.reference.expected[msg.index]
@@ -342,7 +343,7 @@ def final_verdict(run: EvalRun, ledger: Ledger, job: CandidateJob) -> None:
             type="NoTiming", message="the timed calls did not complete"))
     elif v.backend == "torch" and run.policy.require_custom_kernel:
         ledger.record(*violated(violate(run, "no_custom_kernel", "plain PyTorch: the candidate "
-                                    "defines no kernel of its own", severity="reject")))
+                                       "defines no kernel of its own", severity="reject")))
         ledger.stop("rejected", "done")
     else:
         ledger.stop("correct", "done")

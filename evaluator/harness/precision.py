@@ -60,7 +60,7 @@ def precision_check(run: EvalRun, ledger: Ledger, got: list[Any], expected: list
         return
     ok = cand <= factor * max(ref, FLOOR)
     ledger.record(Precision(check=PrecisionCheck(candidate_rel_err=cand, reference_rel_err=ref,
-                                              factor=factor, floor=FLOOR, ok=ok)))
+                                                 factor=factor, floor=FLOOR, ok=ok)))
     if not ok:
         ledger.record(*violated(violate(
             run, "precision_below_fp32", f"relative RMS error against float64 {cand:.2e}, the "
@@ -82,9 +82,9 @@ def precision_on_call(run: EvalRun, ledger: Ledger, index: int, got: list[Any], 
         return
     ok = cand <= factor * max(reference_rel_err, FLOOR)
     ledger.record(Precision(check=PrecisionCheck(candidate_rel_err=cand,
-                                              reference_rel_err=reference_rel_err,
-                                              factor=factor, floor=FLOOR, ok=ok),
-                         timed_call=True))
+                                                 reference_rel_err=reference_rel_err,
+                                                 factor=factor, floor=FLOOR, ok=ok),
+                            timed_call=True))
     if not ok:
         ledger.record(*violated(violate(
             run, "precision_below_fp32", f"timed call {index}: relative RMS error against "

@@ -229,12 +229,12 @@ def reference_stage(run: EvalRun, before: Sequence[Finding] = (), job: Reference
     ledger.record(*(Clocked(name=k, seconds=v) for k, v in out.stage_seconds.items()))
     kinds = job.baselines
     ledger.record(Observed(env=out.env),
-               Measured(what="eager", stats=_as_reference(out.eager) if "eager" in kinds else None),
-               Measured(what="compiled",
-                        stats=_as_reference(out.compiled) if "compile" in kinds else None),
-               Measured(what="compiled_ro",
-                        stats=_as_reference(out.compiled_ro) if "compile_ro" in kinds else None),
-               *(Flagged(flag=f) for f in out.flags))
+                  Measured(what="eager", stats=_as_reference(out.eager) if "eager" in kinds else None),
+                  Measured(what="compiled",
+                           stats=_as_reference(out.compiled) if "compile" in kinds else None),
+                  Measured(what="compiled_ro",
+                           stats=_as_reference(out.compiled_ro) if "compile_ro" in kinds else None),
+                  *(Flagged(flag=f) for f in out.flags))
     return ledger.found
 
 
@@ -342,7 +342,7 @@ def _candidate_child(run: EvalRun, ledger: Ledger,
             # refused a mount or the policy): it builds under the lock, as it must. Judged the
             # same; said, since it costs the lock what the build ahead is for.
             ledger.record(Flagged(flag="construct_before_lock_unavailable: the child was not kept "
-                                    "from the device, so it built under the lock"))
+                                       "from the device, so it built under the lock"))
         t0 = time.monotonic()
         first = True
         for msg in child.messages():

@@ -66,7 +66,7 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
     if ref.layout is None or ref.served is None:
         child.send(Control(next="stop"))
         ledger.record(Failed(error=ErrorInfo(type="NoReferenceCalls",
-                                          message="the reference served no calls")))
+                                             message="the reference served no calls")))
         return
     layout, store = ref.layout, ref.served
     child.calls.set_layout(layout)
@@ -81,9 +81,9 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
         failed.append(i)
         # Decided here: whatever the process does next (hang, crash) does not change it.
         ledger.record(Judged(trial=CorrectnessTrial(trial=TIMED_TRIAL_BASE + i, kind="timed",
-                                                 passed=False, outputs=diffs or [],
-                                                 message=message)),
-                   Decided(status="incorrect", stage="timing"))
+                                                    passed=False, outputs=diffs or [],
+                                                    message=message)),
+                      Decided(status="incorrect", stage="timing"))
         return False
 
     def on_output(i: int, r: CallResult) -> bool:
@@ -243,7 +243,7 @@ def _record_paired(run: EvalRun, ledger: Ledger, paired: PairedServed, n_seeds: 
             timing.median_ms < RESOLUTION_MULTIPLE * hs or
             (eager is not None and eager.median_ms < RESOLUTION_MULTIPLE * hs)):
         ledger.record(Flagged(flag=f"below_clock_resolution: a median under {RESOLUTION_MULTIPLE:g}x "
-                                f"the serving overhead of {hs:.3f} ms"))
+                                   f"the serving overhead of {hs:.3f} ms"))
 
 
 def _head_to_head(run: EvalRun, paired: PairedServed, c: Any, hs: float | None, clock: str,
@@ -287,7 +287,7 @@ def _cpu_use(run: EvalRun, ledger: Ledger, child: Any, cpu0: float | None,
     ratio = (cpu1 - cpu0) / wall_s
     if ratio > 1.5 * run.config.cpu_threads + 0.25:
         ledger.record(Flagged(flag=f"cpu_threads_exceeded: {ratio:.1f} cores busy per call, "
-                                f"{run.config.cpu_threads} allotted"))
+                                   f"{run.config.cpu_threads} allotted"))
 
 
 def release_reference(run: EvalRun, ledger: Ledger) -> None:
