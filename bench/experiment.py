@@ -3,7 +3,7 @@ full sizes, on a fresh cache (first use included), through the scheduler as `klo
 
     python bench/experiment.py [--device cuda] [--concurrency 8] [--problems all|L3/1,L3/4]
                                [--part K/N] [--kinds reference,cuda_lean,...] [--size full|small]
-                               [--cache DIR] [--steady] [--rows F] [--json F]
+                               [--cache DIR] [--steady] [--no-warm-up] [--rows F] [--json F]
     python bench/experiment.py --list
     python bench/experiment.py --combine part1.json part2.json ... [--json F]
 
@@ -23,7 +23,11 @@ as they are), so every candidate but the failures is correct.
 
 Printed (and written with `--json`), each with its conditions:
 - wall time and candidates per GPU-hour, first use included: a fresh cache (baselines, builds,
-  inductor and Triton caches all cold) unless `--cache` names one that earlier parts warmed;
+  inductor and Triton caches all cold) unless `--cache` names one that earlier parts warmed.
+  First use starts with the warm-up a user runs before an experiment, every problem's baselines
+  as `kloop baseline --concurrency C` times them (`evaluator.tools.warmup`, the same code), on
+  the clock and reported on its own as `warm_up_s`; `--no-warm-up` leaves the baselines to each
+  problem's first candidate instead;
 - with `--steady`, the same batch again on the now-warm cache with every source changed by a
   comment (so each build is fresh and every problem's baselines are cached): the steady-state
   rate, labelled as such, and the projected wall time of 50 problems x 16 candidates:
@@ -244,16 +248,18 @@ def summarise(res: dict, items: list[dict], problems: int) -> dict:
     statuses: dict[str, int] = {}
     for r in rows:
         statuses[r["status"]] = statuses.get(r["status"], 0) + 1
-    return _figures(len(rows), problems, res["wall_s"], busy_ms / 1000.0, builds, paths,
-                    statuses)
+    warm = res.get("warm_s")  # the warm-up is first use: on the clock
+    return _figures(len(rows), problems, res["wall_s"] + (warm or 0.0), busy_ms / 1000.0, builds,
+                    paths, statuses, warm)
 
 
 def _figures(candidates: int, problems: int, wall_s: float, busy_s: float,
              builds: dict[str, list[float]], paths: dict[str, dict[str, int]],
-             statuses: dict[str, int]) -> dict:
+             statuses: dict[str, int], warm_up_s: float | None = None) -> dict:
     """One pass's figures; the raw build times and busy seconds stay in, so that passes run as
-    parts on several machines can be added up (`combine`)."""
+    parts on several machines can be added up (`combine`). `wall_s` includes `warm_up_s`."""
     return {"candidates": candidates, "problems": problems, "wall_s": wall_s,
+            "warm_up_s": warm_up_s,
             "per_gpu_hour": candidates / wall_s * 3600 if wall_s else None,
             "busy_s": busy_s, "gpu_busy_real_work": busy_s / wall_s if wall_s else None,
             "build_s": builds,
@@ -277,7 +283,7 @@ def combine(parts: list[dict]) -> dict:
     Parts must share device, size and concurrency, and no problem may be in two of them."""
     if not parts:
         raise ValueError("no parts to combine")
-    keys = ("device", "size", "concurrency")
+    keys = ("device", "size", "concurrency", "warm_up")
     first_c = parts[0]["conditions"]
     for p in parts[1:]:
         if any(p["conditions"].get(k) != first_c.get(k) for k in keys):
@@ -303,10 +309,12 @@ def combine(parts: list[dict]) -> dict:
         paths: dict[str, dict[str, int]] = {}
         for k in {k for g in got for k in g["build_paths"]}:
             paths[k] = _add([g["build_paths"].get(k, {}) for g in got])
+        warm = [g.get("warm_up_s") for g in got]
         passes[name] = _figures(sum(g["candidates"] for g in got),
                                 sum(g["problems"] for g in got), sum(g["wall_s"] for g in got),
                                 sum(g["busy_s"] for g in got), builds, paths,
-                                _add([g["statuses"] for g in got]))
+                                _add([g["statuses"] for g in got]),
+                                None if None in warm else sum(warm))
     first, steady = passes["first_use_included"], passes["steady_state"]
     return {"conditions": {**{k: first_c.get(k) for k in keys}, "parts": labels,
                            "problem_ids": ids,
@@ -335,6 +343,9 @@ def _print(name: str, s: dict) -> None:
           f"{s['wall_s']:.1f} s = {s['per_gpu_hour']:.0f} per GPU-hour; GPU busy with real work "
           f"{'-' if busy is None else f'{busy:.0%}'} (device time of timed and baseline calls "
           "over wall) ==")
+    if s.get("warm_up_s") is not None:
+        print(f"  of which the warm-up (every problem's baselines, as `kloop baseline` times "
+              f"them): {s['warm_up_s']:.1f} s")
     for kind, p50 in s["build_p50_s"].items():
         print(f"  build p50 {kind}: {p50:.1f} s; paths {s['build_paths'].get(kind)}")
     print(f"  statuses: {s['statuses']}")
@@ -363,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", choices=("full", "small"), default="full")
     ap.add_argument("--cache", type=Path, help="the evaluator's cache (default: a fresh one)")
     ap.add_argument("--steady", action="store_true", help="then the batch again, warm")
+    ap.add_argument("--no-warm-up", action="store_true",
+                    help="no baseline warm-up first: each problem's first candidate times them")
     ap.add_argument("--rows", type=Path, help="append each finished candidate's row here")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--list", action="store_true")
@@ -387,11 +400,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     conditions = {"device": args.device, "concurrency": args.concurrency, "size": args.size,
                   "cache": "given" if args.cache else "fresh", "part": args.part,
+                  "warm_up": not args.no_warm_up,
                   "problem_ids": problems,
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     first_res = run_batch(items, args.device, args.concurrency, args.rows, ahead=args.ahead,
-                          cache_dir=args.cache, row_of=row_of)
-    report("first use included", first_res, len(items))
+                          cache_dir=args.cache, row_of=row_of, warm=not args.no_warm_up)
+    report("first use included (the batch after its warm-up)", first_res, len(items))
     first = summarise(first_res, items, len(problems))
     _print("first use included", first)
     steady = None

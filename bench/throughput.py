@@ -95,37 +95,31 @@ def batch(sizes: str = "examples", cuda_form: str = "torch") -> list[dict]:
 def warm_baselines(items: list[dict], device: str, concurrency: int, cache: Path,
                    settings: dict | None = None) -> float:
     """Steady state before the clock starts: every problem configuration's baselines timed (or
-    found) in the batch's cache by its reference stage alone (`build_baselines`, as `kloop
-    baseline` leaves them for a long run), which also brings the template process up. Judging
-    each reference as a candidate as well, as this did before 362da27, added ~100 timed calls
-    per problem under the device lock and changed nothing the batch then finds. Returns the
-    seconds it took."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    found) in the batch's cache by its reference stage alone (`evaluator.tools.warmup`, what
+    `kloop baseline` runs), which also brings the template process up. Judging each reference as
+    a candidate as well, as this did before 362da27, added ~100 timed calls per problem under the
+    device lock and changed nothing the batch then finds. Returns the seconds it took."""
     from kloop.evaluator.common.config import EvalConfig
-    from kloop.evaluator.harness.pipeline import build_baselines
+    from kloop.evaluator.tools.warmup import warm_up
+    from kloop.problems.registry import get_problem
 
     seen = {(it["problem"], json.dumps(it["overrides"], sort_keys=True)): it for it in items}
-    t0 = time.monotonic()
+    jobs = [(get_problem(it["problem"]), EvalConfig(
+        device=device, cache_dir=cache, problem_overrides=it["overrides"], **(settings or {})))
+        for it in seen.values()]
 
-    def one(item: dict) -> None:
-        t, what = time.monotonic(), f"warm {item['problem']} {item['overrides'] or 'full size'}"
-        try:
-            ref = build_baselines(item["problem"], EvalConfig(
-                device=device, cache_dir=cache, problem_overrides=item["overrides"],
-                **(settings or {})), rebuild=False)
-        except Exception as e:  # the batch then times this problem's baselines itself
-            print(f"{what}: failed: {type(e).__name__}: {e}"[:300], file=sys.stderr, flush=True)
+    def said(w) -> None:
+        what = f"warm {w.problem_id}"
+        if w.reference is None:  # the batch then times this problem's baselines itself
+            print(f"{what}: failed: {w.error}"[:300], file=sys.stderr, flush=True)
             return
+        ref = w.reference
         eager = f"{ref.eager.median_ms:.3f} ms" if ref.eager is not None else "none"
         top = ", ".join(f"{k} {v:.1f}" for k, v in
                         sorted(ref.stage_seconds.items(), key=lambda kv: -kv[1])[:3])
-        print(f"{what}: eager {eager} in {time.monotonic() - t:.1f} s ({top})", file=sys.stderr,
-              flush=True)
+        print(f"{what}: eager {eager} in {w.seconds:.1f} s ({top})", file=sys.stderr, flush=True)
 
-    with ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(one, seen.values()))
-    return time.monotonic() - t0
+    return warm_up(jobs, concurrency, rebuild=False, on_done=said, catch=(Exception,))[1]
 
 
 def seed_baselines(src: Path, dst: Path) -> int:

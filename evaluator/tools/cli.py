@@ -201,11 +201,12 @@ def baseline_command(
     use_cache: Annotated[bool, typer.Option(
         "--use-cache/--rebuild", help="Keep cached timings (default: time again).")] = False,
     size: Annotated[str, typer.Option(help="full, or small: every size constant shrunk for CPU use.")] = "full",
+    concurrency: Annotated[int, typer.Option(
+        min=1, help="Problems at once (their timings still take the GPU one at a time).")] = 1,
 ) -> None:
     """Time the eager and torch.compile baselines (default and reduce-overhead modes) of a level's
-    references (cached on disk)."""
-    from kloop.evaluator.harness.pipeline import build_baselines
-    from kloop.evaluator.harness.reference import ReferenceFailure
+    references (cached on disk): the warm-up before a long run."""
+    from kloop.evaluator.tools.warmup import warm_up
 
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
     pset = load_problem_set(problems_dir)
@@ -215,19 +216,32 @@ def baseline_command(
     configs = {p.id: _config(device, policy, problem_overrides(p, size, set_ or [])) for p in probs}
     console = make_console()
     first = configs[probs[0].id]
+    done = iter(range(1, len(probs) + 1))
+    lock = threading.Lock()
+
+    def progress(w) -> None:
+        with lock:
+            print(f"kloop baseline {w.problem_id} ({next(done)}/{len(probs)}) "
+                  f"{'failed' if w.error else 'timed'} in {w.seconds:.1f} s", file=sys.stderr,
+                  flush=True)
+
+    warmed, wall = warm_up([(p, configs[p.id]) for p in probs], concurrency,
+                           rebuild=not use_cache, on_done=progress)
     table = Table(title=f"baselines ({first.policy}, {first.device})")
-    for col in ("problem", "eager median ms", "compile median ms", "reduce-overhead median ms", "note"):
+    for col in ("problem", "eager median ms", "compile median ms", "reduce-overhead median ms",
+                "seconds", "note"):
         table.add_column(col)
-    for i, prob in enumerate(probs, start=1):
-        try:
-            with stage_line(f"kloop baseline {prob.id} ({i}/{len(probs)})", True):
-                out = build_baselines(prob, configs[prob.id], rebuild=not use_cache)
-        except ReferenceFailure as e:
-            table.add_row(prob.id, "-", "-", "-", str(e).splitlines()[0][:80])
+    for w in warmed:
+        out = w.reference
+        if out is None:
+            table.add_row(w.problem_id, "-", "-", "-", f"{w.seconds:.1f}",
+                          (w.error or "").splitlines()[0][:80])
             continue
-        table.add_row(prob.id, _ms(out.eager), _ms(out.compiled), _ms(out.compiled_ro),
-                      " ".join(out.flags)[:80])
+        table.add_row(w.problem_id, _ms(out.eager), _ms(out.compiled), _ms(out.compiled_ro),
+                      f"{w.seconds:.1f}", " ".join(out.flags)[:80])
     console.print(table)
+    console.print(f"{len(probs)} problems' baselines in {wall:.1f} s, {concurrency} at once "
+                  f"({'cached ones kept' if use_cache else 'every one timed again'})")
 
 
 def _ms(t: TimingStats | None) -> str:

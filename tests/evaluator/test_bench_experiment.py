@@ -116,6 +116,7 @@ def test_parts_on_machines_of_their_own_add_up_to_one_figure():
     (_part("2/2", ["L3/2"], 80.0, 10.0, [1.0], size="small"), "parts differ"),
     (_part("2/2", ["L3/2"], 80.0, 10.0, [1.0], concurrency=4), "parts differ"),
     (_part("1/3", ["L3/3"], 80.0, 10.0, [1.0]), "more than one part: L3/3"),
+    (_part("2/2", ["L3/2"], 80.0, 10.0, [1.0], warm_up=False), "parts differ"),
 ])
 def test_parts_that_do_not_add_up_are_refused(other, why):
     with pytest.raises(ValueError, match=why):
@@ -135,6 +136,11 @@ def test_the_bench_runs_a_first_use_and_a_steady_pass_on_cpu(tmp_path):
         s = data[name]
         assert s["statuses"] == {"correct": 1, "compile_error": 1, "incorrect": 1}, s
         assert s["candidates"] == 3 and s["per_gpu_hour"] > 0
+    # First use begins with the warm-up (`kloop baseline`'s code), on the clock; the steady
+    # pass finds the baselines cached and has none.
+    warm = data["first_use_included"]["warm_up_s"]
+    assert 0 < warm < data["first_use_included"]["wall_s"]
+    assert data["steady_state"]["warm_up_s"] is None and data["conditions"]["warm_up"] is True
     assert data["projection"]["projected_wall_s"] > 0
     assert data["conditions"]["size"] == "small" and data["conditions"]["cache"] == "given"
     rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
@@ -156,6 +162,8 @@ def test_the_bench_runs_a_first_use_and_a_steady_pass_on_cpu(tmp_path):
     assert both["first_use_included"]["statuses"] == {"correct": 1, "compile_error": 2,
                                                       "incorrect": 1}
     assert both["steady_state"] is None  # the second part ran no steady pass
+    assert both["first_use_included"]["warm_up_s"] == pytest.approx(
+        warm + json.loads(other.read_text())["first_use_included"]["warm_up_s"])
 
 
 @pytest.mark.slow

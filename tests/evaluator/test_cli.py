@@ -55,6 +55,31 @@ def test_baseline_times_and_caches_the_reference(cache_dir):
     assert any(json.loads(r.read_text())["eager"]["clock"] == "harness" for r in records)
 
 
+def test_baseline_warms_several_problems_at_once_and_a_failing_reference_is_a_row(
+        cache_dir, tmp_path):
+    """`kloop baseline --concurrency 2`: both problems timed, the one whose reference raises
+    reported in its row (not the end of the warm-up), and the warm-up's wall time printed."""
+    lenet = (REPO / "problems" / "level3" / "4_LeNet5.py").read_text()
+    level = tmp_path / "kb" / "level1"
+    level.mkdir(parents=True)
+    (level / "1_LeNet.py").write_text(lenet)
+    broken = lenet.replace("def forward(self, x):", "def forward(self, x):\n"
+                           "        raise ValueError('reference breaks here')", 1)
+    assert broken != lenet
+    (level / "2_Broken.py").write_text(broken)
+    p = kloop("baseline", "--level", "1", "--problems-dir", str(tmp_path / "kb"), "--device",
+              "cpu", "--size", "small", "--concurrency", "2", cache_dir=cache_dir)
+    assert p.returncode == 0, p.stderr
+    rows = {line.split()[1]: line for line in p.stdout.splitlines() if "L1/" in line}
+    assert set(rows) == {"L1/1", "L1/2"}, p.stdout
+    assert "ValueError: reference breaks here" in rows["L1/2"], p.stdout
+    assert "2 problems' baselines in" in p.stdout and "2 at once" in p.stdout
+    assert "L1/2 (" in p.stderr and "failed in" in p.stderr
+    eager = [json.loads(r.read_text()).get("eager") for r in
+             (cache_dir / "private" / "baselines").glob("*.json")]
+    assert any(e and e["clock"] == "harness" for e in eager)
+
+
 def test_small_sizes_on_a_gpu_come_with_a_warning_and_never_on_cpu(monkeypatch):
     import torch
 

@@ -1,0 +1,62 @@
+"""Every chosen problem's baselines timed (or found in the cache) ahead of a run: what `kloop
+baseline` does, and the warm-up the experiment bench charges to first use, so both measure the
+same thing.
+
+Several problems at once overlap their CPU work (loading the reference, torch.compile's inductor
+builds) while each timing still holds the device lock alone, as every evaluation's device stages
+do, so the baselines are the same at any `concurrency`; only the wall time changes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from kloop.evaluator.common.config import EvalConfig
+from kloop.problems.registry import Problem
+
+
+@dataclass(frozen=True)
+class Warmed:
+    """One problem's warm-up: its reference's baselines, or why there are none."""
+
+    problem_id: str
+    reference: object | None  # harness.reference.ReferenceOutput (imported with torch)
+    error: str | None
+    seconds: float
+
+
+def warm_up(jobs: Sequence[tuple[Problem, EvalConfig]], concurrency: int = 1,
+            rebuild: bool = True, on_done: Callable[[Warmed], None] | None = None,
+            catch: tuple[type[BaseException], ...] | None = None) -> tuple[list[Warmed], float]:
+    """Baselines of every (problem, config), `concurrency` problems at once, in the given order
+    in the returned list; `on_done` hears of each as it finishes. A reference that fails is a
+    `Warmed` with its error (the problem's candidates will fail the same way); `catch` widens
+    that to other exceptions (a bench keeps going, a command lets an infrastructure fault
+    surface). Returns the list and the wall seconds of the whole warm-up."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    from kloop.evaluator.harness.pipeline import build_baselines
+    from kloop.evaluator.harness.reference import ReferenceFailure
+
+    caught = (ReferenceFailure, *(catch or ()))
+
+    def one(job: tuple[Problem, EvalConfig]) -> Warmed:
+        prob, config = job
+        t = time.monotonic()
+        try:
+            ref, err = build_baselines(prob, config, rebuild=rebuild), None
+        except caught as e:
+            named = not isinstance(e, ReferenceFailure)  # the reference's own says what failed
+            ref, err = None, f"{type(e).__name__}: {e}" if named else str(e)
+        done = Warmed(prob.id, ref, err, time.monotonic() - t)
+        if on_done is not None:
+            on_done(done)
+        return done
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(min(concurrency, max(1, len(jobs)))) as pool:
+        out = list(pool.map(one, jobs))
+    return out, time.monotonic() - t0
