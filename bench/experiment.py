@@ -283,7 +283,7 @@ def combine(parts: list[dict]) -> dict:
     Parts must share device, size and concurrency, and no problem may be in two of them."""
     if not parts:
         raise ValueError("no parts to combine")
-    keys = ("device", "size", "concurrency", "warm_up")
+    keys = ("device", "gpu", "size", "concurrency", "warm_up")
     first_c = parts[0]["conditions"]
     for p in parts[1:]:
         if any(p["conditions"].get(k) != first_c.get(k) for k in keys):
@@ -351,6 +351,15 @@ def _print(name: str, s: dict) -> None:
     print(f"  statuses: {s['statuses']}")
 
 
+def gpu_name(device: str) -> str | None:
+    """The GPU's model (parts on an H100 and an H200 must not be added up), None on CPU."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(torch.device(device))
+
+
 def problems_of(arg: str, part: str | None) -> list[str]:
     from kloop.problems.registry import load_problem_set
 
@@ -400,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     conditions = {"device": args.device, "concurrency": args.concurrency, "size": args.size,
                   "cache": "given" if args.cache else "fresh", "part": args.part,
-                  "warm_up": not args.no_warm_up,
+                  "warm_up": not args.no_warm_up, "gpu": gpu_name(args.device),
                   "problem_ids": problems,
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     first_res = run_batch(items, args.device, args.concurrency, args.rows, ahead=args.ahead,

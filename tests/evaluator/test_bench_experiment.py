@@ -86,7 +86,7 @@ def _part(label: str, ids: list[str], wall: float, steady_wall: float | None, bu
         paths = {"cuda_torch": {"torch form": len(builds)}}
         return experiment._figures(3 * len(ids), len(ids), w, w / 4, {"cuda_torch": builds},
                                    paths, {"correct": 2 * len(ids), "compile_error": len(ids)})
-    return {"conditions": {"device": "cuda", "size": "full", "concurrency": 8, "part": label,
+    return {"conditions": {"device": "cuda", "size": "full", "concurrency": 8, "gpu": "NVIDIA H100 80GB HBM3", "part": label,
                            "problem_ids": ids, "started": "t", **conditions},
             "first_use_included": figures(wall),
             "steady_state": figures(steady_wall) if steady_wall else None}
@@ -117,6 +117,7 @@ def test_parts_on_machines_of_their_own_add_up_to_one_figure():
     (_part("2/2", ["L3/2"], 80.0, 10.0, [1.0], concurrency=4), "parts differ"),
     (_part("1/3", ["L3/3"], 80.0, 10.0, [1.0]), "more than one part: L3/3"),
     (_part("2/2", ["L3/2"], 80.0, 10.0, [1.0], warm_up=False), "parts differ"),
+    (_part("2/2", ["L3/2"], 80.0, 10.0, [1.0], gpu="NVIDIA H200"), "parts differ"),
 ])
 def test_parts_that_do_not_add_up_are_refused(other, why):
     with pytest.raises(ValueError, match=why):
@@ -141,6 +142,7 @@ def test_the_bench_runs_a_first_use_and_a_steady_pass_on_cpu(tmp_path):
     warm = data["first_use_included"]["warm_up_s"]
     assert 0 < warm < data["first_use_included"]["wall_s"]
     assert data["steady_state"]["warm_up_s"] is None and data["conditions"]["warm_up"] is True
+    assert data["conditions"]["gpu"] is None  # on CPU; the GPU's model name on a GPU
     assert data["projection"]["projected_wall_s"] > 0
     assert data["conditions"]["size"] == "small" and data["conditions"]["cache"] == "given"
     rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
