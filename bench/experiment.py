@@ -218,10 +218,13 @@ def device_ms(result) -> float:
 
 
 def row_of(result) -> dict:
-    c = result.compile
+    c, e = result.compile, result.error
     return {"device_ms": device_ms(result), "backend": result.backend,
             "build_s": c.seconds if c is not None else None,
-            "nvcc_runs": list(c.nvcc_runs) if c is not None else []}
+            "nvcc_runs": list(c.nvcc_runs) if c is not None else [],
+            # A failure's first line: a candidate that fails for a reason the batch did not
+            # build into it (out of GPU memory beside the others) must be told apart.
+            "error": f"{e.type}: {(e.message or '').splitlines()[0][:200]}" if e else None}
 
 
 def build_path(row: dict) -> str:

@@ -57,11 +57,14 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 MLP_MEDIUM = {"batch_size": 64, "input_size": 4096, "layer_sizes": [4096, 4096],
               "output_size": 2048}
 STAGES = ["static", "build_wait", "compile", "reference", "device_wait", "load",
-          "correctness", "first_trial", "timing", "profile", "candidate", "reference_start",
-          "reference_held", "candidate_start", "candidate_held"]
+          "correctness", "first_trial", "timing", "timing_warmup", "timing_rounds", "timing_calls",
+          "profile", "candidate", "reference_start", "reference_held", "candidate_start",
+          "candidate_held"]
 """`<mode>_held`: lock taken -> child gone (start-up on the device and exit included);
 `<mode>_start`: spawn -> ready, before the lock; `first_trial`: the part of `correctness` up to
-the first trial's result (on a GPU the trial that counts launches under the profiler)."""
+the first trial's result (on a GPU the trial that counts launches under the profiler);
+`timing_warmup`, `timing_rounds`: the parts of `timing` before and in the paired rounds, and
+`timing_calls` the part of the rounds inside the sides' calls."""
 LOCKED = ["ref_reference", "ref_baselines", "load", "correctness", "timing", "profile"]
 """Stages inside a device-lock hold (what a long hold is made of)."""
 

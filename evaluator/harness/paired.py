@@ -75,6 +75,13 @@ class PairedServed:
     """Baselines that failed during the rounds -> why (their rounds are left out)."""
     n_rounds: int = 0
     calls_per_round: int = 0
+    warmup_s: float = 0.0
+    """Wall seconds of the warm-up calls (where a compiled baseline that came from the cache
+    compiles: its first call)."""
+    rounds_s: float = 0.0
+    """Wall seconds of the rounds; `calls_s` of it inside the sides' calls, the rest the
+    harness's own work between them (prep, L2 flush, checks, rests)."""
+    calls_s: float = 0.0
 
 
 OnOutput = Callable[[int, CallResult], bool]
@@ -135,12 +142,15 @@ def _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_
             return None
         return r
 
+    t0 = time.monotonic()
     _warm(live, warmup_calls, warmup_ms, guarded)
+    out.warmup_s = time.monotonic() - t0
     gc.collect()
     was_on = gc.isenabled()
     gc.disable()
     chunks = split_rounds(len(seeds), rounds)
     out.n_rounds, out.calls_per_round = len(chunks), max(len(c) for c in chunks)
+    t0 = time.monotonic()
     try:
         if gpu is not None:
             before = gpustate.sample(gpu)
@@ -175,6 +185,8 @@ def _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_
     finally:
         if was_on:
             gc.enable()
+        out.rounds_s = time.monotonic() - t0
+        out.calls_s = sum(sum(s.wall_ms) for s in out.sides.values()) / 1000.0
     if gpu is not None and "candidate" in out.sides:
         after = gpustate.sample(gpu)
         for s in out.sides.values():

@@ -127,6 +127,10 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
                 warmup_ms=t.warmup_ms, prep=t.l2_flush, flush_device=t.l2_flusher, gpu=t.gpu,
                 budget_s=run.config.timeouts.timing + run.config.timeouts.baselines,
                 on_output=on_output, checks={"incumbent": incumbent_ok})
+            # Where the timing stage's wall goes (parts of `timing`, not added to it).
+            ledger.clock("timing_warmup", paired.warmup_s)
+            ledger.clock("timing_rounds", paired.rounds_s)
+            ledger.clock("timing_calls", paired.calls_s)
         else:
             plan = CallPlan(seeds=seeds, warmup_calls=t.warmup_calls, warmup_ms=t.warmup_ms,
                             prep=t.l2_flush, flusher=t.l2_flusher, gpu=t.gpu)

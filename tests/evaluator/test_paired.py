@@ -210,3 +210,16 @@ def test_rounds_split_the_calls_evenly():
     assert split_rounds(100) == [list(range(i, i + 10)) for i in range(0, 100, 10)]
     assert split_rounds(5) == [[0], [1], [2], [3], [4]]
     assert [len(c) for c in split_rounds(12, 5)] == [3, 3, 2, 2, 2]
+
+
+def test_the_warm_up_and_the_rounds_report_their_wall_and_the_calls_share_of_it(paired_run):
+    """Where the timing stage's wall goes: the warm-up calls (a cached compiled baseline
+    compiles at its first), and the rounds, of which `calls_s` is inside the sides' calls."""
+    out, _, _, seeds = paired_run
+    # Sleeps in the rounds: every seed on the candidate (10 ms), eager (20 ms), compile (5 ms).
+    assert out.calls_s >= len(seeds) * (0.010 + 0.020 + 0.005)
+    assert out.calls_s == pytest.approx(
+        sum(sum(s.wall_ms) for s in out.sides.values()) / 1000.0)
+    assert out.calls_s <= out.rounds_s
+    # Warm-up: one candidate call, two on each baseline.
+    assert 0.010 + 2 * (0.020 + 0.005) <= out.warmup_s < out.rounds_s
