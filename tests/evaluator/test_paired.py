@@ -68,15 +68,20 @@ WORKER = textwrap.dedent('''
 ''')
 
 
+KEPT: dict[tuple[str, int, bool], set[bool]] = {}
+"""(worker, role, null) -> the `keep` its calls were made with."""
+
+
 class Logged(CallChannel):
     """The harness's channel, logging each call it sends: (name, seed, null)."""
 
     log: list[tuple[str, int, bool]]
     name: str = ""
 
-    def call(self, seed, deadline, null=False, role=0):
+    def call(self, seed, deadline, null=False, role=0, keep=True):
         self.log.append((f"{self.name}:{role}", seed, null))
-        return super().call(seed, deadline, null=null, role=role)
+        KEPT.setdefault((self.name, role, null), set()).add(keep)
+        return super().call(seed, deadline, null=null, role=role, keep=keep)
 
 
 def _worker(name: str, sleeps: list[float], log: list, fail_after: int = 0):
@@ -223,3 +228,10 @@ def test_the_warm_up_and_the_rounds_report_their_wall_and_the_calls_share_of_it(
     assert out.calls_s <= out.rounds_s
     # Warm-up: one candidate call, two on each baseline.
     assert 0.010 + 2 * (0.020 + 0.005) <= out.warmup_s < out.rounds_s
+
+
+def test_only_the_candidates_outputs_are_kept_after_the_clock(paired_run):
+    """Nobody reads a baseline's or a null call's output: a large one is not copied whole."""
+    assert KEPT[("cand", 0, False)] == {True}
+    for side in (("ref", 0, False), ("ref", 1, False), ("ref", 0, True), ("cand", 0, True)):
+        assert KEPT[side] == {False}, side

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -261,8 +262,8 @@ def test_a_handshake_measured_under_load_never_takes_a_call_below_its_work(tmp_p
         def __getattr__(self, name):
             return getattr(self._channel, name)
 
-        def call(self, seed, deadline, null=False, role=0):
-            r = self._channel.call(seed, deadline, null=null, role=role)
+        def call(self, seed, deadline, null=False, role=0, keep=True):
+            r = self._channel.call(seed, deadline, null=null, role=role, keep=keep)
             return dataclasses.replace(r, wall_ms=r.wall_ms + 15.0) if null else r
 
     real_sides = timed._sides
@@ -281,3 +282,36 @@ def test_a_handshake_measured_under_load_never_takes_a_call_below_its_work(tmp_p
     t = r.timing
     assert t is not None and t.handshake_ms is not None and t.handshake_ms < 15.0
     assert t.min_ms >= 20.0 - HANDSHAKE_JITTER_MS, t
+
+class _CountsCopies(CallChannel):
+    copies = 0
+
+    def _after(self):
+        type(self).copies += 1
+        return super()._after()
+
+
+def test_a_large_output_nobody_reads_is_not_copied_after_the_clock_and_the_clock_is_the_same():
+    """`keep=False` (a baseline's or a null call's in the paired rounds): the sampled snapshot
+    is still taken inside the clock; only the whole copy after it is skipped."""
+    ch = _CountsCopies.open()
+    ch.set_layout(BIG)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WORKER, ",".join(map(str, ch.child_fds())), BIG.model_dump_json(),
+         "honest"], pass_fds=ch.child_fds(), stdout=subprocess.PIPE, text=True)
+    ch.spawned()
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 60
+    try:
+        ch.prep(deadline)
+        kept = ch.call(51, deadline)
+        assert _CountsCopies.copies == 1 and kept.status == OK
+        assert torch.allclose(kept.output.whole(0), _expected(51, 1 << 20))
+        ch.prep(deadline)
+        skipped = ch.call(52, deadline, keep=False)
+        assert (skipped.status, skipped.output, _CountsCopies.copies) == (OK, None, 1)
+        assert skipped.wall_ms > 0
+    finally:
+        ch.stop()
+        proc.communicate(timeout=30)
+        ch.close()
