@@ -14,6 +14,7 @@ import time
 import pytest
 
 from kloop.evaluator.common.config import EvalConfig
+from kloop.evaluator.common.result import ErrorInfo
 from kloop.evaluator.harness.outcome import Decided
 from kloop.evaluator.procs import board
 from kloop.evaluator.procs.scheduler import Scheduler
@@ -189,3 +190,107 @@ def test_leaving_on_an_error_cancels_what_has_not_started_and_cleans_it_up():
         with pytest.raises(CancelledError):
             f.result()
     assert p.order("device") == ["a"] and p.order("front") == ["a"]
+
+
+class MemoryProbes(Probes):
+    """Device stages that run out of device memory as told: `oom[name]` is how many of that
+    source's attempts do (`raise_oom`: as the reference's evaluator fault, else as the
+    candidate's error); each attempt records how many device stages were active with it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.oom: dict[str, int] = {}
+        self.raise_oom: set[str] = set()
+        self.attempts: dict[str, list[int]] = {}
+        self.in_device = 0
+
+    def device(self, run, before) -> list:
+        name = run.source
+        with self._lock:
+            self.in_device += 1
+            self.attempts.setdefault(name, []).append(self.in_device)
+            self.log.append(("device", name))
+        self.entered(name).set()
+        try:
+            if name in self.hold_device:
+                assert self.hold_device[name].wait(WAIT_S), f"{name} was never released"
+            if len(self.attempts[name]) <= self.oom.get(name, 0):
+                msg = "CUDA out of memory. Tried to allocate 8.00 GiB"
+                if name in self.raise_oom:
+                    raise RuntimeError(f"reference failed in reference: OutOfMemoryError: {msg}")
+                return [Decided(status="runtime_error", stage="correctness",
+                                error=ErrorInfo(type="OutOfMemoryError", message=msg))]
+            return [Decided(status="correct", stage="done")]
+        finally:
+            with self._lock:
+                self.in_device -= 1
+
+
+@pytest.mark.parametrize("as_reference", [False, True])
+def test_running_out_of_device_memory_beside_another_evaluation_is_judged_again_alone(
+        as_reference):
+    p = MemoryProbes()
+    p.oom["hog"] = 1
+    if as_reference:
+        p.raise_oom.add("hog")
+    p.hold_device["hog"] = p.entered("other")  # the two are in their device stages together
+    p.hold_device["other"] = p.entered("hog")
+    futures = _run(p, ["hog", "other"], device_slots=2, ahead=0)
+    hog, other = (f.result() for f in futures)
+    assert (hog.status, other.status) == ("correct", "correct")
+    assert any(f.startswith("retried_alone") for f in hog.flags)
+    assert not any(f.startswith("retried_alone") for f in other.flags)
+    assert p.attempts["hog"][0] == 2 or p.attempts["other"][0] == 2  # crowded the first time
+    assert p.attempts["hog"][1] == 1  # alone the second time
+    assert p.order("front").count("hog") == 2  # from its start: a fresh run
+
+
+def test_running_out_alone_is_the_candidates_verdict_and_a_false_claim_gets_one_more_run():
+    p = MemoryProbes()
+    p.oom["alone"] = 5
+    futures = _run(p, ["alone"], device_slots=2, ahead=0)
+    r = futures[0].result()
+    assert r.status == "runtime_error" and r.error.type == "OutOfMemoryError"
+    assert p.attempts["alone"] == [1] and not any("retried" in f for f in r.flags)
+
+    # One that says it ran out every time, beside another: judged alone once, then as it is.
+    p = MemoryProbes()
+    p.oom["liar"] = 5
+    p.hold_device["liar"] = p.entered("other")
+    p.hold_device["other"] = p.entered("liar")
+    liar, other = (f.result() for f in _run(p, ["liar", "other"], device_slots=2, ahead=0))
+    assert (liar.status, other.status) == ("runtime_error", "correct")
+    assert len(p.attempts["liar"]) == 2 and p.attempts["liar"][1] == 1
+    assert any(f.startswith("retried_alone") for f in liar.flags)
+
+
+def test_device_memory_failures_are_told_apart_by_what_torch_cuda_and_the_driver_say():
+    from kloop.evaluator.procs.scheduler import out_of_device_memory
+
+    for said in ("OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB",
+                 "RuntimeError: CUDA error: out of memory (cudaErrorMemoryAllocation)",
+                 "CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"):
+        assert out_of_device_memory(said), said
+    for said in (None, "", "CUDA error: an illegal memory access was encountered",
+                 "RuntimeError: shape mismatch"):
+        assert not out_of_device_memory(said), said
+
+
+def test_a_real_candidate_that_runs_out_is_recognised_by_its_error():
+    """Real stages on CPU: torch's own out-of-memory error, raised in the candidate's forward,
+    reaches the result in the shape the retry rule reads (alone, it is the verdict)."""
+    from eval_helpers import MLP_SMALL
+
+    from kloop.evaluator.procs.scheduler import out_of_device_memory
+
+    source = (
+        "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+        "    def __init__(self, input_size, layer_sizes, output_size):\n"
+        "        super().__init__()\n        self.w = nn.Linear(input_size, output_size)\n\n"
+        "    def forward(self, x):\n"
+        "        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 8.00 GiB')\n")
+    with Scheduler(2, 0) as sched:
+        r = sched.submit("L3/1", source, EvalConfig(device="cpu",
+                                                     problem_overrides=MLP_SMALL)).result()
+    assert r.status == "runtime_error" and not any("retried" in f for f in r.flags)
+    assert out_of_device_memory(f"{r.error.type}: {r.error.message}")
