@@ -27,6 +27,7 @@ from kloop.evaluator.harness.stages import (
     static_stage,
 )
 from kloop.evaluator.harness.state import EvalRun, result_of
+from kloop.evaluator.procs.devicegate import GATE, out_of_device_memory
 from kloop.problems.registry import Problem, get_problem
 
 log = logging.getLogger(__name__)
@@ -52,11 +53,67 @@ def evaluate(problem: Problem | str, candidate_source: str,
 def _run_all(run: EvalRun) -> EvalResult:
     findings: list[Finding] = []
     try:
-        run_stages(run, STAGES, findings)
+        run_stages(run, FRONT_STAGES, findings)
     except BaseException:
         run.cleanup()
         raise
-    return finish(run, findings)
+    last, findings, error = device_half(run, findings)
+    if error is not None:
+        if last is not None:
+            last.cleanup()
+        raise error
+    assert last is not None
+    return finish(last, findings)
+
+
+def device_half(run: EvalRun, findings: list[Finding],
+                stages: tuple[Sequence[Stage], Sequence[Stage]] = (FRONT_STAGES, DEVICE_STAGES)
+                ) -> tuple[EvalRun | None, list[Finding], BaseException | None]:
+    """The device stages of a run whose front stages are over (`stages`: front, device), under
+    this process's device gate. If it ran out of device memory while another evaluation was in
+    its device stages, it is judged again from its start (a new run) holding the gate alone,
+    and that run is the one returned, flagged `retried_alone`. Returns the run to finish, its
+    findings and the evaluator fault that ended it, if one did."""
+    error: BaseException | None = None
+    if not decided(run, findings):
+        with GATE.shared() as hold:
+            try:
+                run_stages(run, stages[1], findings)
+            except BaseException as e:  # noqa: BLE001 (the caller raises or reports it)
+                error = e
+        if hold.crowded and _ran_out(run, findings, error):
+            return _again_alone(run, stages)
+    return run, findings, error
+
+
+def _ran_out(run: EvalRun, findings: list[Finding], error: BaseException | None) -> bool:
+    """Out of device memory: an evaluator fault that says so (the reference ran out), or a
+    candidate failure whose error does."""
+    if error is not None:
+        return isinstance(error, Exception) and out_of_device_memory(str(error))
+    v = verdict_of(findings, run.root)
+    return v.status == "runtime_error" and v.error is not None and out_of_device_memory(
+        f"{v.error.type}: {v.error.message}")
+
+
+def _again_alone(first: EvalRun, stages: tuple[Sequence[Stage], Sequence[Stage]]
+                 ) -> tuple[EvalRun | None, list[Finding], BaseException | None]:
+    """The evaluation again from its start, with no other in its device stages. Out of memory
+    alone is the candidate's verdict; one that only claims it has cost one more evaluation."""
+    first.cleanup()
+    run: EvalRun | None = None
+    findings: list[Finding] = []
+    with GATE.alone():
+        try:
+            run = start(first.problem, first.source, first.config)
+            run.incumbent = first.incumbent
+            run_stages(run, stages[0], findings)
+            run_stages(run, stages[1], findings)
+        except BaseException as e:  # noqa: BLE001
+            return run, findings, e
+    findings.append(Flagged(flag="retried_alone: it ran out of device memory while another "
+                                 "evaluation was in its device stages"))
+    return run, findings, None
 
 
 def head_to_head(problem: Problem | str, challenger: str, incumbent: str,

@@ -13,31 +13,25 @@ overlap change: every evaluation runs the same stages, with the same checks, as 
 workers, candidate children built ahead), as a plain pool of that size did. The in-flight bound
 (`device_slots + ahead`) also bounds what holds a sandbox uid (`EvalConfig.sandbox_uids`).
 
-Those models share the GPU's memory while they wait. An evaluation that ran out of device memory
-while another was in its device stages beside it is not judged on that: it runs again, front
-stages and all, alone (no other evaluation of this scheduler in its device stages), and that run
-is the result, flagged `retried_alone`. A candidate that runs out alone too is judged as any
-failing candidate is; one that only says it ran out gets one more evaluation, no verdict. On the
-H100 at full size, 8 at once, L3/31's reference (8 GiB at a time) and L3/1's lean candidate ran
-out beside the others and were correct alone (2026-12-05). Other kloop processes on the same GPU
-are not counted (one scheduler per GPU host is the setting this covers).
+Those models share the GPU's memory while they wait: an evaluation that runs out of it beside
+another is judged again alone (`pipeline.device_half`, `procs.devicegate`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 
 from kloop.evaluator.common.config import EvalConfig
 from kloop.evaluator.common.result import EvalResult
-from kloop.evaluator.harness.outcome import Finding, Flagged, verdict_of
+from kloop.evaluator.harness.outcome import Finding
 from kloop.evaluator.harness.pipeline import (
     DEVICE_STAGES,
     FRONT_STAGES,
     Stage,
     decided,
+    device_half,
     finish,
     run_stages,
     start,
@@ -48,63 +42,6 @@ from kloop.evaluator.procs.buildslots import default_slots
 from kloop.problems.registry import Problem
 
 Stages = Sequence[Stage]
-
-_OUT_OF_MEMORY = ("OutOfMemoryError", "CUDA out of memory", "cudaErrorMemoryAllocation",
-                  "CUBLAS_STATUS_ALLOC_FAILED", "CUDA_ERROR_OUT_OF_MEMORY")
-"""What torch, the CUDA runtime, cuBLAS and the driver say when device memory runs out."""
-
-
-def out_of_device_memory(text: str | None) -> bool:
-    return bool(text) and any(m in text for m in _OUT_OF_MEMORY)
-
-
-class _Hold:
-    crowded = False
-    """Another evaluation was in its device stages at some moment of this one's."""
-
-
-class DeviceGate:
-    """Evaluations in their device stages share it; a retry after running out of device memory
-    holds it alone (and, waiting, keeps new ones out, so it is not starved)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._holds: list[_Hold] = []
-        self._alone = False
-        self._waiting_alone = 0
-
-    @contextlib.contextmanager
-    def shared(self) -> Iterator[_Hold]:
-        hold = _Hold()
-        with self._cond:
-            while self._alone or self._waiting_alone:
-                self._cond.wait()
-            self._holds.append(hold)
-            if len(self._holds) > 1:
-                for h in self._holds:
-                    h.crowded = True
-        try:
-            yield hold
-        finally:
-            with self._cond:
-                self._holds.remove(hold)
-                self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def alone(self) -> Iterator[None]:
-        with self._cond:
-            self._waiting_alone += 1
-            while self._alone or self._holds:
-                self._cond.wait()
-            self._waiting_alone -= 1
-            self._alone = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._alone = False
-                self._cond.notify_all()
-
 
 class Scheduler:
     """`submit` a candidate, get a future of its result; `close` (or leaving the `with`) waits
@@ -127,7 +64,6 @@ class Scheduler:
         # Makes "counted as queued" and "in the device pool's queue" one step: whoever is
         # counted first is queued first, so the count tells a watcher the order is settled.
         self._handoff = threading.Lock()
-        self._gate = DeviceGate()
         self._closed = False
         self._cancelled = False
 
@@ -168,44 +104,9 @@ class Scheduler:
         if self._cancelled:
             self._done(run, findings, out, error=CancelledError())
             return
-        error: BaseException | None = None
-        with self._gate.shared() as hold:
-            try:
-                run_stages(run, self._device_stages, findings)
-            except BaseException as e:  # noqa: BLE001
-                error = e
-        if hold.crowded and self._ran_out(run, findings, error):
-            run, findings, error = self._alone(run)
-        self._done(run, findings, out, error=error)
-
-    @staticmethod
-    def _ran_out(run: EvalRun, findings: list[Finding], error: BaseException | None) -> bool:
-        """Out of device memory: an evaluator fault that says so (the reference ran out), or
-        a candidate failure whose error does."""
-        if error is not None:
-            return isinstance(error, Exception) and out_of_device_memory(str(error))
-        v = verdict_of(list(findings), run.root)
-        return v.status == "runtime_error" and v.error is not None and out_of_device_memory(
-            f"{v.error.type}: {v.error.message}")
-
-    def _alone(self, first: EvalRun) -> tuple[EvalRun | None, list[Finding],
-                                              BaseException | None]:
-        """The evaluation again from its start, with no other in its device stages."""
-        first.cleanup()
-        problem, source, config = first.problem, first.source, first.config
-        run: EvalRun | None = None
-        findings: list[Finding] = []
-        with self._gate.alone():
-            try:
-                run = start(problem, source, config)
-                run_stages(run, self._front_stages, findings)
-                if not decided(run, findings):
-                    run_stages(run, self._device_stages, findings)
-            except BaseException as e:  # noqa: BLE001
-                return run, findings, e
-        findings.append(Flagged(flag="retried_alone: it ran out of device memory while other "
-                                     "evaluations were in their device stages"))
-        return run, findings, None
+        last, findings, error = device_half(run, findings,
+                                            (self._front_stages, self._device_stages))
+        self._done(last, findings, out, error=error)
 
     def _done(self, run: EvalRun | None, findings: list[Finding], out: Future[EvalResult],
               error: BaseException | None = None) -> None:

@@ -265,7 +265,7 @@ def test_running_out_alone_is_the_candidates_verdict_and_a_false_claim_gets_one_
 
 
 def test_device_memory_failures_are_told_apart_by_what_torch_cuda_and_the_driver_say():
-    from kloop.evaluator.procs.scheduler import out_of_device_memory
+    from kloop.evaluator.procs.devicegate import out_of_device_memory
 
     for said in ("OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB",
                  "RuntimeError: CUDA error: out of memory (cudaErrorMemoryAllocation)",
@@ -281,7 +281,7 @@ def test_a_real_candidate_that_runs_out_is_recognised_by_its_error():
     reaches the result in the shape the retry rule reads (alone, it is the verdict)."""
     from eval_helpers import MLP_SMALL
 
-    from kloop.evaluator.procs.scheduler import out_of_device_memory
+    from kloop.evaluator.procs.devicegate import out_of_device_memory
 
     source = (
         "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
@@ -294,3 +294,30 @@ def test_a_real_candidate_that_runs_out_is_recognised_by_its_error():
                                                      problem_overrides=MLP_SMALL)).result()
     assert r.status == "runtime_error" and not any("retried" in f for f in r.flags)
     assert out_of_device_memory(f"{r.error.type}: {r.error.message}")
+
+
+def test_the_gate_is_the_processes_so_evaluations_outside_a_scheduler_are_retried_too():
+    """`kloop run`'s episodes call `evaluate` from threads of their own, not through a
+    scheduler: the device half they share is gated the same way."""
+    from kloop.evaluator.harness.pipeline import device_half, finish, start
+
+    p = MemoryProbes()
+    p.oom["hog"] = 1
+    p.hold_device["hog"] = p.entered("other")
+    p.hold_device["other"] = p.entered("hog")
+    results: dict[str, object] = {}
+
+    def episode(name: str) -> None:
+        run = start("L3/1", name, CPU)
+        last, findings, error = device_half(run, [], p.stages())
+        assert error is None and last is not None
+        results[name] = finish(last, findings)
+
+    threads = [threading.Thread(target=episode, args=(n,)) for n in ("hog", "other")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+    assert results["hog"].status == "correct" and results["other"].status == "correct"
+    assert any(f.startswith("retried_alone") for f in results["hog"].flags)
+    assert p.attempts["hog"][1] == 1
