@@ -4,7 +4,9 @@ same thing.
 
 Several problems at once overlap their CPU work (loading the reference, torch.compile's inductor
 builds) while each timing still holds the device lock alone, as every evaluation's device stages
-do, so the baselines are the same at any `concurrency`; only the wall time changes.
+do, so the baselines are the same at any `concurrency`; only the wall time changes. A reference
+that runs out of device memory beside another is timed again alone (`procs.devicegate`), as an
+evaluation is.
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ def warm_up(jobs: Sequence[tuple[Problem, EvalConfig]], concurrency: int = 1,
     surface). Returns the list and the wall seconds of the whole warm-up."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-    from kloop.evaluator.harness.pipeline import build_baselines
     from kloop.evaluator.harness.reference import ReferenceFailure
 
     caught = (ReferenceFailure, *(catch or ()))
@@ -47,7 +48,7 @@ def warm_up(jobs: Sequence[tuple[Problem, EvalConfig]], concurrency: int = 1,
         prob, config = job
         t = time.monotonic()
         try:
-            ref, err = build_baselines(prob, config, rebuild=rebuild), None
+            ref, err = _baselines(prob, config, rebuild), None
         except caught as e:
             named = not isinstance(e, ReferenceFailure)  # the reference's own says what failed
             ref, err = None, f"{type(e).__name__}: {e}" if named else str(e)
@@ -60,3 +61,20 @@ def warm_up(jobs: Sequence[tuple[Problem, EvalConfig]], concurrency: int = 1,
     with ThreadPoolExecutor(min(concurrency, max(1, len(jobs)))) as pool:
         out = list(pool.map(one, jobs))
     return out, time.monotonic() - t0
+
+
+def _baselines(prob: Problem, config: EvalConfig, rebuild: bool) -> object:
+    """`build_baselines`, in this process's device gate; a reference that ran out of device
+    memory while another evaluation was in its device stages runs again holding it alone."""
+    from kloop.evaluator.harness.pipeline import build_baselines
+    from kloop.evaluator.harness.reference import ReferenceFailure
+    from kloop.evaluator.procs.devicegate import GATE, out_of_device_memory
+
+    with GATE.shared() as hold:
+        try:
+            return build_baselines(prob, config, rebuild=rebuild)
+        except ReferenceFailure as e:
+            if not (hold.crowded and out_of_device_memory(str(e))):
+                raise
+    with GATE.alone():
+        return build_baselines(prob, config, rebuild=rebuild)
