@@ -50,6 +50,11 @@ for s in "$@"; do
     experiment) step experiment 560 python3 bench/experiment.py --concurrency "${EXPERIMENT_CONCURRENCY:-8}" \
                   ${EXPERIMENT_PART:+--part "$EXPERIMENT_PART"} --cache .bench-experiment \
                   --rows "$OUT/experiment-rows.jsonl" --json "$OUT/experiment.json" ${EXPERIMENT_ARGS:-} ;;
+    # Where a candidate's lock hold goes (stage_seconds timing_warmup/_rounds/_calls), one at a
+    # time on a fresh cache: the 92b4b81 diagnostic, to compare after a change.
+    breakdown) step breakdown 420 python3 bench/experiment.py --concurrency 1 --no-warm-up \
+                 --problems "${BREAKDOWN_PROBLEMS:-L3/1,L3/11,L3/21}" --kinds reference,cuda_lean \
+                 --rows "$OUT/breakdown-rows.jsonl" --json "$OUT/breakdown.json" ;;
     repeat) step repeat 560 python3 bench/repeat.py --repeats "${REPEATS:-5}" --json "$OUT/repeat.json" \
               ${REPEAT_ARGS:-} ;;
     throughput) step throughput 560 python3 bench/throughput.py \
