@@ -252,17 +252,23 @@ def summarise(res: dict, items: list[dict], problems: int) -> dict:
     for r in rows:
         statuses[r["status"]] = statuses.get(r["status"], 0) + 1
     warm = res.get("warm_s")  # the warm-up is first use: on the clock
+    # The device lock is the queue at full sizes: what the candidates held it for, beside the
+    # device time of their timed calls (`busy_s`), says how much of a hold is the harness's.
+    held = sum(r["stages"].get("reference_held", 0.0) + r["stages"].get("candidate_held", 0.0)
+               for r in rows)
     return _figures(len(rows), problems, res["wall_s"] + (warm or 0.0), busy_ms / 1000.0, builds,
-                    paths, statuses, warm)
+                    paths, statuses, warm, held)
 
 
 def _figures(candidates: int, problems: int, wall_s: float, busy_s: float,
              builds: dict[str, list[float]], paths: dict[str, dict[str, int]],
-             statuses: dict[str, int], warm_up_s: float | None = None) -> dict:
+             statuses: dict[str, int], warm_up_s: float | None = None,
+             held_s: float | None = None) -> dict:
     """One pass's figures; the raw build times and busy seconds stay in, so that passes run as
-    parts on several machines can be added up (`combine`). `wall_s` includes `warm_up_s`."""
+    parts on several machines can be added up (`combine`). `wall_s` includes `warm_up_s`;
+    `held_s`: the device lock's holds by the candidates' evaluations, summed."""
     return {"candidates": candidates, "problems": problems, "wall_s": wall_s,
-            "warm_up_s": warm_up_s,
+            "warm_up_s": warm_up_s, "held_s": held_s,
             "per_gpu_hour": candidates / wall_s * 3600 if wall_s else None,
             "busy_s": busy_s, "gpu_busy_real_work": busy_s / wall_s if wall_s else None,
             "build_s": builds,
@@ -313,11 +319,13 @@ def combine(parts: list[dict]) -> dict:
         for k in {k for g in got for k in g["build_paths"]}:
             paths[k] = _add([g["build_paths"].get(k, {}) for g in got])
         warm = [g.get("warm_up_s") for g in got]
+        held = [g.get("held_s") for g in got]
         passes[name] = _figures(sum(g["candidates"] for g in got),
                                 sum(g["problems"] for g in got), sum(g["wall_s"] for g in got),
                                 sum(g["busy_s"] for g in got), builds, paths,
                                 _add([g["statuses"] for g in got]),
-                                None if None in warm else sum(warm))
+                                None if None in warm else sum(warm),
+                                None if None in held else sum(held))
     first, steady = passes["first_use_included"], passes["steady_state"]
     return {"conditions": {**{k: first_c.get(k) for k in keys}, "parts": labels,
                            "problem_ids": ids,
@@ -346,6 +354,9 @@ def _print(name: str, s: dict) -> None:
           f"{s['wall_s']:.1f} s = {s['per_gpu_hour']:.0f} per GPU-hour; GPU busy with real work "
           f"{'-' if busy is None else f'{busy:.0%}'} (device time of timed and baseline calls "
           "over wall) ==")
+    if s.get("held_s") is not None:
+        print(f"  device lock held {s['held_s']:.1f} s in all, {s['busy_s']:.1f} s of it the "
+              f"timed and baseline calls' device time")
     if s.get("warm_up_s") is not None:
         print(f"  of which the warm-up (every problem's baselines, as `kloop baseline` times "
               f"them): {s['warm_up_s']:.1f} s")

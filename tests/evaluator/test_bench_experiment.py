@@ -143,6 +143,12 @@ def test_the_bench_runs_a_first_use_and_a_steady_pass_on_cpu(tmp_path):
     assert 0 < warm < data["first_use_included"]["wall_s"]
     assert data["steady_state"]["warm_up_s"] is None and data["conditions"]["warm_up"] is True
     assert data["conditions"]["gpu"] is None  # on CPU; the GPU's model name on a GPU
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    first_rows = rows[:3]  # the first pass's
+    assert data["first_use_included"]["held_s"] == pytest.approx(sum(
+        r["stages"].get("reference_held", 0) + r["stages"].get("candidate_held", 0)
+        for r in first_rows))
+    assert data["first_use_included"]["held_s"] > 0
     assert data["projection"]["projected_wall_s"] > 0
     assert data["conditions"]["size"] == "small" and data["conditions"]["cache"] == "given"
     rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
@@ -164,6 +170,9 @@ def test_the_bench_runs_a_first_use_and_a_steady_pass_on_cpu(tmp_path):
     assert both["first_use_included"]["statuses"] == {"correct": 1, "compile_error": 2,
                                                       "incorrect": 1}
     assert both["steady_state"] is None  # the second part ran no steady pass
+    assert both["first_use_included"]["held_s"] == pytest.approx(
+        data["first_use_included"]["held_s"]
+        + json.loads(other.read_text())["first_use_included"]["held_s"])
     assert both["first_use_included"]["warm_up_s"] == pytest.approx(
         warm + json.loads(other.read_text())["first_use_included"]["warm_up_s"])
 
