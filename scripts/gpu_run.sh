@@ -20,7 +20,9 @@ print("device", torch.cuda.get_device_name(0), torch.cuda.get_device_capability(
 print(subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem", "--format=csv"],
                      capture_output=True, text=True).stdout)
 PY
-# No commit here: the device's copy of .git can be stale. Record the commit you sent from.
+# No commit here: the device's copy of .git can be stale. The tree's digest ties the run to the
+# commit whose `bash scripts/tree_digest.sh` prints the same.
+echo "tree $(bash scripts/tree_digest.sh)" | tee -a "$OUT/env.txt"
 # Every exploit-suite evaluation appends its verdict-table row here (tests/exploits).
 export KLOOP_VERDICT_LOG="$OUT/verdicts.jsonl"
 # GPU_RUN_LIMIT (seconds): stop pytest before the device call's own limit, so logs come back.

@@ -13,6 +13,9 @@ site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$PWD" > "$site/kloop-dev.pth"
 export PYTHONUNBUFFERED=1 KLOOP_VERDICT_LOG="$OUT/verdicts.jsonl"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/env.txt" 2>&1
+# The device's .git can be stale: this digest ties the call to the commit that gives the same
+# one here (`bash scripts/tree_digest.sh`).
+echo "tree $(bash scripts/tree_digest.sh)" | tee -a "$OUT/env.txt"
 
 step() {  # step NAME DEFAULT_LIMIT COMMAND...
   local name=$1 limit=$2; shift 2
