@@ -15,9 +15,11 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-_OUT_OF_MEMORY = ("OutOfMemoryError", "CUDA out of memory", "cudaErrorMemoryAllocation",
-                  "CUBLAS_STATUS_ALLOC_FAILED", "CUDA_ERROR_OUT_OF_MEMORY")
-"""What torch, the CUDA runtime, cuBLAS and the driver say when device memory runs out."""
+_OUT_OF_MEMORY = ("OutOfMemoryError", "CUDA out of memory", "CUDA error: out of memory",
+                  "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED",
+                  "CUDA_ERROR_OUT_OF_MEMORY")
+"""What torch's allocator, a checked CUDA call (`C10_CUDA_CHECK` in an extension), the CUDA
+runtime, cuBLAS and the driver say when device memory runs out."""
 
 
 def out_of_device_memory(text: str | None) -> bool:
