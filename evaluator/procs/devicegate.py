@@ -17,9 +17,12 @@ from collections.abc import Iterator
 
 _OUT_OF_MEMORY = ("OutOfMemoryError", "CUDA out of memory", "CUDA error: out of memory",
                   "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED",
+                  "CUBLAS_STATUS_NOT_INITIALIZED", "CUDNN_STATUS_ALLOC_FAILED",
                   "CUDA_ERROR_OUT_OF_MEMORY")
 """What torch's allocator, a checked CUDA call (`C10_CUDA_CHECK` in an extension), the CUDA
-runtime, cuBLAS and the driver say when device memory runs out."""
+runtime, cuBLAS (whose handle cannot be made without memory: NOT_INITIALIZED), cuDNN and the
+driver say when device memory runs out. Generous on purpose: a false match costs one more
+evaluation alone, never a verdict."""
 
 
 def out_of_device_memory(text: str | None) -> bool:

@@ -270,7 +270,9 @@ def test_device_memory_failures_are_told_apart_by_what_torch_cuda_and_the_driver
     for said in ("OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB",
                  "RuntimeError: CUDA error: out of memory (cudaErrorMemoryAllocation)",
                  "RuntimeError: CUDA error: out of memory\nCompile with TORCH_USE_CUDA_DSA",
-                 "CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"):
+                 "CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+                 "CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`",
+                 "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"):
         assert out_of_device_memory(said), said
     for said in (None, "", "CUDA error: an illegal memory access was encountered",
                  "RuntimeError: shape mismatch"):
