@@ -224,7 +224,7 @@ def row_of(result) -> dict:
             "nvcc_runs": list(c.nvcc_runs) if c is not None else [],
             # A failure's first line: a candidate that fails for a reason the batch did not
             # build into it (out of GPU memory beside the others) must be told apart.
-            "error": f"{e.type}: {(e.message or '').splitlines()[0][:200]}" if e else None}
+            "error": f"{e.type}: {(e.message.splitlines() or [''])[0][:200]}" if e else None}
 
 
 def build_path(row: dict) -> str:
@@ -237,6 +237,8 @@ def build_path(row: dict) -> str:
 
 
 def summarise(res: dict, items: list[dict], problems: int) -> dict:
+    from throughput import lock_held  # `main` put this folder on the path
+
     rows = res["rows"]
     kind_of = {it["label"]: it["kind"] for it in items}
     busy_ms = sum(r.get("device_ms", 0.0) for r in rows)
@@ -254,8 +256,7 @@ def summarise(res: dict, items: list[dict], problems: int) -> dict:
     warm = res.get("warm_s")  # the warm-up is first use: on the clock
     # The device lock is the queue at full sizes: what the candidates held it for, beside the
     # device time of their timed calls (`busy_s`), says how much of a hold is the harness's.
-    held = sum(r["stages"].get("reference_held", 0.0) + r["stages"].get("candidate_held", 0.0)
-               for r in rows)
+    held = sum(lock_held(r) for r in rows)
     return _figures(len(rows), problems, res["wall_s"] + (warm or 0.0), busy_ms / 1000.0, builds,
                     paths, statuses, warm, held)
 

@@ -261,6 +261,11 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
 
 
+def lock_held(row: dict) -> float:
+    """Seconds one candidate's evaluation held the device lock (its reference's and its own)."""
+    return row["stages"].get("reference_held", 0.0) + row["stages"].get("candidate_held", 0.0)
+
+
 def report(name: str, res: dict, n: int) -> dict:
     rows = res["rows"]
     per_hour = n / res["wall_s"] * 3600
@@ -275,8 +280,7 @@ def report(name: str, res: dict, n: int) -> dict:
     walls = [r["wall_s"] for r in rows]
     print(f"{'end to end':16} {statistics.median(walls):7.2f} {_pct(walls, 0.9):7.2f} {len(walls):3}")
     # The exclusive lock is the queue: what each candidate held it for bounds the rate.
-    holds = [(sum(v for k, v in r["stages"].items() if k in ("reference_held", "candidate_held")),
-              r) for r in rows]
+    holds = [(lock_held(r), r) for r in rows]
     held = [h for h, _ in holds if h > 0]
     if held:
         total = sum(held)

@@ -233,11 +233,10 @@ class CallChannel:
         else:
             snap = self._lines[pick]  # fancy indexing copies
         t1 = _perf_counter()
-        if pick is not None and not keep:
-            output = None
-        elif pick is not None:
-            output = self._after()
-            if status == OK and not np.array_equal(output.lines(pick), snap):
+        if pick is not None:
+            output = self._after() if keep else None
+            if output is not None and status == OK and \
+                    not np.array_equal(output.lines(pick), snap):
                 raise ChannelBroken("protocol", "the worker wrote its output after it answered "
                                     "(the output changed after the clock stopped)")
         event = None if math.isnan(ms) or ms < 0 else float(ms)

@@ -207,3 +207,18 @@ def test_a_part_that_does_not_say_its_problems_is_refused():
     del old["conditions"]["problem_ids"]
     with pytest.raises(ValueError, match="without its problem ids"):
         experiment.combine([_part("1/2", ["L3/1"], 100.0, 20.0, [9.0]), old])
+
+
+def test_a_row_keeps_a_failures_first_line_even_when_it_has_no_message():
+    from types import SimpleNamespace
+
+    from kloop.evaluator.common.result import ErrorInfo
+
+    def result(message: str):
+        return SimpleNamespace(compile=None, backend="torch", timing=None, eager=None,
+                               compiled=None, compiled_ro=None,
+                               error=ErrorInfo(type="OutOfMemoryError", message=message))
+
+    assert experiment.row_of(result("CUDA out of memory.\nTried to allocate 8 GiB"))["error"] == \
+        "OutOfMemoryError: CUDA out of memory."
+    assert experiment.row_of(result(""))["error"] == "OutOfMemoryError: "
