@@ -3,7 +3,8 @@ full sizes, on a fresh cache (first use included), through the scheduler as `klo
 
     python bench/experiment.py [--device cuda] [--concurrency 8] [--problems all|L3/1,L3/4]
                                [--part K/N] [--kinds reference,cuda_lean,...] [--size full|small]
-                               [--cache DIR] [--steady] [--no-warm-up] [--rows F] [--json F]
+                               [--cache DIR] [--steady] [--no-warm-up] [--kept-baselines N]
+                               [--rows F] [--json F]
     python bench/experiment.py --list
     python bench/experiment.py --combine part1.json part2.json ... [--json F]
 
@@ -400,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steady", action="store_true", help="then the batch again, warm")
     ap.add_argument("--no-warm-up", action="store_true",
                     help="no baseline warm-up first: each problem's first candidate times them")
+    ap.add_argument("--kept-baselines", type=int, metavar="N",
+                    help="EvalConfig.kept_baselines (default: the config's, 4 on a GPU; 0: each "
+                         "evaluation's own reference worker serves its paired baselines)")
     ap.add_argument("--rows", type=Path, help="append each finished candidate's row here")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--list", action="store_true")
@@ -425,10 +429,13 @@ def main(argv: list[str] | None = None) -> int:
     conditions = {"device": args.device, "concurrency": args.concurrency, "size": args.size,
                   "cache": "given" if args.cache else "fresh", "part": args.part,
                   "warm_up": not args.no_warm_up, "gpu": gpu_name(args.device),
+                  "kept_baselines": args.kept_baselines,
                   "problem_ids": problems,
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    first_res = run_batch(items, args.device, args.concurrency, args.rows, ahead=args.ahead,
-                          cache_dir=args.cache, row_of=row_of, warm=not args.no_warm_up)
+    settings = {"kept_baselines": args.kept_baselines} if args.kept_baselines is not None else None
+    first_res = run_batch(items, args.device, args.concurrency, args.rows, settings,
+                          ahead=args.ahead, cache_dir=args.cache, row_of=row_of,
+                          warm=not args.no_warm_up)
     report("first use included (the batch after its warm-up)", first_res, len(items))
     first = summarise(first_res, items, len(problems))
     _print("first use included", first)
@@ -437,8 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         # Every source changed by a comment: builds are fresh, baselines and caches are warm.
         again = [{**it, "source": it["source"] + f"\n# steady pass {time.time_ns()}\n"}
                  for it in items]
-        steady_res = run_batch(again, args.device, args.concurrency, args.rows, ahead=args.ahead,
-                               cache_dir=args.cache, row_of=row_of)
+        steady_res = run_batch(again, args.device, args.concurrency, args.rows, settings,
+                               ahead=args.ahead, cache_dir=args.cache, row_of=row_of)
         report("steady state (baselines and caches warm, builds fresh)", steady_res, len(again))
         steady = summarise(steady_res, again, len(problems))
         _print("steady state (baselines and caches warm, builds fresh)", steady)

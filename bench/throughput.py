@@ -262,8 +262,10 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def lock_held(row: dict) -> float:
-    """Seconds one candidate's evaluation held the device lock (its reference's and its own)."""
-    return row["stages"].get("reference_held", 0.0) + row["stages"].get("candidate_held", 0.0)
+    """Seconds one candidate's evaluation held the device lock (its reference's, its own, and a
+    kept baseline worker's start where it started one)."""
+    return sum(row["stages"].get(k, 0.0)
+               for k in ("reference_held", "candidate_held", "baseline_server_held"))
 
 
 def report(name: str, res: dict, n: int) -> dict:

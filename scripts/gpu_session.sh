@@ -58,6 +58,15 @@ for s in "$@"; do
     breakdown) step breakdown 420 python3 bench/experiment.py --concurrency 1 --no-warm-up \
                  --problems "${BREAKDOWN_PROBLEMS:-L3/1,L3/11,L3/21}" --kinds reference,cuda_lean \
                  --rows "$OUT/breakdown-rows.jsonl" --json "$OUT/breakdown.json" ;;
+    # Kept baseline workers against each evaluation's own, side by side on one cache: `kept`
+    # (fresh cache, then the same batch again with fresh builds) and then `own` (the old path,
+    # on the cache `kept` warmed); compare the lock holds of warm candidates.
+    kept) step kept 420 python3 bench/experiment.py --concurrency 1 --no-warm-up \
+            --problems "${KEPT_PROBLEMS:-L3/1,L3/21}" --kinds reference,cuda_lean \
+            --cache .bench-kept --steady --rows "$OUT/kept-rows.jsonl" --json "$OUT/kept.json" ;;
+    own) step own 240 python3 bench/experiment.py --concurrency 1 --no-warm-up \
+           --problems "${KEPT_PROBLEMS:-L3/1,L3/21}" --kinds reference,cuda_lean \
+           --cache .bench-kept --kept-baselines 0 --rows "$OUT/own-rows.jsonl" --json "$OUT/own.json" ;;
     repeat) step repeat 560 python3 bench/repeat.py --repeats "${REPEATS:-5}" --json "$OUT/repeat.json" \
               ${REPEAT_ARGS:-} ;;
     throughput) step throughput 560 python3 bench/throughput.py \

@@ -228,6 +228,16 @@ class EvalConfig(BaseModel):
     torch.compile(mode="reduce-overhead") (CUDA graphs: one more compile per problem, cached
     like the others); `auto` is `all` on CUDA and eager only on CPU (where reduce-overhead
     has no CUDA graphs and is flagged `baseline_compile_ro_no_cudagraphs` if asked for)."""
+    kept_baselines: int | None = Field(None, ge=0)
+    """Baseline workers kept between evaluations of one problem in this process
+    (`evaluator.harness.servers`): the paired rounds time the candidate against a worker whose
+    models (eager, and torch.compile in both modes, compiled once) outlive the evaluation,
+    instead of against the evaluation's own reference worker, whose compiled baselines came
+    from the cache and were compiled again under the device lock for every candidate (2.7-17.5 s
+    of each correct candidate's hold at full size on the H100, 2026-12-05 at 92b4b81). At most
+    this many, the least recently used closed first. Each evaluation's own reference worker
+    still makes every output its candidate is checked against. 0: none kept; None: 4 on a GPU,
+    0 on CPU (no compiled baselines there)."""
     l2_flush: Literal["worker", "trusted"] = "worker"
     """Who flushes the L2 before each timed call: the serving process in its `prep` (a
     candidate's native code could skip it), or also a trusted flusher process of the harness's

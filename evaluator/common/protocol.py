@@ -111,6 +111,10 @@ class ReferenceJob(_Rec):
     paired: bool = False
     """After its roles, say stage `paired` and serve every role on demand until `stop`: the
     harness interleaves these calls with the candidate's (`evaluator.harness.paired`)."""
+    keep_serving: bool = False
+    """Paired and kept between evaluations (`evaluator.harness.servers`): after each `stop` of
+    its calls it says stage `paired` again and waits for `serve` (another evaluation's rounds)
+    or `stop` (its end)."""
 
     def roles(self) -> list[str]:
         """What the worker serves, in this order, one session each on one call channel: eager

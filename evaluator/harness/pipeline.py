@@ -18,6 +18,7 @@ from kloop.evaluator.harness.checks import result_checks
 from kloop.evaluator.harness.ledger import Ledger
 from kloop.evaluator.harness.outcome import Finding, Flagged, verdict_of
 from kloop.evaluator.harness.reference import ReferenceOutput
+from kloop.evaluator.harness.servers import SERVERS
 from kloop.evaluator.harness.stages import (
     candidate_stage,
     compile_stage,
@@ -81,7 +82,8 @@ def device_half(run: EvalRun, findings: list[Finding],
                 run_stages(run, stages[1], findings)
             except BaseException as e:  # noqa: BLE001 (the caller raises or reports it)
                 error = e
-        if hold.crowded and _ran_out(run, findings, error):
+        # Kept baseline workers hold device memory too (`harness.servers`).
+        if (hold.crowded or SERVERS.alive()) and _ran_out(run, findings, error):
             return _again_alone(run, stages)
     return run, findings, error
 
@@ -98,15 +100,18 @@ def _ran_out(run: EvalRun, findings: list[Finding], error: BaseException | None)
 
 def _again_alone(first: EvalRun, stages: tuple[Sequence[Stage], Sequence[Stage]]
                  ) -> tuple[EvalRun | None, list[Finding], BaseException | None]:
-    """The evaluation again from its start, with no other in its device stages. Out of memory
-    alone is the candidate's verdict; one that only claims it has cost one more evaluation."""
+    """The evaluation again from its start, with no other in its device stages and no kept
+    baseline worker. Out of memory alone is the candidate's verdict; one that only claims it
+    has cost one more evaluation."""
     first.cleanup()
     run: EvalRun | None = None
     findings: list[Finding] = []
     with GATE.alone():
+        SERVERS.close_idle()
         try:
             run = start(first.problem, first.source, first.config)
             run.incumbent = first.incumbent
+            run.kept_baselines = False
             run_stages(run, stages[0], findings)
             run_stages(run, stages[1], findings)
         except BaseException as e:  # noqa: BLE001

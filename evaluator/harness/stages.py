@@ -211,7 +211,9 @@ def reference_stage(run: EvalRun, before: Sequence[Finding] = (), job: Reference
     the eager baseline and the expected output of every timed call; the compile baseline."""
     ledger = Ledger(run.root, before)
     ledger.record(Entered(stage="correctness"))
-    job = job or reference_job(run)
+    if job is None:  # an evaluation's (a given job is a kept worker's or a baselines-only run's)
+        _kept_server(run, ledger)
+        job = reference_job(run)
     serving = serving or reference_serving(run)
     env = {"TORCHINDUCTOR_CACHE_DIR": str(private_dir(run.config.cache_dir) / "inductor")}
     with ledger.timed("reference"), run.on_device(ledger, "reference", job, run.root / "ref",
@@ -227,15 +229,34 @@ def reference_stage(run: EvalRun, before: Sequence[Finding] = (), job: Reference
     if out.parked:  # off the lock now, serving nothing until the candidate's timed calls
         run.ref_child = child
     ledger.record(*(Clocked(name=k, seconds=v) for k, v in out.stage_seconds.items()))
-    kinds = job.baselines
+    kinds = baseline_kinds(run) if run.server is not None else job.baselines
+    # The compiled baselines' unpaired numbers and flags: a kept worker's, where one serves.
+    compiled = run.server.reference if run.server is not None else out
     ledger.record(Observed(env=out.env),
                   Measured(what="eager", stats=_as_reference(out.eager) if "eager" in kinds else None),
                   Measured(what="compiled",
-                           stats=_as_reference(out.compiled) if "compile" in kinds else None),
+                           stats=_as_reference(compiled.compiled) if "compile" in kinds else None),
                   Measured(what="compiled_ro",
-                           stats=_as_reference(out.compiled_ro) if "compile_ro" in kinds else None),
+                           stats=_as_reference(compiled.compiled_ro)
+                           if "compile_ro" in kinds else None),
                   *(Flagged(flag=f) for f in out.flags))
     return ledger.found
+
+
+def _kept_server(run: EvalRun, ledger: Ledger) -> None:
+    """Pin a kept baseline worker for the paired rounds (`evaluator.harness.servers`), started
+    now if this problem has none (its start, first use, is on this evaluation's clock); its
+    flags (a compiled baseline that failed) are this evaluation's too."""
+    from kloop.evaluator.harness.servers import SERVERS
+
+    t0 = time.monotonic()
+    run.server, started = SERVERS.ensure(run)
+    if run.server is None:
+        return
+    if started:  # its lock holds are this evaluation's first use (`baseline_server_held`)
+        ledger.clock("baseline_server_start", time.monotonic() - t0)
+        ledger.clock("baseline_server_held", run.server.held_s)
+    ledger.record(*(Flagged(flag=f) for f in run.server.flags))
 
 
 def _as_reference(stats: TimingStats | None) -> TimingStats | None:
@@ -244,14 +265,18 @@ def _as_reference(stats: TimingStats | None) -> TimingStats | None:
 
 def reference_job(run: EvalRun) -> ReferenceJob:
     """What the reference worker does. `paired`: it stays after its own stage and serves its
-    baselines again, interleaved with the candidate's timed calls (`harness.paired`)."""
+    baselines again, interleaved with the candidate's timed calls (`harness.paired`). Where a
+    kept worker serves the baselines (`run.server`), it serves eager only (the outputs every
+    timed call is checked against) and ends after its stage."""
+    kept = run.server is not None
     return ReferenceJob(
-        problem=run.problem_spec(), trials=ref_trials(run), baselines=baseline_kinds(run),
+        problem=run.problem_spec(), trials=ref_trials(run),
+        baselines=[b for b in baseline_kinds(run) if b == "eager"] if kept else baseline_kinds(run),
         timing=run.timing_spec(),
         fills_path=str(run.root / "cand" / "fills_main.pt")
         if run.policy.noisy_construction else None,
         served64=served64(run),
-        paired=True,
+        paired=not kept,
     )
 
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from kloop.evaluator import __version__
 from kloop.evaluator.build import triton_runtime
@@ -47,7 +47,11 @@ from kloop.evaluator.procs.isolation import SandboxPlan
 from kloop.evaluator.procs.sandbox import Child, ChildOutcome, DiskLimit, child_env, visible_device
 from kloop.problems.registry import Problem
 
+if TYPE_CHECKING:
+    from kloop.evaluator.harness.servers import BaselineServer
+
 log = logging.getLogger(__name__)
+
 
 @functools.lru_cache(maxsize=8)
 def cuda_arch_list(device: str) -> str | None:
@@ -144,6 +148,11 @@ class EvalRun:
     incumbent: str | None = None
     """The source timed against this candidate in the same rounds (`evaluator.harness.headtohead`)."""
     incumbent_child: Child | None = None
+    server: BaselineServer | None = None
+    """The kept baseline worker its paired rounds use (`evaluator.harness.servers`), pinned from
+    its reference stage to `cleanup`; None: its own reference worker serves them (parked)."""
+    kept_baselines: bool = True
+    """Whether it may use a kept baseline worker (not in a retry alone: `pipeline.device_half`)."""
 
     @classmethod
     def create(cls, problem: Problem, source: str, config: EvalConfig) -> EvalRun:
@@ -380,6 +389,11 @@ class EvalRun:
         try:
             self.kept.close()  # the parked reference worker, if it is still there
             self.ref_child = None
+            if self.server is not None:
+                from kloop.evaluator.harness.servers import SERVERS
+
+                server, self.server = self.server, None
+                SERVERS.release(server)
             if self.config.keep_workdir:
                 log.info("kept work dir %s", self.root)
             else:

@@ -110,11 +110,17 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
             store.passes(i, r.output, tol) or all(d.ok for d in store.compare(i, r.output, tol)))
 
     t = run.timing_spec()
+    server = run.server
     parked = run.ref_child if ref.parked else None
+    baselines = server.channel if server is not None else \
+        parked.calls if parked is not None else None
+    dropped: dict[str, str] = {}
     cpu0 = procwatch.cpu_seconds(child.proc.pid)
+    if server is not None:
+        server.begin()
     try:
-        if parked is not None:
-            sides = _sides(run, child, parked)
+        if baselines is not None:
+            sides = _sides(run, child, baselines)
             if (inc := run.incumbent_child) is not None:
                 assert inc.calls is not None
                 inc.calls.set_layout(layout)
@@ -127,6 +133,7 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
                 warmup_ms=t.warmup_ms, prep=t.l2_flush, flush_device=t.l2_flusher, gpu=t.gpu,
                 budget_s=run.config.timeouts.timing + run.config.timeouts.baselines,
                 on_output=on_output, checks={"incumbent": incumbent_ok})
+            dropped = paired.dropped
             # Where the timing stage's wall goes (parts of `timing`, not added to it).
             ledger.clock("timing_warmup", paired.warmup_s)
             ledger.clock("timing_rounds", paired.rounds_s)
@@ -152,15 +159,18 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
         if run.incumbent_child is not None:  # its part is over: nothing of it is judged after
             run.incumbent_child.kill("decided")
             run.incumbent_child = None
+        if server is not None:
+            server.end(ledger, dropped)
         if parked is not None:
             release_reference(run, ledger)
     if failed:
         # Decided: what the process would do next (profile, hang) changes nothing.
         child.kill("decided")
         return
-    if parked is not None:
+    if baselines is not None:
         _cpu_use(run, ledger, child, cpu0, paired.busy_ms.get("candidate", 0.0) / 1000.0)
-        _record_paired(run, ledger, paired, len(seeds))
+        _record_paired(run, ledger, paired, len(seeds),
+                       [x.name for x in sides if x.name in _FIELDS])
         return
     if len(served.wall_ms) < len(seeds):
         return
@@ -173,19 +183,28 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
         calibrated_overhead_ms=ref.calibrated_overhead_ms, event_bound=ref.event_bound_ms)))
 
 
-def _sides(run: EvalRun, child: Any, parked: Any) -> list[Side]:
-    """The candidate, each baseline the reference worker served without failing (or has from
-    the cache), and both processes' null calls."""
-    ref = run.reference
-    assert ref is not None
+def _sides(run: EvalRun, child: Any, baselines: Any) -> list[Side]:
+    """The candidate, each baseline the baselines' worker serves (`baselines`: its channel),
+    and both processes' null calls."""
     sides = [Side("candidate", child.calls), Side("candidate_null", child.calls, null=True)]
-    for name in ref.paired_roles:
-        sides.append(Side(name, parked.calls, role=ROLES[name]))
-    sides.append(Side("null", parked.calls, null=True))
+    for name in paired_roles(run):
+        sides.append(Side(name, baselines, role=ROLES[name]))
+    sides.append(Side("null", baselines, null=True))
     return sides
 
 
-def _record_paired(run: EvalRun, ledger: Ledger, paired: PairedServed, n_seeds: int) -> None:
+def paired_roles(run: EvalRun) -> list[str]:
+    """The baselines of the paired rounds: those the kept worker serves (`run.server`), else
+    those the evaluation's own reference worker served without failing (or has from the
+    cache)."""
+    if run.server is not None:
+        return list(run.server.roles)
+    assert run.reference is not None
+    return run.reference.paired_roles
+
+
+def _record_paired(run: EvalRun, ledger: Ledger, paired: PairedServed, n_seeds: int,
+                   roles: list[str]) -> None:
     """The numbers of record from the rounds, each speedup with its interval over the rounds.
     A baseline's calls are net of the reference worker's fastest null call of these rounds, a
     candidate's of the fastest of those and its own process's (`own_handshake`)."""
@@ -215,7 +234,7 @@ def _record_paired(run: EvalRun, ledger: Ledger, paired: PairedServed, n_seeds: 
     timing = stats("candidate", hs_cand)
     ledger.record(Measured(what="timing", stats=timing))
     measured: dict[str, TimingStats] = {}
-    for name in ref.paired_roles:
+    for name in roles:
         st = stats(name, hs)
         if st is None:
             why = paired.dropped.get(name, "not timed")

@@ -356,7 +356,9 @@ def _serve_roles(roles: list[str], model, problem, spec, specs, call_fds,
 def _serve_paired(served: _Served, job: ReferenceJob, model, problem, spec, ch: Channel) -> None:
     """Every role on demand, by the number a request names it (`protocol.ROLES`), until the
     harness says stop. A compiled role that failed in its own session is not offered; one whose
-    timings came from the cache is compiled at its first call (the harness's warm-up calls)."""
+    timings came from the cache is compiled at its first call (the harness's warm-up calls).
+    Kept between evaluations (`ReferenceJob.keep_serving`): one such session per `serve` the
+    harness sends, each ended by its `stop`, with stage `paired` said again after each."""
     fns = {}
     for role in job.roles():
         if role in served.failed:
@@ -366,6 +368,18 @@ def _serve_paired(served: _Served, job: ReferenceJob, model, problem, spec, ch: 
             fn = torch.compile(model, mode=COMPILED_ROLES[role])
         if fn is not None:
             fns[ROLES[role]] = fn
+    if not job.keep_serving:
+        _session(served, fns, problem, spec, ch)
+        return
+    while fns and read_control().next == "serve":
+        if not _session(served, fns, problem, spec, ch):
+            return
+        ch.stage("paired")  # parked again: the harness reads this evaluation's flags up to here
+
+
+def _session(served: _Served, fns: dict, problem, spec, ch: Channel) -> bool:
+    """One evaluation's paired calls, until its `stop`; a role that raises is dropped from
+    `fns` (the harness stops asking for it, the rest go on). False: serving cannot go on."""
 
     def on_problem(message: str, exc: BaseException | None) -> None:
         detail = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}" if exc \
@@ -383,7 +397,6 @@ def _serve_paired(served: _Served, job: ReferenceJob, model, problem, spec, ch: 
                 raise
         return call
 
-    # A role that raises ends `serve`; the harness stops asking for it and the rest go on.
     while fns:
         raised.clear()
         try:
@@ -391,11 +404,12 @@ def _serve_paired(served: _Served, job: ReferenceJob, model, problem, spec, ch: 
                                 lambda seed: draw_served_inputs(problem, seed, spec), on_problem)
         except BaseException as e:
             on_problem(str(e), e)
-            return
+            return False
         if not raised:
-            return
+            return True
         fns.pop(raised[0], None)
     served.server.drain()
+    return False
 
 
 def _cudagraph_skips() -> int:

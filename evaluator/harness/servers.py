@@ -1,0 +1,334 @@
+"""Baseline workers kept between evaluations of one problem (`EvalConfig.kept_baselines`).
+
+Paired timing puts the candidate and its baselines in the same hold of the device
+(`harness.paired`). Served by each evaluation's own reference worker, the compiled baselines
+came from the inductor cache and compiled again at their first paired call, under the lock, for
+every candidate: 2.7 / 10.0 / 17.5 s of a correct candidate's hold on L3/1, 11 and 21 at full
+size against 1.7-4.8 s of timed calls (the H100, 2026-12-05 at 92b4b81). A kept worker compiles
+them once.
+
+What a kept worker changes, and what it does not:
+- It is a reference worker (trusted code only) started like an evaluation's, with no trials, in
+  a run of its own (its own dir, no sandbox uid: nothing of a candidate's reaches it). Its models
+  are built under a secret construction seed of their own: the same shapes, dtypes and
+  distribution as each evaluation's, so the same work for the same inputs, and no output of
+  theirs is ever read (`paired.run_paired` reads only the candidate's and an incumbent's).
+- Every output a candidate is checked against still comes from the evaluation's own reference
+  worker, built under the evaluation's secret seed, which ends after its stage.
+- The rounds are unchanged: the same seeds on every side, a secret order drawn each round, the
+  kept worker's null calls of these rounds as the baselines' handshake.
+- It is used only under the device lock, by the evaluation that holds it, one session at a
+  time; the flags it raises in a session go to that evaluation.
+A worker whose channel broke, that outlived `MAX_AGE_S` or that is closed to make room is
+ended; the next evaluation of its problem starts another. One that cannot start is not tried
+again in this process for that problem; its evaluations use their own reference worker.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kloop.evaluator.common.protocol import ROLES, Control, FlagMsg, StageMsg
+from kloop.evaluator.common.wire import OK
+from kloop.evaluator.harness.clock import ChannelBroken
+from kloop.evaluator.harness.paired import BASELINE_WARMUP_CALLS
+from kloop.evaluator.procs.devicegate import out_of_device_memory
+
+if TYPE_CHECKING:
+    from kloop.evaluator.harness.ledger import Ledger
+    from kloop.evaluator.harness.reference import ReferenceOutput
+    from kloop.evaluator.harness.state import EvalRun
+
+log = logging.getLogger(__name__)
+
+ON_GPU = 4
+"""Kept workers per process on a GPU when the config leaves it open (`kept_baselines=None`)."""
+MAX_AGE_S = 5 * 3600.0
+"""Ended before its child's own limit (`state.PARKED_LIMIT_S`) can end it mid-session."""
+END_S = 60.0
+"""How long the end of a session (the worker's flags, then stage `paired`) may take."""
+
+
+def limit(run: EvalRun) -> int:
+    n = run.config.kept_baselines
+    return (0 if run.on_cpu else ON_GPU) if n is None else n
+
+
+def server_key(run: EvalRun) -> str:
+    """Everything that decides what a kept worker builds and how it serves, but the
+    construction seed: the device, the problem and its sizes, the policy's numerics and input
+    distribution, the timing settings, which baselines, and where their cache lives."""
+    from kloop.evaluator.harness.reference import baseline_key, timing_key
+    from kloop.evaluator.harness.stages import baseline_kinds, reference_serving
+
+    serving = reference_serving(run)
+    return baseline_key({"device": run.device, "timing": timing_key(serving.timing),
+                         "kinds": baseline_kinds(run), "cache": str(run.config.cache_dir),
+                         "calls": len(serving.seeds), **serving.key_extra})
+
+
+@dataclass
+class BaselineServer:
+    key: str
+    run: EvalRun
+    """Its own run: its dir and its reference worker (`run.ref_child`), parked."""
+    reference: ReferenceOutput
+    """What its start measured or read from the cache (the unpaired baselines, flags)."""
+    roles: list[str]
+    """The roles it serves: eager, and each compiled baseline that has not failed."""
+    flags: list[str]
+    start_s: float
+    held_s: float = 0.0
+    """Seconds its start held the device lock (its reference stage and its warm-up calls)."""
+    started_at: float = field(default_factory=time.monotonic)
+    used_at: float = field(default_factory=time.monotonic)
+    pins: int = 0
+    """Evaluations that will use it (from their reference stage to their end)."""
+    sessions: int = 0
+    broken: str | None = None
+    in_session: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def channel(self):
+        child = self.run.ref_child
+        assert child is not None and child.calls is not None
+        return child.calls
+
+    def usable(self) -> bool:
+        child = self.run.ref_child
+        return self.broken is None and child is not None and child.proc.poll() is None and \
+            time.monotonic() - self.started_at < MAX_AGE_S
+
+    def begin(self) -> None:
+        """Start a session: the worker serves the next calls (under the caller's device hold)."""
+        self.in_session.acquire()
+        assert self.run.ref_child is not None
+        self.run.ref_child.send(Control(next="serve"))
+
+    def end(self, ledger: Ledger | None, dropped: dict[str, str]) -> None:
+        """End the session: stop its calls and read what the worker said up to its next park;
+        a role the rounds dropped is not offered again. A worker that does not park in time
+        is marked broken (ended on its release)."""
+        from kloop.evaluator.harness.outcome import Flagged
+
+        try:
+            child = self.run.ref_child
+            assert child is not None and child.calls is not None
+            self.sessions += 1
+            self.used_at = time.monotonic()
+            for name, why in dropped.items():
+                if name in self.roles and name != "eager":
+                    self.roles.remove(name)
+                    self.flags.append(f"paired_baseline_failed: {name}: {why}")
+                elif name == "eager" or "channel broke" in why:
+                    self.broken = why
+            if self.broken is not None:  # it may be stuck in a call: nothing more to read
+                child.kill("broken")
+                return
+            child.calls.stop(last=False)
+            timer = threading.Timer(END_S, child.kill, args=("timeout",))
+            timer.start()
+            parked = False
+            try:
+                for msg in child.messages():
+                    if isinstance(msg, FlagMsg):
+                        if ledger is not None:
+                            ledger.record(Flagged(flag=msg.flag))
+                        else:
+                            self.flags.append(msg.flag)
+                    if isinstance(msg, StageMsg) and msg.stage == "paired":
+                        parked = True
+                        break
+            finally:
+                timer.cancel()
+            if not parked and self.broken is None:
+                self.broken = "it ended after a session"
+        finally:
+            self.in_session.release()
+
+    def close(self) -> None:
+        child = self.run.ref_child
+        if child is not None and child.calls is not None:
+            child.send(Control(next="stop"))
+            timer = threading.Timer(END_S, child.kill, args=("timeout",))
+            timer.start()
+            try:
+                for _ in child.messages():
+                    pass
+                child.outcome()
+            finally:
+                timer.cancel()
+        self.run.cleanup()
+
+
+class Servers:
+    """This process's kept workers, by `server_key`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._servers: dict[str, BaselineServer] = {}
+        self._starting: dict[str, threading.Lock] = {}
+        self._failed: dict[str, str] = {}
+        self.started = 0
+        """Workers started in this process (the tests and the benches count them)."""
+
+    def ensure(self, run: EvalRun) -> tuple[BaselineServer | None, bool]:
+        """A kept worker for `run`'s problem, pinned for `run` (release it with `release`),
+        started now if there is none; and whether it was started now. None where none may be
+        kept (`limit`, a retry alone), every slot is pinned by other evaluations, or one could
+        not start for this problem in this process."""
+        cap = limit(run)
+        if cap == 0 or not run.kept_baselines:
+            return None, False
+        key = server_key(run)
+        with self._lock:
+            starting = self._starting.setdefault(key, threading.Lock())
+        with starting:
+            victims: list[BaselineServer] = []
+            with self._lock:
+                s = self._servers.get(key)
+                if s is not None and s.usable():
+                    s.pins += 1
+                    s.used_at = time.monotonic()
+                    return s, False
+                if s is not None and s.pins == 0:
+                    victims.append(self._servers.pop(key))
+                    s = None
+                if s is not None or key in self._failed:
+                    return None, False
+                while len(self._servers) >= cap:
+                    idle = [v for v in self._servers.values() if v.pins == 0]
+                    if not idle:
+                        break
+                    victims.append(self._servers.pop(min(idle, key=lambda v: v.used_at).key))
+                full = len(self._servers) >= cap
+            for v in victims:
+                _close(v)
+            if full:
+                return None, False
+            try:
+                s = _start(run, key)
+            except Exception as e:  # noqa: BLE001 (its evaluations fall back, and say why)
+                log.warning("no kept baseline worker for %s: %s", run.problem.id, e)
+                if not out_of_device_memory(str(e)):  # that one may pass: tried again later
+                    with self._lock:
+                        self._failed[key] = f"{type(e).__name__}: {str(e)[:300]}"
+                return None, False
+            with self._lock:
+                self.started += 1
+                s.pins = 1
+                self._servers[key] = s
+            return s, True
+
+    def release(self, server: BaselineServer) -> None:
+        """`run` is done with it; a broken one is ended now."""
+        with self._lock:
+            server.pins -= 1
+            gone = server.pins == 0 and not server.usable() and \
+                self._servers.get(server.key) is server
+            if gone:
+                self._servers.pop(server.key)
+        if gone:
+            _close(server)
+
+    def alive(self) -> int:
+        with self._lock:
+            return len(self._servers)
+
+    def close_idle(self) -> int:
+        """End every kept worker no evaluation is using (before an evaluation is judged again
+        alone: their device memory is what it may have run out beside); how many."""
+        with self._lock:
+            idle = [s for s in self._servers.values() if s.pins == 0]
+            for s in idle:
+                self._servers.pop(s.key)
+        for s in idle:
+            _close(s)
+        return len(idle)
+
+    def close_all(self) -> None:
+        with self._lock:
+            every = list(self._servers.values())
+            self._servers.clear()
+            self._failed.clear()
+        for s in every:
+            _close(s)
+
+
+def _close(s: BaselineServer) -> None:
+    try:
+        s.close()
+    except Exception as e:  # noqa: BLE001 (its run's cleanup kills what is left)
+        log.warning("closing a kept baseline worker: %s", e)
+        s.run.cleanup()
+
+
+def _start(run: EvalRun, key: str) -> BaselineServer:
+    """A reference worker in a run of its own, parked after its roles (measured, or read from
+    the baseline cache), then its compiled roles compiled by warm-up calls under a hold of the
+    device of their own, so no candidate's hold pays for them."""
+    from kloop.evaluator.harness.outcome import Clocked, Flagged
+    from kloop.evaluator.harness.reference import ReferenceFailure
+    from kloop.evaluator.harness.stages import reference_job, reference_serving, reference_stage
+    from kloop.evaluator.harness.state import EvalRun
+
+    config = run.config.model_copy(update={"device": run.device, "sandbox_uid": None,
+                                           "kept_baselines": 0})
+    t0 = time.monotonic()
+    srun = EvalRun.create(run.problem, "", config)
+    if srun.claim is not None:  # not an evaluation in flight: the device pool does not count it
+        srun.claim.release()
+        srun.claim = None
+    try:
+        job = reference_job(srun).model_copy(update={
+            "trials": [], "served64": [], "fills_path": None, "keep_serving": True})
+        found = reference_stage(srun, (), job, reference_serving(srun))
+        ref = srun.reference
+        if ref is None or not ref.parked or srun.ref_child is None:
+            raise ReferenceFailure("the baseline worker did not park after its roles")
+        s = BaselineServer(key=key, run=srun, reference=ref, roles=list(ref.paired_roles),
+                           flags=[f.flag for f in found if isinstance(f, Flagged)], start_s=0.0)
+        s.held_s = sum(f.seconds for f in found
+                       if isinstance(f, Clocked) and f.name == "reference_held")
+        t1 = time.monotonic()
+        _warm(s)
+        s.held_s += time.monotonic() - t1
+        if s.broken is not None:
+            raise ReferenceFailure(f"the baseline worker broke in its warm-up: {s.broken}")
+    except BaseException:
+        srun.cleanup()
+        raise
+    s.start_s = time.monotonic() - t0
+    return s
+
+
+def _warm(s: BaselineServer) -> None:
+    """`BASELINE_WARMUP_CALLS` calls of each role (a compiled one that came from the cache
+    compiles at its first); a role whose call fails is dropped, as the rounds would."""
+    deadline = time.monotonic() + s.run.config.timeouts.baselines
+    dropped: dict[str, str] = {}
+    with s.run.gpu_lock():
+        s.begin()
+        try:
+            for role in list(s.roles):
+                for _ in range(BASELINE_WARMUP_CALLS):
+                    s.channel.prep(deadline)
+                    r = s.channel.call(secrets.randbits(62), deadline, role=ROLES[role],
+                                       keep=False)
+                    if r.status != OK:
+                        dropped[role] = "a warm-up call failed"
+                        break
+        except ChannelBroken as e:
+            dropped["eager"] = f"the channel broke: {e}"
+        finally:
+            s.end(None, dropped)
+
+
+SERVERS = Servers()
+atexit.register(SERVERS.close_all)

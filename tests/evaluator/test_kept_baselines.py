@@ -1,0 +1,138 @@
+"""Baseline workers kept between evaluations of one problem (`evaluator.harness.servers`), on
+CPU with real worker processes: the same rounds and checks, one worker start per problem.
+
+What must not change is what a verdict rests on: every timed call is still checked against
+the evaluation's own reference worker (built under its own secret seed; the kept worker's
+models are built under another, so an honest candidate checked against the kept worker's
+outputs would fail), and every speedup still comes from paired rounds with an interval.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from eval_helpers import candidate, cpu_config
+
+from kloop.evaluator.harness.pipeline import evaluate
+from kloop.evaluator.harness.servers import SERVERS
+
+_MLP = candidate("mlp_torch.py")
+# Honest for 8 calls (the trials), then its last output again (catalog T7a, in plain torch).
+COUNTS_CALLS = _MLP.replace(
+    "    def forward(self, x):\n",
+    "    def forward(self, x):\n"
+    "        _CALLS.append(1)\n"
+    "        if len(_CALLS) > 8 and _LAST:\n"
+    "            return _LAST[-1]\n"
+    "        _LAST.append(self._forward(x))\n"
+    "        return _LAST[-1]\n\n"
+    "    def _forward(self, x):\n") + "\n\n_CALLS, _LAST = [], []\n"
+CLAIMS_OOM = "import torch\n" + _MLP.replace(
+    "    def forward(self, x):\n",
+    "    def forward(self, x):\n"
+    "        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 80.00 GiB')\n")
+
+
+@pytest.fixture(autouse=True)
+def _no_kept_workers_left():
+    SERVERS.close_all()
+    yield
+    SERVERS.close_all()
+
+
+def _paired_eager(result) -> bool:
+    """The eager baseline timed in the candidate's rounds (on CPU no speedup is divided: the
+    host clock's numbers are not comparable)."""
+    return result.paired is not None and result.paired.baselines == ["eager"] and \
+        result.paired.rounds >= 2 and result.eager is not None and result.eager.median_ms > 0
+
+
+def test_one_worker_serves_every_evaluation_of_a_problem_and_a_dead_one_is_replaced(tmp_path):
+    config = cpu_config(tmp_path / "cache", kept_baselines=2, baselines="eager")
+    started = SERVERS.started
+    first = evaluate("L3/1", _MLP, config)
+    second = evaluate("L3/1", _MLP, config)
+    for r in (first, second):
+        assert r.status == "correct", (r.status, r.error, r.flags)
+        assert _paired_eager(r), r.paired
+    assert SERVERS.started == started + 1 and SERVERS.alive() == 1
+    # Its start is the first evaluation's first use, on its clock; the second pays nothing.
+    assert first.stage_seconds.get("baseline_server_start", 0) > 0
+    assert "baseline_server_start" not in second.stage_seconds
+
+    # A worker that died between evaluations is not used: the next one starts another.
+    (server,) = SERVERS._servers.values()
+    os.kill(server.run.ref_child.proc.pid, signal.SIGKILL)
+    server.run.ref_child.proc.wait()
+    third = evaluate("L3/1", _MLP, config)
+    assert third.status == "correct" and _paired_eager(third), (third.status, third.flags)
+    assert SERVERS.started == started + 2 and SERVERS.alive() == 1
+
+
+def test_checks_stay_with_the_evaluations_own_reference(tmp_path):
+    """An honest candidate is `correct` (checked against the kept worker's outputs, built under
+    another seed, it would fail) and one wrong only on its timed calls is `incorrect` there."""
+    config = cpu_config(tmp_path / "cache", kept_baselines=1, baselines="eager",
+                        cpu_timing_trials=5)
+    assert COUNTS_CALLS != _MLP
+    honest = evaluate("L3/1", _MLP, config)
+    result = evaluate("L3/1", COUNTS_CALLS, config)
+    assert honest.status == "correct"
+    assert result.status == "incorrect", (result.status, result.flags)
+    assert any(t.kind == "timed" and not t.passed for t in result.correctness)
+    assert SERVERS.started >= 1 and SERVERS.alive() == 1
+
+
+def test_the_least_recently_used_worker_makes_room_and_none_kept_means_the_own_worker(tmp_path):
+    config = cpu_config(tmp_path / "cache", kept_baselines=1, baselines="eager")
+    started = SERVERS.started
+    evaluate("L3/1", _MLP, config)
+    other = config.model_copy(update={"problem_overrides": {**config.problem_overrides,
+                                                            "batch_size": 3}})
+    r = evaluate("L3/1", _MLP, other)  # other sizes: another worker, the first closed
+    assert r.status == "correct" and _paired_eager(r)
+    assert SERVERS.started == started + 2 and SERVERS.alive() == 1
+
+    SERVERS.close_all()
+    own = evaluate("L3/1", _MLP, config.model_copy(update={"kept_baselines": 0}))
+    assert own.status == "correct" and _paired_eager(own)
+    assert SERVERS.started == started + 2 and SERVERS.alive() == 0
+
+
+def test_out_of_memory_beside_a_kept_worker_is_judged_again_alone_without_one(tmp_path):
+    """Kept workers hold device memory: a candidate that ran out while one was alive is judged
+    again with every idle one closed and none started (the attack that only claims it ran out
+    gets that one retry, as beside another evaluation)."""
+    config = cpu_config(tmp_path / "cache", kept_baselines=1, baselines="eager")
+    result = evaluate("L3/1", CLAIMS_OOM, config)
+    assert result.status == "runtime_error" and result.error.type == "OutOfMemoryError"
+    assert sum(f.startswith("retried_alone") for f in result.flags) == 1
+    assert SERVERS.alive() == 0
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_compiled_baselines_compile_once_per_problem(tmp_path):
+    """The default config on a GPU keeps a worker: the second evaluation of a problem pairs all
+    three baselines without compiling them again (its warm-up calls are the candidate's and two
+    per warm baseline), and its numbers come from the same rounds, with intervals."""
+    from eval_helpers import MLP_SMALL
+
+    from kloop.evaluator.common.config import EvalConfig
+
+    config = EvalConfig(device="cuda", cache_dir=tmp_path / "cache", problem_overrides=MLP_SMALL)
+    started = SERVERS.started
+    first = evaluate("L3/1", _MLP, config)
+    second = evaluate("L3/1", _MLP, config)
+    for r in (first, second):
+        assert r.status == "correct", (r.status, r.error, r.flags)
+        assert r.paired is not None and r.paired.baselines == ["eager", "compile", "compile_ro"]
+        assert set(r.speedup_ci) == {"eager", "compile", "compile_ro"}, r.speedup_ci
+        assert not [f for f in r.flags if f.startswith(("baseline_", "paired_baseline"))], r.flags
+    assert SERVERS.started == started + 1
+    assert "baseline_server_start" in first.stage_seconds
+    assert "baseline_server_start" not in second.stage_seconds
+    # Nothing compiles in the second one's warm-up: well under a second at these sizes.
+    assert second.stage_seconds["timing_warmup"] < 2.0, second.stage_seconds
+    print("first", first.stage_seconds, "second", second.stage_seconds)
