@@ -59,8 +59,10 @@ MLP_MEDIUM = {"batch_size": 64, "input_size": 4096, "layer_sizes": [4096, 4096],
 STAGES = ["static", "build_wait", "compile", "reference", "device_wait", "load",
           "correctness", "first_trial", "timing", "timing_warmup", "timing_rounds", "timing_calls",
           "profile", "candidate", "reference_start", "reference_held", "candidate_start",
-          "candidate_held"]
+          "candidate_held", "baseline_server_start", "baseline_server_held"]
 """`<mode>_held`: lock taken -> child gone (start-up on the device and exit included);
+`baseline_server_*`: a kept baseline worker's start and its lock holds, on the evaluation that
+started it (`evaluator.harness.servers`);
 `<mode>_start`: spawn -> ready, before the lock; `first_trial`: the part of `correctness` up to
 the first trial's result (on a GPU the trial that counts launches under the profiler);
 `timing_warmup`, `timing_rounds`: the parts of `timing` before and in the paired rounds, and

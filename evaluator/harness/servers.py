@@ -175,6 +175,7 @@ class Servers:
         self._servers: dict[str, BaselineServer] = {}
         self._starting: dict[str, threading.Lock] = {}
         self._failed: dict[str, str] = {}
+        self._starting_now = 0
         self.started = 0
         """Workers started in this process (the tests and the benches count them)."""
 
@@ -202,12 +203,15 @@ class Servers:
                     s = None
                 if s is not None or key in self._failed:
                     return None, False
-                while len(self._servers) >= cap:
+                # Workers starting now hold their slots too (`_starting_now`).
+                while len(self._servers) + self._starting_now >= cap:
                     idle = [v for v in self._servers.values() if v.pins == 0]
                     if not idle:
                         break
                     victims.append(self._servers.pop(min(idle, key=lambda v: v.used_at).key))
-                full = len(self._servers) >= cap
+                full = len(self._servers) + self._starting_now >= cap
+                if not full:
+                    self._starting_now += 1
             for v in victims:
                 _close(v)
             if full:
@@ -216,11 +220,17 @@ class Servers:
                 s = _start(run, key)
             except Exception as e:  # noqa: BLE001 (its evaluations fall back, and say why)
                 log.warning("no kept baseline worker for %s: %s", run.problem.id, e)
-                if not out_of_device_memory(str(e)):  # that one may pass: tried again later
-                    with self._lock:
+                with self._lock:
+                    self._starting_now -= 1
+                    if not out_of_device_memory(str(e)):  # that one may pass: tried again later
                         self._failed[key] = f"{type(e).__name__}: {str(e)[:300]}"
                 return None, False
+            except BaseException:
+                with self._lock:
+                    self._starting_now -= 1
+                raise
             with self._lock:
+                self._starting_now -= 1
                 self.started += 1
                 s.pins = 1
                 self._servers[key] = s

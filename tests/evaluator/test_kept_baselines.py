@@ -136,3 +136,28 @@ def test_on_a_gpu_the_compiled_baselines_compile_once_per_problem(tmp_path):
     # Nothing compiles in the second one's warm-up: well under a second at these sizes.
     assert second.stage_seconds["timing_warmup"] < 2.0, second.stage_seconds
     print("first", first.stage_seconds, "second", second.stage_seconds)
+
+
+def test_the_scheduler_shares_kept_workers_across_evaluations_in_flight(tmp_path):
+    """Three evaluations at once over three keys (sizes) with room for two workers: pinned
+    workers are never closed under an evaluation, one that finds every slot pinned uses its
+    own worker, and every verdict is what it is alone."""
+    from kloop.evaluator.procs.scheduler import Scheduler
+
+    base = cpu_config(tmp_path / "cache", kept_baselines=2, baselines="eager")
+    configs = [base.model_copy(update={"problem_overrides": {**base.problem_overrides,
+                                                             "batch_size": b}})
+               for b in (2, 3, 4)]
+    wrong = _MLP.replace("return F.linear(x, linears[-1].weight, linears[-1].bias)",
+                         "return F.linear(x, linears[-1].weight, linears[-1].bias) * 1.5")
+    assert wrong != _MLP
+    jobs = [(c, src) for _ in range(2) for c in configs for src in (_MLP, wrong)]
+    with Scheduler(3, 2) as sched:
+        futures = [sched.submit("L3/1", src, c) for c, src in jobs]
+    results = [f.result() for f in futures]
+    for (_, src), r in zip(jobs, results, strict=True):
+        if src is _MLP:
+            assert r.status == "correct" and _paired_eager(r), (r.status, r.flags, r.error)
+        else:
+            assert r.status == "incorrect", (r.status, r.flags)
+    assert SERVERS.alive() <= 2
