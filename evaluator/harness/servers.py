@@ -13,6 +13,10 @@ What a kept worker changes, and what it does not:
   are built under a secret construction seed of their own: the same shapes, dtypes and
   distribution as each evaluation's, so the same work for the same inputs, and no output of
   theirs is ever read (`paired.run_paired` reads only the candidate's and an incumbent's).
+  The same work holds where a forward's path does not depend on its weights' values: no Level 3
+  forward branches on a value or makes a value-dependent shape (no `.item()`, `.any()`, `.all()`,
+  `if torch.`, `nonzero`, `masked_select`, `unique`, `topk`, `argmax` or `sort` in a forward;
+  the two `.item()` calls are in L3/29's and L3/30's constructors; checked 2026-12-05).
 - Every output a candidate is checked against still comes from the evaluation's own reference
   worker, built under the evaluation's secret seed, which ends after its stage.
 - The rounds are unchanged: the same seeds on every side, a secret order drawn each round, the

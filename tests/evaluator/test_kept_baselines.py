@@ -161,3 +161,44 @@ def test_the_scheduler_shares_kept_workers_across_evaluations_in_flight(tmp_path
         else:
             assert r.status == "incorrect", (r.status, r.flags)
     assert SERVERS.alive() <= 2
+
+
+def test_a_kept_worker_does_not_outlive_its_harness(tmp_path):
+    """Killed without a word (SIGKILL: no atexit), the harness leaves its kept worker waiting
+    on a pipe whose other end is gone: it ends, and with it the device memory it held."""
+    import subprocess
+    import sys
+    import textwrap
+    import time
+    from pathlib import Path
+
+    script = textwrap.dedent(f'''
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from pathlib import Path
+        from eval_helpers import candidate, cpu_config
+        from kloop.evaluator.harness.pipeline import evaluate
+        from kloop.evaluator.harness.servers import SERVERS
+        config = cpu_config(Path({str(tmp_path / "cache")!r}), kept_baselines=1,
+                            baselines="eager")
+        r = evaluate("L3/1", candidate("mlp_torch.py"), config)
+        (server,) = SERVERS._servers.values()
+        print(r.status, server.run.ref_child.proc.pid, flush=True)
+        time.sleep(300)
+    ''')
+    harness = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        status, pid = harness.stdout.readline().split()
+        assert status == "correct"
+        os.kill(int(pid), 0)  # alive while its harness is
+    finally:
+        harness.kill()
+        harness.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the kept worker {pid} outlived its harness")
