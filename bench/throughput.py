@@ -57,7 +57,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 MLP_MEDIUM = {"batch_size": 64, "input_size": 4096, "layer_sizes": [4096, 4096],
               "output_size": 2048}
 STAGES = ["static", "build_wait", "compile", "reference", "device_wait", "load",
-          "correctness", "first_trial", "timing", "timing_warmup", "timing_rounds", "timing_calls",
+          "correctness", "first_trial", "trial_random", "trial_reparam", "probes",
+          "trials_judged", "trials_after", "timing", "timing_warmup", "timing_rounds", "timing_calls",
           "profile", "candidate", "reference_start", "reference_held", "candidate_start",
           "candidate_held", "baseline_server_start", "baseline_server_held"]
 """`<mode>_held`: lock taken -> child gone (start-up on the device and exit included);
@@ -65,6 +66,8 @@ STAGES = ["static", "build_wait", "compile", "reference", "device_wait", "load",
 started it (`evaluator.harness.servers`);
 `<mode>_start`: spawn -> ready, before the lock; `first_trial`: the part of `correctness` up to
 the first trial's result (on a GPU the trial that counts launches under the profiler);
+`trial_<kind>`, `probes`, `trials_after`: the candidate child's time before each trial's,
+each probe's and its last report (parts of `correctness`), `trials_judged` the harness's own;
 `timing_warmup`, `timing_rounds`: the parts of `timing` before and in the paired rounds, and
 `timing_calls` the part of the rounds inside the sides' calls."""
 LOCKED = ["ref_reference", "ref_baselines", "load", "correctness", "timing", "profile"]

@@ -13,6 +13,7 @@ fresh secret seed, each output checked against the reference's for that seed.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,8 @@ class MessageOrder:
     control: str | None = None
     seen: set[str] = field(default_factory=set)
     done: bool = False
+    last_at: float | None = None
+    """When the harness took its last message (the correctness stage's parts are the gaps)."""
 
 
 def _out_of_sequence(seq: MessageOrder, msg: Any, job: CandidateJob) -> str | None:
@@ -203,6 +206,10 @@ def _out_of_sequence(seq: MessageOrder, msg: Any, job: CandidateJob) -> str | No
 def on_message(run: EvalRun, ledger: Ledger, job: CandidateJob, seq: MessageOrder, child: Any,
                msg: Any) -> bool:
     """Judge one message of the candidate child; True once it reported it is done."""
+    now = time.monotonic()
+    gap, seq.last_at = (now - seq.last_at if seq.last_at is not None else None), now
+    if gap is not None and ledger.verdict.stage == "correctness":
+        _clock_part(ledger, job, msg, gap)
     problem = _out_of_sequence(seq, msg, job)
     if problem is not None:
         ledger.record(*violated(violate(run, "protocol_violation", f"the candidate process sent "
@@ -224,7 +231,10 @@ def on_message(run: EvalRun, ledger: Ledger, job: CandidateJob, seq: MessageOrde
             # The first trial alone (it counts launches: under the profiler for CUDA sources
             # on a GPU): where the correctness stage's time goes, for bench/throughput.py.
             ledger.record(Clocked(name="first_trial", seconds=t))
+        t0 = time.monotonic()
         _judge_trial(run, ledger, job, msg)
+        ledger.record(Clocked(name="trials_judged", seconds=time.monotonic() - t0))
+        seq.last_at = time.monotonic()  # the child's next gap starts after the harness's part
     elif isinstance(msg, ProbeMsg):
         ledger.record(*violated(*probe_violations(run, ledger, msg)))
     elif isinstance(msg, AwaitMsg):
@@ -249,6 +259,19 @@ def on_message(run: EvalRun, ledger: Ledger, job: CandidateJob, seq: MessageOrde
         seq.done = True
         return True
     return False
+
+
+def _clock_part(ledger: Ledger, job: CandidateJob, msg: Any, gap: float) -> None:
+    """Where the correctness stage's time goes, for the benches (never a verdict: the gaps are
+    the candidate process's to shape): the child's time before each trial (`trial_<kind>`),
+    before each probe's report (`probes`) and before it asks to be timed (`trials_after`)."""
+    if isinstance(msg, TrialMsg):
+        spec = _trial_spec(job, msg.index)
+        ledger.record(Clocked(name=f"trial_{spec.kind if spec else 'unknown'}", seconds=gap))
+    elif isinstance(msg, ProbeMsg):
+        ledger.record(Clocked(name="probes", seconds=gap))
+    elif isinstance(msg, AwaitMsg):
+        ledger.record(Clocked(name="trials_after", seconds=gap))
 
 
 def _trial_spec(job: CandidateJob, index: int) -> CandTrial | None:

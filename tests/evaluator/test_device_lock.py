@@ -183,8 +183,9 @@ def test_two_evaluations_start_their_processes_while_the_other_holds_the_device(
 
 def test_each_device_child_reports_how_long_it_held_the_device(tmp_path):
     """`<mode>_held` (lock taken -> child gone) covers the child's own stages, start-up and exit
-    included; `<mode>_start` is the start before the lock; `first_trial` is part of
-    `correctness`: the breakdown bench/throughput.py prints."""
+    included; `<mode>_start` is the start before the lock; `first_trial` and `trial_<kind>`,
+    `probes`, `trials_judged`, `trials_after` are parts of `correctness`: the breakdown
+    bench/throughput.py prints."""
     sys.path.insert(0, str(Path(__file__).parent))
     from eval_helpers import candidate, cpu_config
 
@@ -201,3 +202,8 @@ def test_each_device_child_reports_how_long_it_held_the_device(tmp_path):
     assert s["candidate_held"] >= s["load"] + s["correctness"] + s["timing"] - 4 * ms
     assert s["reference_start"] > 0 and s["candidate_start"] > 0
     assert 0 <= s["first_trial"] <= s["correctness"]
+    # The correctness stage's parts: the child's time before each kind of trial and before it
+    # asks to be timed, and the harness's own judging; they add up to no more than the stage.
+    parts = ["trial_random", "trial_reparam", "trials_judged", "trials_after"]
+    assert all(p in s for p in parts), s  # milliseconds at these sizes: present, maybe 0.0
+    assert sum(s[p] + s.get("probes", 0.0) for p in parts) <= s["correctness"] + 6 * ms
