@@ -130,7 +130,8 @@ def run_agent_episode(spec: EpisodeSpec, env: EpisodeEnv, done: list[TurnRecord]
             unrecorded_calls.append(call_id)
             stop, error = _infra("evaluation", e)
             break
-        meter.charge(Spend(eval_s=out.eval_s))
+        gpu_s = out.result.held_s if out.result is not None else 0.0  # judged in this step
+        meter.charge(Spend(eval_s=out.eval_s, gpu_s=gpu_s))
         code = out.code
         rec = TurnRecord(
             run_id=env.run_id, episode_key=spec.key, episode=spec.episode,
@@ -141,7 +142,7 @@ def run_agent_episode(spec: EpisodeSpec, env: EpisodeEnv, done: list[TurnRecord]
             kernel_path=env.sink.kernel_relpath(spec.problem.stem, spec.episode, turn) if code else None,
             eval=out.result, feedback=out.text, tool=out.call,
             spend=Spend.of_reply(reply).model_copy(
-                update={"eval_s": out.eval_s, "wall_s": time.monotonic() - clock}),
+                update={"eval_s": out.eval_s, "gpu_s": gpu_s, "wall_s": time.monotonic() - clock}),
             started_at=turn_start, finished_at=utcnow())
         keep_turn(env, state, rec, meter)
     return episode_record(env, spec, state, stop, unrecorded, unrecorded_calls, error,

@@ -1,7 +1,7 @@
 """The budget meter: what an episode and a run have spent, in matched units, against limits.
 
-Units: LLM calls, input/output/reasoning tokens, dollars, evaluation seconds and wall-clock
-seconds. Limits are checked before each model call, so the call that crosses a limit completes
+Units: LLM calls, input/output/reasoning tokens, dollars, evaluation seconds, GPU-seconds (the
+device's exclusive holds) and wall-clock seconds. Limits are checked before each model call, so the call that crosses a limit completes
 and is counted; the next one is not made.
 """
 
@@ -32,6 +32,11 @@ class Spend(BaseModel):
     unmetered_calls: int = 0
     """Calls whose token usage is unknown (imported kernels): the token counts leave them out."""
     eval_s: float = 0.0
+    """Wall seconds of the evaluator calls (builds, process starts and waits for the device
+    included: more of them where more evaluations run at once)."""
+    gpu_s: float = 0.0
+    """Seconds the evaluations held the device alone (`EvalResult.held_s`): GPU-seconds on a
+    GPU, the same for one candidate whatever ran beside it."""
     wall_s: float = 0.0
 
     @property
@@ -59,7 +64,7 @@ class Spend(BaseModel):
         )
 
 
-_UNITS = {"cost_usd": "USD", "eval_s": "s", "wall_s": "s"}
+_UNITS = {"cost_usd": "USD", "eval_s": "s", "gpu_s": "s", "wall_s": "s"}
 
 
 class Meter:

@@ -155,7 +155,10 @@ class Limits(_Config):
     cost_usd: float | None = Field(None, ge=0)
     """Dollars at the price table's list prices. A reply of unknown cost stops the episode."""
     eval_s: float | None = Field(None, ge=0)
-    """Seconds spent evaluating candidates (GPU-seconds on a GPU)."""
+    """Wall seconds of the evaluator calls (with builds and waits for the device: more where
+    more evaluations run at once)."""
+    gpu_s: float | None = Field(None, ge=0)
+    """Seconds the evaluations held the device alone (`EvalResult.held_s`): GPU-seconds."""
     wall_s: float | None = Field(None, ge=0)
     """Wall-clock seconds."""
 

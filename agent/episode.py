@@ -270,19 +270,20 @@ def head_to_head_of(evaluator: Evaluator, problem: Problem) -> Measure | None:
         try:
             result = compare(problem, challenger.code, incumbent.code)
         except InfraFault:
-            return None, time.monotonic() - start
-        return result.head_to_head, time.monotonic() - start
+            return None, time.monotonic() - start, 0.0
+        return result.head_to_head, time.monotonic() - start, result.held_s
     return measure
 
 
 def decide_best(state: EpisodeState, rec: TurnRecord, evaluator: Evaluator, meter: Meter) -> None:
     """Record on `rec` whether it replaces the episode's best kernel; a head-to-head that
-    settled a close call is charged to the turn's and the run's eval seconds."""
+    settled a close call is charged to the turn's and the run's eval and GPU seconds."""
     rec.best_decision = state.decide(rec, head_to_head_of(evaluator, state.spec.problem))
-    extra = rec.best_decision.head_to_head_s if rec.best_decision is not None else None
-    if extra:
-        meter.charge(Spend(eval_s=extra))
-        rec.spend = rec.spend + Spend(eval_s=extra)
+    d = rec.best_decision
+    if d is not None and d.head_to_head_s is not None:
+        extra = Spend(eval_s=d.head_to_head_s, gpu_s=d.head_to_head_gpu_s or 0.0)
+        meter.charge(extra)
+        rec.spend = rec.spend + extra
 
 
 def keep_turn(env: EpisodeEnv, state: EpisodeState, rec: TurnRecord, meter: Meter) -> None:

@@ -109,6 +109,8 @@ class BestDecision(_Record):
     """The two kernels timed in the same paired rounds, where the intervals were too close."""
     head_to_head_s: float | None = None
     """Its wall seconds (charged to the run's eval seconds)."""
+    head_to_head_gpu_s: float | None = None
+    """The seconds it held the device (charged to the run's GPU seconds)."""
     detail: str
     """The decision in words, e.g. `kept: too close to call`."""
 

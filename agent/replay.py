@@ -179,7 +179,8 @@ def rescore(source_dir: Path, out: Path, evaluator: Evaluator | None = None,
             rec.spend = Spend()
             if future is not None:
                 rec.eval, seconds = future.result()
-                rec.spend = Spend(eval_s=seconds)
+                rec.spend = Spend(eval_s=seconds,
+                                  gpu_s=rec.eval.held_s if rec.eval is not None else 0.0)
             rec.feedback = prompts.render(feedback_template(rec.eval),
                                           **feedback_vars(state, rec.eval, rec.fault, cfg.agent))
             rec.best_decision = state.decide(rec)

@@ -52,7 +52,8 @@ def _flags(**given: Any) -> dict[str, Any]:
         "device": "eval.device", "policy": "eval.policy", "concurrency": "concurrency",
         "runs_dir": "runs_dir", "run_id": "run_id", "budget_calls": "budget.run.calls",
         "budget_tokens": "budget.run.total_tokens", "budget_cost": "budget.run.cost_usd",
-        "budget_eval_s": "budget.run.eval_s", "budget_wall_s": "budget.run.wall_s",
+        "budget_eval_s": "budget.run.eval_s", "budget_gpu_s": "budget.run.gpu_s",
+        "budget_wall_s": "budget.run.wall_s",
         "executor": "executor.kind", "ray_address": "executor.address",
     }
     layer: dict[str, Any] = {}
@@ -150,7 +151,8 @@ def print_summary(summary: RunSummary, root: Path) -> None:
     s = summary.spend
     console.print(f"{s.calls} LLM calls, {s.input_tokens} in / {s.output_tokens} out tokens, "
                   f"${s.cost_usd:.4f}{' (+unpriced calls)' if s.unpriced_calls else ''}, "
-                  f"{s.eval_s:.1f} s evaluating, run dir {root}")
+                  f"{s.eval_s:.1f} s evaluating ({s.gpu_s:.1f} s holding the device), "
+                  f"run dir {root}")
     if host_clock:
         console.print("runtimes were measured with a host clock (no GPU): not comparable with GPU numbers")
     if summary.stop_detail:
@@ -235,6 +237,7 @@ def run_command(
     budget_tokens: Annotated[int | None, Opt(help="Run limit: input + output tokens.")] = None,
     budget_cost: Annotated[float | None, Opt(help="Run limit: dollars.")] = None,
     budget_eval_s: Annotated[float | None, Opt(help="Run limit: evaluation seconds.")] = None,
+    budget_gpu_s: Annotated[float | None, Opt(help="Run limit: seconds the evaluations held the device (GPU-seconds).")] = None,
     budget_wall_s: Annotated[float | None, Opt(help="Run limit: wall-clock seconds.")] = None,
     resume_dir: Annotated[Path | None, Opt("--resume", help="Continue this run directory.")] = None,
     size: Annotated[str | None, Opt(help="small: shrink every problem's size constants for CPU use (as kloop eval --size small).")] = None,
@@ -249,7 +252,8 @@ def run_command(
                    executor=executor, ray_address=ray_address,
                    runs_dir=out.parent if out else runs_dir, run_id=out.name if out else None,
                    budget_calls=budget_calls, budget_tokens=budget_tokens, budget_cost=budget_cost,
-                   budget_eval_s=budget_eval_s, budget_wall_s=budget_wall_s)
+                   budget_eval_s=budget_eval_s, budget_gpu_s=budget_gpu_s,
+                   budget_wall_s=budget_wall_s)
     if len(config) == 1 and is_sweep_file(config[0]):
         if flags or demo or resume_dir is not None:
             raise ConfigError("a sweep file declares everything; give it alone: kloop run -c sweep.yaml")

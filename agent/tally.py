@@ -57,7 +57,9 @@ def _runtime(rec: TurnRecord) -> float | None:
     return rec.eval.runtime_ms if rec.eval is not None else None
 
 
-Measure = Callable[[TurnRecord, TurnRecord], "tuple[HeadToHead | None, float]"]
+Measure = Callable[[TurnRecord, TurnRecord], "tuple[HeadToHead | None, float, float]"]
+"""(incumbent, challenger) -> their head-to-head (None: void), its wall seconds and the seconds
+it held the device (`EvalResult.held_s`)."""
 """Times a challenger against the incumbent in the same paired rounds (`evaluator.harness.headtohead`):
 the comparison (None: could not be made) and the seconds it took."""
 
@@ -92,7 +94,7 @@ def settle_close_call(incumbent: TurnRecord, challenger: TurnRecord,
     that times two candidates in the same paired rounds), the head-to-head decides, beyond its
     own noise; without one, or when it is void or still too close, the incumbent stays ("kept:
     too close to call"). The head-to-head and its seconds are kept on the decision; the loop
-    charges the seconds to the run's eval seconds."""
+    charges them to the run's eval and GPU seconds."""
     a, b = speedup_interval(incumbent.eval), speedup_interval(challenger.eval)
     facts = dict(rule="interval", baseline=INTERVAL_BASELINE, incumbent=_ref(incumbent),
                  challenger=_ref(challenger), incumbent_interval=a, challenger_interval=b,
@@ -100,8 +102,9 @@ def settle_close_call(incumbent: TurnRecord, challenger: TurnRecord,
                  challenger_runtime_ms=_runtime(challenger))
     if measure is None:
         return BestDecision(outcome="kept_too_close", detail="kept: too close to call", **facts)
-    h2h, seconds = measure(incumbent, challenger)
-    facts |= dict(head_to_head=h2h, head_to_head_s=round(seconds, 3))
+    h2h, seconds, held = measure(incumbent, challenger)
+    facts |= dict(head_to_head=h2h, head_to_head_s=round(seconds, 3),
+                  head_to_head_gpu_s=round(held, 3))
     if h2h is not None and h2h.low is not None and h2h.low > 1.0:
         return BestDecision(outcome="replaced", detail=f"replaced: faster head to head "
                             f"({h2h.ratio:.3f}x, interval {h2h.low:.3f}-{h2h.high:.3f})", **facts)

@@ -40,6 +40,7 @@ AXES: dict[str, str] = {
     "tokens": "tokens (in + out)",
     "dollars": "USD",
     "eval_s": "eval seconds",
+    "gpu_s": "GPU-seconds (device held)",
     "wall_s": "wall-clock seconds",
 }
 _COUNTED = {"turns", "calls"}
@@ -86,7 +87,8 @@ class Curve(_Record):
 
 def _amount(axis: str, spend: Spend, turns: int) -> float:
     return {"turns": float(turns), "calls": float(spend.calls), "tokens": float(spend.total_tokens),
-            "dollars": spend.cost_usd, "eval_s": spend.eval_s, "wall_s": spend.wall_s}[axis]
+            "dollars": spend.cost_usd, "eval_s": spend.eval_s, "gpu_s": spend.gpu_s,
+            "wall_s": spend.wall_s}[axis]
 
 
 @dataclass

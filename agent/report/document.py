@@ -118,8 +118,10 @@ def _spend_table(runs: list[RunReport]) -> Table:
         turns = sum(p.turns for p in r.problems)
         cost = "unknown" if r.imported else f"${s.cost_usd:.4f}" + (" +unpriced" if s.unpriced_calls else "")
         tokens = "unknown" if r.imported or s.unmetered_calls else _num(s.total_tokens)
-        rows.append([r.label, str(turns), str(s.calls), tokens, cost, _num(s.eval_s), _num(s.wall_s)])
-    return Table(["run", "turns", "LLM calls", "tokens", "cost", "eval s", "wall-clock s"], rows)
+        rows.append([r.label, str(turns), str(s.calls), tokens, cost, _num(s.eval_s),
+                     _num(s.gpu_s), _num(s.wall_s)])
+    return Table(["run", "turns", "LLM calls", "tokens", "cost", "eval s", "GPU s (held)",
+                  "wall-clock s"], rows)
 
 
 def _config_table(runs: list[RunReport]) -> Table:

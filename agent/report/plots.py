@@ -39,8 +39,11 @@ def plot_curves(curves: list[Curve], labels: list[str], path: Path, metric: str 
     """One panel per budget axis; `fast`: fast_1.0 vs eager (solid) and fast_0 (dashed);
     `geomean`: geomean over all problems of max(1, best speedup vs eager so far)."""
     colors = _colors(labels)
-    fig, axes = plt.subplots(2, 3, figsize=(10, 5.6))
-    for ax, axis in zip(axes.flat, AXES, strict=True):
+    fig, axes = plt.subplots(2, 4, figsize=(13, 5.6))
+    panels = list(axes.flat)
+    for ax in panels[len(AXES):]:  # a grid larger than the axes: the rest stay empty
+        ax.axis("off")
+    for ax, axis in zip(panels, AXES, strict=False):
         drawn = False
         why = "no run has this axis"
         for c in (c for c in curves if c.axis == axis):

@@ -134,7 +134,8 @@ def render_turn(t: TurnRecord, full: bool = False, prompt: bool = True) -> list[
         out.append(Panel(Text(_clip(t.feedback, full)), title=what, title_align="left"))
     s = t.spend
     out.append(Text(f"spend: {s.calls} call(s), {s.total_tokens} tokens, ${s.cost_usd:.4f}, "
-                    f"eval {s.eval_s:.1f} s, turn {s.wall_s:.1f} s", style="dim"))
+                    f"eval {s.eval_s:.1f} s (device held {s.gpu_s:.1f} s), turn {s.wall_s:.1f} s",
+                    style="dim"))
     return out
 
 

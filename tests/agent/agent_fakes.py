@@ -68,10 +68,12 @@ def reply(code: str, words: str = "Here is my kernel.") -> str:
 class FakeEvaluator:
     """Returns real EvalResult records; counts calls; thread-safe."""
 
-    def __init__(self, comparable: bool = True, delay_s: float = 0.0):
+    def __init__(self, comparable: bool = True, delay_s: float = 0.0, held_s: float = 0.0):
         self.calls: list[str] = []
         self.comparable = comparable
         self.delay_s = delay_s
+        self.held_s = held_s
+        """Each result's device holds (`EvalResult.held_s`), as its reference's and its own."""
         self._lock = threading.Lock()
 
     def evaluate(self, problem: Problem, source: str) -> EvalResult:
@@ -84,7 +86,9 @@ class FakeEvaluator:
             evaluator_version="fake-1", problem_id=problem.id, problem_sha256=problem.sha256,
             candidate_sha256=hashlib.sha256(source.encode()).hexdigest(), policy="strict",
             device="cuda:0" if self.comparable else "cpu", backend="triton",
-            started_at="2026-01-01T00:00:00+00:00", stage_seconds={"correctness": 0.25},
+            started_at="2026-01-01T00:00:00+00:00",
+            stage_seconds={"correctness": 0.25, "reference_held": self.held_s / 2,
+                           "candidate_held": self.held_s / 2},
         )
         if "SYNTAX" in source:
             line = source[: source.index("SYNTAX")].count("\n") + 1

@@ -46,6 +46,19 @@ def test_evaluation_seconds_limit(tmp_path):
     assert ep.spend.eval_s >= 0.4
 
 
+def test_gpu_seconds_limit_counts_the_device_holds_not_the_wall(tmp_path):
+    """GPU-seconds are what the evaluations held the device for (`EvalResult.held_s`), whatever
+    their wall time: here 0.2 s of holds in evaluations of about no wall time."""
+    runner, _ = make_runner(tmp_path, [priced() for _ in range(4)], FakeEvaluator(held_s=0.2),
+                            strategy={"turns": 4}, budget={"episode": {"gpu_s": 0.3}})
+    run(runner)
+    ep = runner.store.episodes()[0]
+    assert (ep.turns, ep.stop_reason) == (2, "budget") and "gpu_s" in ep.stop_detail
+    assert ep.spend.gpu_s == pytest.approx(0.4) and ep.spend.eval_s < 0.3
+    turns = runner.store.turns()
+    assert [t.spend.gpu_s for t in turns] == pytest.approx([0.2, 0.2])
+
+
 def test_run_limit_stops_the_running_episode_and_skips_the_rest(tmp_path):
     runner, model = make_runner(tmp_path, [priced() for _ in range(12)],
                                 strategy={"turns": 3, "samples": 4}, budget={"run": {"cost_usd": 0.05}})

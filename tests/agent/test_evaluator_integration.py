@@ -68,6 +68,10 @@ def test_rescore_judges_the_bundled_example_through_the_evaluators_queue(tmp_pat
     seconds = [t.spend.eval_s for t in after]
     assert all(s is not None and s > 0 for s in seconds), seconds
     assert seconds[0] < min(seconds[2:]), seconds  # a syntax error never reaches the device
+    # Its device holds: none for the syntax error, some for those that ran, never more than
+    # their wall time.
+    held = [t.spend.gpu_s for t in after]
+    assert held[0] == 0 and all(0 < h <= s for h, s in zip(held[1:], seconds[1:], strict=True)), held
 
 
 @pytest.mark.slow

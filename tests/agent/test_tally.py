@@ -3,6 +3,7 @@ interval clears the incumbent's; a close call keeps the incumbent and is recorde
 
 from __future__ import annotations
 
+import pytest
 from agent_fakes import FakeEvaluator, kernel, make_config, make_runner, reply, with_interval
 
 from kloop.agent.budget import Spend
@@ -123,7 +124,7 @@ class HeadToHeadEvaluator(FakeEvaluator):
     measures (the incumbent's time over the challenger's)."""
 
     def __init__(self, ratio: float, interval: tuple[float, float]):
-        super().__init__()
+        super().__init__(held_s=0.1)
         self.ratio, self.interval, self.compared = ratio, interval, []
 
     def head_to_head(self, problem, challenger, incumbent):
@@ -147,6 +148,9 @@ def test_a_close_call_is_settled_head_to_head_and_its_seconds_are_charged(tmp_pa
     assert d.outcome == "replaced" and d.head_to_head.ratio == 1.08 and "head to head" in d.detail
     assert wins.compared == [(turns[1].code, turns[0].code)]  # challenger first, then incumbent
     assert d.head_to_head_s is not None and turns[1].spend.eval_s >= d.head_to_head_s
+    # Its device holds too: the challenger's evaluation and the head-to-head's.
+    assert d.head_to_head_gpu_s == pytest.approx(0.1)
+    assert turns[1].spend.gpu_s == pytest.approx(0.1 + d.head_to_head_gpu_s)
     assert best_turn(turns) is turns[1]
     # The same close call where the head-to-head is itself too close keeps the incumbent.
     tie = HeadToHeadEvaluator(ratio=1.01, interval=(0.98, 1.04))

@@ -71,8 +71,10 @@ def test_report_markdown_html_json(two_runs, tmp_path):
     fast = {f["p"]: f["vs_eager"]["value"] for f in run_a["metrics"]["fast_p"]}
     assert fast[1.0] == pytest.approx(2 / 3) and fast[2.0] == pytest.approx(1 / 3)
     assert run_a["metrics_excluding_degenerate"]["problems"] == 2
-    assert [c["axis"] for c in run_a["curves"]] == ["turns", "calls", "tokens", "dollars", "eval_s", "wall_s"]
-    assert {m["axis"] for m in data["matched"]} == {"turns", "calls", "tokens", "dollars", "eval_s", "wall_s"}
+    axes = ["turns", "calls", "tokens", "dollars", "eval_s", "gpu_s", "wall_s"]
+    assert [c["axis"] for c in run_a["curves"]] == axes
+    # Its turns spent no GPU-seconds (written without them): no matched budget on that axis.
+    assert {m["axis"] for m in data["matched"]} == set(axes) - {"gpu_s"}
 
 
 def test_report_on_a_path_that_is_no_run(tmp_path):
@@ -111,4 +113,5 @@ def test_plots_label_the_geomean_floor_and_never_repeat_a_speedup_tick(tmp_path,
     for ax in speed.axes:
         shown = [t.get_text() for t in ax.get_xticklabels(which="both") if t.get_text()]
         assert shown and len(shown) == len(set(shown)), shown
-    assert all("max(1, speedup vs eager)" in ax.get_ylabel() for ax in curves.axes[::3])
+    # The first column of the 2 x 4 grid (seven budget axes, the last panel empty).
+    assert all("max(1, speedup vs eager)" in ax.get_ylabel() for ax in curves.axes[::4])
