@@ -43,7 +43,9 @@ Printed (and written with `--json`), each with its conditions:
 A batch too long for one device call runs in parts: `--part K/N` takes every N-th problem from
 the K-th, `--cache DIR` keeps the evaluator's cache in a directory the machine keeps between
 calls (an ignored folder of the working tree), and `--rows F` appends every finished candidate;
-each part prints its own figures, and the first part's first use is the one a user pays.
+each part prints its own figures, and the first part's first use is the one a user pays. The
+`--json` file is rewritten after every finished candidate, marked `partial` until the run ends:
+a part its call's limit cuts still brings back the figures of what it finished (never combined).
 Parts may also run on machines of their own, in different sessions (a device call's machine is
 bare): `--combine` adds up their `--json` files into one figure (candidates, wall and busy
 seconds summed, so every part's first use is charged; build p50 over all parts' builds).
@@ -294,6 +296,8 @@ def combine(parts: list[dict]) -> dict:
     Parts must share device, size and concurrency, and no problem may be in two of them."""
     if not parts:
         raise ValueError("no parts to combine")
+    if cut := [p["conditions"].get("part") for p in parts if p.get("partial")]:
+        raise ValueError(f"parts cut before they finished (partial): {cut}; run them again")
     keys = ("device", "gpu", "size", "concurrency", "warm_up")
     first_c = parts[0]["conditions"]
     for p in parts[1:]:
@@ -433,9 +437,10 @@ def main(argv: list[str] | None = None) -> int:
                   "problem_ids": problems,
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     settings = {"kept_baselines": args.kept_baselines} if args.kept_baselines is not None else None
+    partial = _partial_writer(args.json, conditions, items, len(problems))
     first_res = run_batch(items, args.device, args.concurrency, args.rows, settings,
                           ahead=args.ahead, cache_dir=args.cache, row_of=row_of,
-                          warm=not args.no_warm_up)
+                          warm=not args.no_warm_up, on_row=partial("first_use_included"))
     report("first use included (the batch after its warm-up)", first_res, len(items))
     first = summarise(first_res, items, len(problems))
     _print("first use included", first)
@@ -445,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
         again = [{**it, "source": it["source"] + f"\n# steady pass {time.time_ns()}\n"}
                  for it in items]
         steady_res = run_batch(again, args.device, args.concurrency, args.rows, settings,
-                               ahead=args.ahead, cache_dir=args.cache, row_of=row_of)
+                               ahead=args.ahead, cache_dir=args.cache, row_of=row_of,
+                               on_row=partial("steady_state", first))
         report("steady state (baselines and caches warm, builds fresh)", steady_res, len(again))
         steady = summarise(steady_res, again, len(problems))
         _print("steady state (baselines and caches warm, builds fresh)", steady)
@@ -456,6 +462,26 @@ def main(argv: list[str] | None = None) -> int:
                                          "steady_state": steady, "projection": projection},
                                         indent=2))
     return 0
+
+
+def _partial_writer(path: Path | None, conditions: dict, items: list[dict], problems: int):
+    """`--json` rewritten after every finished candidate, marked `partial` (how many of the
+    pass's candidates had finished): a part cut by its device call's time limit still leaves
+    the figures of what it finished (its wall up to the last of them), which `--combine`
+    refuses; the finished run writes the whole file over it."""
+
+    def for_pass(name: str, first: dict | None = None):
+        def write(res: dict) -> None:
+            if path is None:
+                return
+            doc = {"conditions": conditions, "first_use_included": first, "steady_state": None,
+                   "projection": None, name: summarise(res, items, problems),
+                   "partial": {"pass": name, "finished": len(res["rows"]), "of": len(items)}}
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.write_text(json.dumps(doc, indent=2))
+            tmp.replace(path)
+        return write
+    return for_pass
 
 
 def _combined(files: list[Path], out: Path | None) -> int:

@@ -150,14 +150,15 @@ def seed_baselines(src: Path, dst: Path) -> int:
 def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path | None = None,
               settings: dict | None = None, warm: bool = False, ahead: int | None = None,
               baselines_from: Path | None = None, cache_dir: Path | None = None,
-              row_of=None) -> dict:
+              row_of=None, on_row=None) -> dict:
     """Evaluate the batch with the evaluator importable here; per-candidate numbers and wall.
     Each finished row is also appended to `rows_file` (a run cut short by a time limit still
     leaves what it finished). `warm`: baselines first (`warm_baselines`), off the clock.
     `concurrency` evaluations at once in their device stages, up to `ahead` more building
     ahead of them (`evaluator.procs.scheduler`; a checkout without it: one pool of `concurrency`).
     `cache_dir`: the evaluator's cache (default: a fresh one, gone after); `row_of(result)`:
-    more fields for each finished row."""
+    more fields for each finished row; `on_row(res)`: told after each finished row what
+    `run_batch` would return if the batch ended there (`wall_s`: the last row's finish)."""
     from kloop.evaluator.common.config import EvalConfig
 
     with contextlib.ExitStack() as stack:
@@ -191,6 +192,9 @@ def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path 
                 if rows_file is not None:
                     with rows_file.open("a") as f:
                         f.write(json.dumps(row) + "\n")
+                if on_row is not None:
+                    on_row({"wall_s": row["done_at_s"], "started_at": started_at,
+                            "rows": [rows[k] for k in sorted(rows)], "warm_s": warm_s})
 
         start, started_at = time.monotonic(), time.time()
         with _pool(concurrency, ahead) as submit:

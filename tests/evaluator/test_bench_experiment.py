@@ -124,6 +124,26 @@ def test_parts_that_do_not_add_up_are_refused(other, why):
         experiment.combine([_part("1/2", ["L3/1", "L3/3"], 100.0, 20.0, [9.0]), other])
 
 
+def test_a_cut_part_leaves_partial_figures_that_combine_refuses(tmp_path, monkeypatch):
+    """After every finished candidate the `--json` file says what the pass had done: a part
+    that its device call's limit cuts keeps its figures, marked partial, and is never added
+    into the figure of record."""
+    monkeypatch.syspath_prepend(str(Path(experiment.__file__).parent))  # as `main` does
+    items = [{"label": f"L3/1 {k}", "kind": k} for k in ("reference", "wrong", "syntax")]
+    conditions = {"device": "cpu", "part": "1/2", "problem_ids": ["L3/1"]}
+    out = tmp_path / "part.json"
+    write = experiment._partial_writer(out, conditions, items, 1)("first_use_included")
+    rows = [{"label": "L3/1 reference", "status": "correct", "stages": {"candidate_held": 2.0},
+             "device_ms": 500.0, "done_at_s": 30.0}]
+    write({"wall_s": 30.0, "rows": rows, "warm_s": 10.0})
+    doc = json.loads(out.read_text())
+    assert doc["partial"] == {"pass": "first_use_included", "finished": 1, "of": 3}
+    first = doc["first_use_included"]
+    assert (first["candidates"], first["wall_s"], first["held_s"]) == (1, 40.0, 2.0)
+    with pytest.raises(ValueError, match="partial"):
+        experiment.combine([doc, _part("2/2", ["L3/2"], 80.0, 10.0, [1.0])])
+
+
 @pytest.mark.slow
 def test_the_bench_runs_a_first_use_and_a_steady_pass_on_cpu(tmp_path):
     out = tmp_path / "e.json"
@@ -133,6 +153,7 @@ def test_the_bench_runs_a_first_use_and_a_steady_pass_on_cpu(tmp_path):
                           "--rows", str(tmp_path / "rows.jsonl"), "--json", str(out)])
     assert rc == 0
     data = json.loads(out.read_text())
+    assert "partial" not in data  # the finished run wrote its whole file over the partial one
     for name in ("first_use_included", "steady_state"):
         s = data[name]
         assert s["statuses"] == {"correct": 1, "compile_error": 1, "incorrect": 1}, s
