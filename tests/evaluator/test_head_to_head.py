@@ -49,3 +49,21 @@ def test_an_incumbent_with_a_wrong_output_voids_the_comparison_not_the_verdict(m
     assert r.status == "correct"
     assert r.head_to_head is not None and r.head_to_head.ratio is None
     assert "wrong" in (r.head_to_head.note or "")
+
+
+def test_with_a_kept_baseline_worker_the_incumbent_still_serves_beside_the_challenger(mlp):
+    """The rounds' third process (the kept worker, `evaluator.harness.servers`) changes who
+    serves the baselines, not the head-to-head: the slower incumbent still reads slower."""
+    from kloop.evaluator.harness.servers import SERVERS
+
+    p, src, cfg = mlp
+    kept = cfg.model_copy(update={"kept_baselines": 1, "baselines": "eager"})
+    try:
+        started = SERVERS.started
+        r = head_to_head(p, src, _sleepy(src), kept)
+        h = r.head_to_head
+        assert r.status == "correct" and h is not None and h.low is not None and h.low > 1.0
+        assert r.paired is not None and r.paired.baselines == ["eager"]
+        assert SERVERS.started == started + 1
+    finally:
+        SERVERS.close_all()
