@@ -1,8 +1,8 @@
 """The budget meter: what an episode and a run have spent, in matched units, against limits.
 
 Units: LLM calls, input/output/reasoning tokens, dollars, evaluation seconds, GPU-seconds (the
-device's exclusive holds) and wall-clock seconds. Limits are checked before each model call, so the call that crosses a limit completes
-and is counted; the next one is not made.
+device's exclusive holds) and wall-clock seconds. Limits are checked before each model call, so
+the call that crosses a limit completes and is counted; the next one is not made.
 """
 
 from __future__ import annotations

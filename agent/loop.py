@@ -90,7 +90,7 @@ def run_episode(spec: EpisodeSpec, env: EpisodeEnv, done: list[TurnRecord] | Non
             break
         meter.charge(Spend.of_reply(reply))
         code, fault = extract(reply)
-        result, eval_s = None, 0.0
+        result, eval_s, gpu_s = None, 0.0, 0.0
         if code is not None:
             try:
                 result, eval_s = evaluate_timed(env, spec, code)
@@ -99,14 +99,14 @@ def run_episode(spec: EpisodeSpec, env: EpisodeEnv, done: list[TurnRecord] | Non
                 unrecorded_calls.append(call_id)
                 stop, error = ("infra_error", f"evaluation failed: {e}"), _error_info(e)
                 break
-            meter.charge(Spend(eval_s=eval_s, gpu_s=result.held_s))
+            gpu_s = result.held_s
+            meter.charge(Spend(eval_s=eval_s, gpu_s=gpu_s))
         feedback = env.prompts.render(feedback_template(result),
                                       **feedback_vars(state, result, fault, env.agent,
                                                      env.comparison.precision))
         turn = len(state.own) + 1
         spend = (context.spend + Spend.of_reply(reply)).model_copy(
-            update={"eval_s": eval_s, "gpu_s": result.held_s if result is not None else 0.0,
-                    "wall_s": time.monotonic() - clock})
+            update={"eval_s": eval_s, "gpu_s": gpu_s, "wall_s": time.monotonic() - clock})
         rec = TurnRecord(
             run_id=env.run_id, episode_key=spec.key, episode=spec.episode,
             problem_id=spec.problem.id, problem_stem=spec.problem.stem, turn=turn,

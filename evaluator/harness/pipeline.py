@@ -9,8 +9,9 @@ in the result comes from a child process, every verdict from this process.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from kloop.evaluator.common.config import EvalConfig
 from kloop.evaluator.common.result import EvalResult
@@ -28,7 +29,7 @@ from kloop.evaluator.harness.stages import (
     static_stage,
 )
 from kloop.evaluator.harness.state import EvalRun, result_of
-from kloop.evaluator.procs.devicegate import GATE, out_of_device_memory
+from kloop.evaluator.procs.devicegate import GATE, Hold, out_of_device_memory
 from kloop.problems.registry import Problem, get_problem
 
 log = logging.getLogger(__name__)
@@ -82,10 +83,24 @@ def device_half(run: EvalRun, findings: list[Finding],
                 run_stages(run, stages[1], findings)
             except BaseException as e:  # noqa: BLE001 (the caller raises or reports it)
                 error = e
-        # Kept baseline workers hold device memory too (`harness.servers`).
-        if (hold.crowded or SERVERS.alive()) and _ran_out(run, findings, error):
+        if beside_others(hold) and _ran_out(run, findings, error):
             return _again_alone(run, stages)
     return run, findings, error
+
+
+def beside_others(hold: Hold) -> bool:
+    """Whether something else held device memory during `hold`: another evaluation in its
+    device stages, or a kept baseline worker (`harness.servers`)."""
+    return hold.crowded or SERVERS.alive() > 0
+
+
+@contextlib.contextmanager
+def alone() -> Iterator[None]:
+    """This process's device stages to the caller alone: no other evaluation in them, and no
+    idle kept baseline worker holding device memory."""
+    with GATE.alone():
+        SERVERS.close_idle()
+        yield
 
 
 def _ran_out(run: EvalRun, findings: list[Finding], error: BaseException | None) -> bool:
@@ -106,12 +121,11 @@ def _again_alone(first: EvalRun, stages: tuple[Sequence[Stage], Sequence[Stage]]
     first.cleanup()
     run: EvalRun | None = None
     findings: list[Finding] = []
-    with GATE.alone():
-        SERVERS.close_idle()
+    with alone():
         try:
             run = start(first.problem, first.source, first.config)
             run.incumbent = first.incumbent
-            run.kept_baselines = False
+            run.retried_alone = True
             run_stages(run, stages[0], findings)
             run_stages(run, stages[1], findings)
         except BaseException as e:  # noqa: BLE001

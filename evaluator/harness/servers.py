@@ -87,14 +87,12 @@ class BaselineServer:
     roles: list[str]
     """The roles it serves: eager, and each compiled baseline that has not failed."""
     flags: list[str]
-    start_s: float
     held_s: float = 0.0
     """Seconds its start held the device lock (its reference stage and its warm-up calls)."""
     started_at: float = field(default_factory=time.monotonic)
     used_at: float = field(default_factory=time.monotonic)
     pins: int = 0
     """Evaluations that will use it (from their reference stage to their end)."""
-    sessions: int = 0
     broken: str | None = None
     in_session: threading.Lock = field(default_factory=threading.Lock)
 
@@ -124,7 +122,6 @@ class BaselineServer:
         try:
             child = self.run.ref_child
             assert child is not None and child.calls is not None
-            self.sessions += 1
             self.used_at = time.monotonic()
             for name, why in dropped.items():
                 if name in self.roles and name != "eager":
@@ -189,7 +186,7 @@ class Servers:
         kept (`limit`, a retry alone), every slot is pinned by other evaluations, or one could
         not start for this problem in this process."""
         cap = limit(run)
-        if cap == 0 or not run.kept_baselines:
+        if cap == 0 or run.retried_alone:
             return None, False
         key = server_key(run)
         with self._lock:
@@ -294,7 +291,6 @@ def _start(run: EvalRun, key: str) -> BaselineServer:
 
     config = run.config.model_copy(update={"device": run.device, "sandbox_uid": None,
                                            "kept_baselines": 0})
-    t0 = time.monotonic()
     srun = EvalRun.create(run.problem, "", config)
     if srun.claim is not None:  # not an evaluation in flight: the device pool does not count it
         srun.claim.release()
@@ -307,7 +303,7 @@ def _start(run: EvalRun, key: str) -> BaselineServer:
         if ref is None or not ref.parked or srun.ref_child is None:
             raise ReferenceFailure("the baseline worker did not park after its roles")
         s = BaselineServer(key=key, run=srun, reference=ref, roles=list(ref.paired_roles),
-                           flags=[f.flag for f in found if isinstance(f, Flagged)], start_s=0.0)
+                           flags=[f.flag for f in found if isinstance(f, Flagged)])
         s.held_s = sum(f.seconds for f in found
                        if isinstance(f, Clocked) and f.name == "reference_held")
         t1 = time.monotonic()
@@ -318,7 +314,6 @@ def _start(run: EvalRun, key: str) -> BaselineServer:
     except BaseException:
         srun.cleanup()
         raise
-    s.start_s = time.monotonic() - t0
     return s
 
 

@@ -229,7 +229,7 @@ def reference_stage(run: EvalRun, before: Sequence[Finding] = (), job: Reference
     if out.parked:  # off the lock now, serving nothing until the candidate's timed calls
         run.ref_child = child
     ledger.record(*(Clocked(name=k, seconds=v) for k, v in out.stage_seconds.items()))
-    kinds = baseline_kinds(run) if run.server is not None else job.baselines
+    kinds = baseline_kinds(run)
     # The compiled baselines' unpaired numbers and flags: a kept worker's, where one serves.
     compiled = run.server.reference if run.server is not None else out
     ledger.record(Observed(env=out.env),

@@ -151,8 +151,9 @@ class EvalRun:
     server: BaselineServer | None = None
     """The kept baseline worker its paired rounds use (`evaluator.harness.servers`), pinned from
     its reference stage to `cleanup`; None: its own reference worker serves them (parked)."""
-    kept_baselines: bool = True
-    """Whether it may use a kept baseline worker (not in a retry alone: `pipeline.device_half`)."""
+    retried_alone: bool = False
+    """The second run of an evaluation that ran out of device memory (`pipeline.device_half`):
+    it uses no kept baseline worker."""
 
     @classmethod
     def create(cls, problem: Problem, source: str, config: EvalConfig) -> EvalRun:

@@ -29,7 +29,7 @@ def out_of_device_memory(text: str | None) -> bool:
     return bool(text) and any(m in text for m in _OUT_OF_MEMORY)
 
 
-class _Hold:
+class Hold:
     crowded = False
     """Another evaluation was in its device stages at some moment of this one's."""
 
@@ -40,13 +40,13 @@ class DeviceGate:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._holds: list[_Hold] = []
+        self._holds: list[Hold] = []
         self._alone = False
         self._waiting_alone = 0
 
     @contextlib.contextmanager
-    def shared(self) -> Iterator[_Hold]:
-        hold = _Hold()
+    def shared(self) -> Iterator[Hold]:
+        hold = Hold()
         with self._cond:
             while self._alone or self._waiting_alone:
                 self._cond.wait()

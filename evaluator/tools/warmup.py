@@ -65,8 +65,9 @@ def warm_up(jobs: Sequence[tuple[Problem, EvalConfig]], concurrency: int = 1,
 
 def _baselines(prob: Problem, config: EvalConfig, rebuild: bool) -> object:
     """`build_baselines`, in this process's device gate; a reference that ran out of device
-    memory while another evaluation was in its device stages runs again holding it alone."""
-    from kloop.evaluator.harness.pipeline import build_baselines
+    memory beside another evaluation or a kept baseline worker runs again alone, as an
+    evaluation does (`pipeline.device_half`)."""
+    from kloop.evaluator.harness.pipeline import alone, beside_others, build_baselines
     from kloop.evaluator.harness.reference import ReferenceFailure
     from kloop.evaluator.procs.devicegate import GATE, out_of_device_memory
 
@@ -74,7 +75,7 @@ def _baselines(prob: Problem, config: EvalConfig, rebuild: bool) -> object:
         try:
             return build_baselines(prob, config, rebuild=rebuild)
         except ReferenceFailure as e:
-            if not (hold.crowded and out_of_device_memory(str(e))):
+            if not (beside_others(hold) and out_of_device_memory(str(e))):
                 raise
-    with GATE.alone():
+    with alone():
         return build_baselines(prob, config, rebuild=rebuild)

@@ -75,3 +75,36 @@ def test_a_reference_that_fails_otherwise_is_its_row_and_concurrency_must_be_pos
     assert w.reference is None and w.error == "reference failed in reference: ValueError: L3/1"
     with pytest.raises(ValueError, match="at least 1"):
         warm_up([], concurrency=0)
+
+
+def test_one_that_ran_out_beside_a_kept_baseline_worker_is_timed_again_with_it_closed(
+        monkeypatch, tmp_path):
+    """Alone among evaluations but beside a kept worker (`harness.servers`), which holds device
+    memory too: timed again, with every idle kept worker closed first."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from eval_helpers import candidate, cpu_config
+
+    from kloop.evaluator.harness.servers import SERVERS
+
+    config = cpu_config(tmp_path / "cache", kept_baselines=1, baselines="eager")
+    try:
+        assert pipeline.evaluate("L3/1", candidate("mlp_torch.py"), config).status == "correct"
+        assert SERVERS.alive() == 1
+        alive_at: list[int] = []
+
+        def runs_out_once(prob, config, rebuild=True):
+            alive_at.append(SERVERS.alive())
+            if len(alive_at) == 1:
+                raise ReferenceFailure("reference failed in baselines: OutOfMemoryError: CUDA "
+                                       "out of memory. Tried to allocate 8.00 GiB")
+            return "baselines"
+
+        monkeypatch.setattr(pipeline, "build_baselines", runs_out_once)
+        (w,), _ = warm_up([(get_problem("L3/4"), CPU)], concurrency=1)
+        assert w.reference == "baselines" and w.error is None
+        assert alive_at == [1, 0]  # the second time alone, the kept worker closed
+    finally:
+        SERVERS.close_all()
