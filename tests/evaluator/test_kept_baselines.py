@@ -1,10 +1,9 @@
 """Baseline workers kept between evaluations of one problem (`evaluator.harness.servers`), on
 CPU with real worker processes: the same rounds and checks, one worker start per problem.
 
-What must not change is what a verdict rests on: every timed call is still checked against
-the evaluation's own reference worker (built under its own secret seed; the kept worker's
-models are built under another, so an honest candidate checked against the kept worker's
-outputs would fail), and every speedup still comes from paired rounds with an interval.
+What must not change is what a verdict rests on (its attack and honest pair are in
+`tests/exploits/test_kept_worker.py`): every timed call is still checked against the
+evaluation's own reference worker, and every speedup still comes from paired rounds.
 """
 
 from __future__ import annotations
@@ -19,16 +18,6 @@ from kloop.evaluator.harness.pipeline import evaluate
 from kloop.evaluator.harness.servers import SERVERS
 
 _MLP = candidate("mlp_torch.py")
-# Honest for 8 calls (the trials), then its last output again (catalog T7a, in plain torch).
-COUNTS_CALLS = _MLP.replace(
-    "    def forward(self, x):\n",
-    "    def forward(self, x):\n"
-    "        _CALLS.append(1)\n"
-    "        if len(_CALLS) > 8 and _LAST:\n"
-    "            return _LAST[-1]\n"
-    "        _LAST.append(self._forward(x))\n"
-    "        return _LAST[-1]\n\n"
-    "    def _forward(self, x):\n") + "\n\n_CALLS, _LAST = [], []\n"
 CLAIMS_OOM = "import torch\n" + _MLP.replace(
     "    def forward(self, x):\n",
     "    def forward(self, x):\n"
@@ -69,20 +58,6 @@ def test_one_worker_serves_every_evaluation_of_a_problem_and_a_dead_one_is_repla
     third = evaluate("L3/1", _MLP, config)
     assert third.status == "correct" and _paired_eager(third), (third.status, third.flags)
     assert SERVERS.started == started + 2 and SERVERS.alive() == 1
-
-
-def test_checks_stay_with_the_evaluations_own_reference(tmp_path):
-    """An honest candidate is `correct` (checked against the kept worker's outputs, built under
-    another seed, it would fail) and one wrong only on its timed calls is `incorrect` there."""
-    config = cpu_config(tmp_path / "cache", kept_baselines=1, baselines="eager",
-                        cpu_timing_trials=5)
-    assert COUNTS_CALLS != _MLP
-    honest = evaluate("L3/1", _MLP, config)
-    result = evaluate("L3/1", COUNTS_CALLS, config)
-    assert honest.status == "correct"
-    assert result.status == "incorrect", (result.status, result.flags)
-    assert any(t.kind == "timed" and not t.passed for t in result.correctness)
-    assert SERVERS.started >= 1 and SERVERS.alive() == 1
 
 
 def test_the_least_recently_used_worker_makes_room_and_none_kept_means_the_own_worker(tmp_path):
