@@ -147,3 +147,14 @@ def pch_store(_pch_store_built, monkeypatch):
     root, key = _pch_store_built
     monkeypatch.setenv(pch.DIR_ENV, str(root))
     return root, key
+
+
+@pytest.fixture
+def no_kept_workers():
+    """No kept baseline worker (`evaluator.harness.servers`) before or after the test: each
+    test counts the ones it starts."""
+    from kloop.evaluator.harness.servers import SERVERS
+
+    SERVERS.close_all()
+    yield SERVERS
+    SERVERS.close_all()

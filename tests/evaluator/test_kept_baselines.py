@@ -24,11 +24,7 @@ CLAIMS_OOM = "import torch\n" + _MLP.replace(
     "        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 80.00 GiB')\n")
 
 
-@pytest.fixture(autouse=True)
-def _no_kept_workers_left():
-    SERVERS.close_all()
-    yield
-    SERVERS.close_all()
+pytestmark = pytest.mark.usefixtures("no_kept_workers")
 
 
 def _paired_eager(result) -> bool:
