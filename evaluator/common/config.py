@@ -36,6 +36,13 @@ class Policy(BaseModel):
     """TF32 for matmul and cuDNN, set identically in reference and candidate before anything is
     built. None leaves PyTorch's defaults (cuDNN TF32 on, matmul off)."""
     timing_trials: int = 100
+    """Timed calls per side of the paired rounds, at most (the full count)."""
+    timing_budget_ms: float | None = 250.0
+    """Device time for one side's timed calls: a problem whose eager median times the full count
+    exceeds it gets fewer calls, down to `timing_min_trials`, on a fixed ladder
+    (`evaluator.harness.budget`); its interval says what that costs. None: always the full count."""
+    timing_min_trials: int = Field(20, ge=1)
+    """The fewest timed calls per side a budget may leave (two per round at ten rounds)."""
     warmup_calls: int = 3
     warmup_ms: float = 25.0
     """After the warm-up calls, keep calling until this much host time has passed."""
@@ -91,7 +98,9 @@ POLICIES: dict[str, Policy] = {
             "secret inputs, models built under secret seeds with noisy constant fills, TF32 off, "
             "degenerate problems scaled into input dependence, sequence problems drawn so that "
             "the whole sequence matters, float64 precision check, runtime "
-            "anti-cheat rules and input mutation rejected; median for speedups.",
+            "anti-cheat rules and input mutation rejected; median for speedups over paired rounds "
+            "of 100 timed calls a side, fewer (20 at least) for a model whose calls exceed "
+            "250 ms of device time a side.",
         ),
         # KernelBench main: same tolerances and trial counts, PyTorch's default backend flags,
         # the mean of 100 L2-flushed trials on one input set. Process isolation stays: it
@@ -108,6 +117,7 @@ POLICIES: dict[str, Policy] = {
             degenerate_trials=False,
             whole_input_trials=False,
             reparam_trial=False,
+            timing_budget_ms=None,
         ),
     )
 }

@@ -317,11 +317,35 @@ class SpeedupInterval(_Record):
     """Rounds both sides completed (the unit the bootstrap resamples)."""
 
 
+class TimingPlan(_Record):
+    """How many timed calls each side of the paired rounds got, and why
+    (`evaluator.harness.budget`): decided before the evaluation's reference stage from what
+    the trusted reference measured, never from anything of the candidate's."""
+
+    calls: int
+    """Timed calls per side (every one checked, every one timed)."""
+    full: int
+    """The policy's count (`Policy.timing_trials`, or the CPU's): what an unbudgeted run makes."""
+    budget_ms: float | None = None
+    """The policy's device time for one side's timed calls (`Policy.timing_budget_ms`)."""
+    eager_ms: float | None = None
+    """The eager calls' wall median (the handshake in: what a call costs the rounds) the count
+    was read from; None: none was measured yet, or no budget applies."""
+    source: Literal["policy", "kept_worker", "earlier_evaluation", "warm_up",
+                    "unmeasured"] = "policy"
+    """Where `eager_ms` came from, in this process and at the full count: `kept_worker` (its
+    start), `earlier_evaluation` (an earlier evaluation of the problem), `warm_up` (the
+    baselines' warm-up, `kloop baseline`); `unmeasured` (none yet: the full count); `policy`
+    (no budget applies: its count)."""
+
+
 class PairedSummary(_Record):
     """How the candidate and its baselines were timed side by side."""
 
     rounds: int
     calls_per_round: int
+    plan: TimingPlan | None = None
+    """How many timed calls each side got and why (None: records from before budgets)."""
     handshake_ms: float | None
     """The fastest of the reference worker's null calls in these rounds: what every side's calls
     are net of (never the candidate process's own)."""

@@ -71,10 +71,13 @@ def server_key(run: EvalRun) -> str:
     from kloop.evaluator.harness.reference import baseline_key, timing_key
     from kloop.evaluator.harness.stages import baseline_kinds, reference_serving
 
+    # The full count, whatever this evaluation's plan (`harness.budget`): a kept worker serves
+    # any number of calls, and its start times the full count.
     serving = reference_serving(run)
-    return baseline_key({"device": run.device, "timing": timing_key(serving.timing),
+    full = run.timing_spec(full=True)
+    return baseline_key({"device": run.device, "timing": timing_key(full),
                          "kinds": baseline_kinds(run), "cache": str(run.config.cache_dir),
-                         "calls": len(serving.seeds), **serving.key_extra})
+                         "calls": full.trials, **serving.key_extra})
 
 
 @dataclass

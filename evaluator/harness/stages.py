@@ -29,6 +29,7 @@ from kloop.evaluator.common.protocol import (
     RetryMsg,
 )
 from kloop.evaluator.common.result import ErrorInfo, TimingStats
+from kloop.evaluator.harness import budget
 from kloop.evaluator.harness.checks import STATIC_CHECKS
 from kloop.evaluator.harness.judge import (
     STAGE_OF_CHILD,
@@ -57,6 +58,7 @@ from kloop.evaluator.harness.outcome import (
 from kloop.evaluator.harness.precheck import precheck_source
 from kloop.evaluator.harness.reference import Serving, collect_reference
 from kloop.evaluator.harness.served import null_call_count
+from kloop.evaluator.harness.servers import server_key
 from kloop.evaluator.harness.state import EvalRun, child_failure, cuda_arch_list
 from kloop.evaluator.procs import board
 from kloop.evaluator.procs.buildslots import build_slot, default_slots
@@ -213,6 +215,7 @@ def reference_stage(run: EvalRun, before: Sequence[Finding] = (), job: Reference
     ledger.record(Entered(stage="correctness"))
     if job is None:  # an evaluation's (a given job is a kept worker's or a baselines-only run's)
         _kept_server(run, ledger)
+        run.plan = budget.plan(run)  # before anything reads the timed calls' seeds
         job = reference_job(run)
     serving = serving or reference_serving(run)
     env = {"TORCHINDUCTOR_CACHE_DIR": str(private_dir(run.config.cache_dir) / "inductor")}
@@ -226,6 +229,11 @@ def reference_stage(run: EvalRun, before: Sequence[Finding] = (), job: Reference
             # candidate's turn to run code) is given back.
             (run.root / "ref" / "job_reference.json").unlink(missing_ok=True)
     run.reference = out
+    # Trusted and at the full count: the budget's estimate for later evaluations of the problem
+    # if none stands yet (a kept worker's is remembered by `_kept_server`, under its own label).
+    if not job.keep_serving and len(serving.seeds) == run.timing_spec(full=True).trials:
+        budget.remember(server_key(run), out.eager,
+                        "earlier_evaluation" if run.plan is not None else "warm_up")
     if out.parked:  # off the lock now, serving nothing until the candidate's timed calls
         run.ref_child = child
     ledger.record(*(Clocked(name=k, seconds=v) for k, v in out.stage_seconds.items()))
@@ -253,6 +261,9 @@ def _kept_server(run: EvalRun, ledger: Ledger) -> None:
     run.server, started = SERVERS.ensure(run)
     if run.server is None:
         return
+    # Its start timed eager at the full count (trusted code, before any candidate of this
+    # problem was served by it): the budget's estimate if none stands yet.
+    budget.remember(server_key(run), run.server.reference.eager, "kept_worker")
     if started:  # its lock holds are this evaluation's first use (`baseline_server_held`)
         ledger.clock("baseline_server_start", time.monotonic() - t0)
         ledger.clock("baseline_server_held", run.server.held_s)

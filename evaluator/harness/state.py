@@ -33,6 +33,7 @@ from kloop.evaluator.common.result import (
     ErrorInfo,
     EvalResult,
     Stage,
+    TimingPlan,
     TimingStats,
 )
 from kloop.evaluator.harness import cores
@@ -151,6 +152,9 @@ class EvalRun:
     server: BaselineServer | None = None
     """The kept baseline worker its paired rounds use (`evaluator.harness.servers`), pinned from
     its reference stage to `cleanup`; None: its own reference worker serves them (parked)."""
+    plan: TimingPlan | None = None
+    """How many timed calls each side gets (`harness.budget`), set at the start of its
+    reference stage; None before (and in a kept worker's or a baselines-only run)."""
     retried_alone: bool = False
     """The second run of an evaluation that ran out of device memory (`pipeline.device_half`):
     it uses no kept baseline worker."""
@@ -288,10 +292,16 @@ class EvalRun:
             input_scale=scale, input_shift=shift,
         )
 
-    def timing_spec(self) -> TimingSpec:
+    def timing_spec(self, full: bool = False) -> TimingSpec:
+        """How this evaluation times its calls: as many as its plan gives (`harness.budget`),
+        or the full count before it has one, or when asked (`full`: what a kept worker's key
+        and start use, the same for every evaluation of a problem)."""
         p, c = self.policy, self.config
+        trials = c.cpu_timing_trials if self.on_cpu else p.timing_trials
+        if self.plan is not None and not full:
+            trials = self.plan.calls
         return TimingSpec(
-            trials=c.cpu_timing_trials if self.on_cpu else p.timing_trials,
+            trials=trials,
             warmup_calls=c.cpu_warmup_calls if self.on_cpu else p.warmup_calls,
             warmup_ms=0.0 if self.on_cpu else p.warmup_ms,
             l2_flush=not self.on_cpu,

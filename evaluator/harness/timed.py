@@ -258,7 +258,8 @@ def _record_paired(run: EvalRun, ledger: Ledger, paired: PairedServed, n_seeds: 
     eager = measured.get("eager")
     multiple = eager.median_ms / hs if eager is not None and hs else None
     ledger.record(Paired(summary=PairedSummary(
-        rounds=paired.n_rounds, calls_per_round=paired.calls_per_round, handshake_ms=hs,
+        rounds=paired.n_rounds, calls_per_round=paired.calls_per_round, plan=run.plan,
+        handshake_ms=hs,
         baselines=list(measured), resolution_multiple=multiple,
         unpaired_eager_ms=ref.eager.median_ms if ref.eager is not None else None),
         intervals=intervals))

@@ -236,7 +236,7 @@ def test_a_row_keeps_a_failures_first_line_even_when_it_has_no_message():
     from kloop.evaluator.common.result import ErrorInfo
 
     def result(message: str):
-        return SimpleNamespace(compile=None, backend="torch", timing=None, eager=None,
+        return SimpleNamespace(compile=None, backend="torch", timing=None, eager=None, paired=None,
                                compiled=None, compiled_ro=None,
                                error=ErrorInfo(type="OutOfMemoryError", message=message))
 
