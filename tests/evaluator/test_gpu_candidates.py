@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 from eval_helpers import MLP_SMALL, candidate
 
-from kloop.evaluator.common.config import EvalConfig, StageTimeouts
+from kloop.evaluator.common.config import POLICIES, EvalConfig, StageTimeouts
+from kloop.evaluator.harness import budget
 from kloop.evaluator.harness.pipeline import evaluate, evaluate_many
 
 pytestmark = pytest.mark.gpu
@@ -38,7 +39,11 @@ def _assert_correct_and_timed(r):
     assert r.status == "correct", (r.error, r.compile, [t.message for t in r.correctness])
     assert r.stage_reached == "done"
     t = r.timing
-    assert t is not None and t.clock == "harness" and t.comparable and t.n_trials == 100
+    assert t is not None and t.clock == "harness" and t.comparable
+    # 100 calls a side, or as many as the budget gave a slow model (`harness.budget`).
+    plan = r.paired.plan
+    assert t.n_trials == plan.calls and plan.full == 100, plan
+    assert plan.calls == budget.calls_for(100, POLICIES[r.policy], plan.eager_ms), plan
     assert t.handshake_ms is not None and 0 < t.handshake_ms < 5.0, t
     assert t.worker_event_median_ms is not None
     assert r.eager is not None and r.speedup_vs_eager is not None

@@ -72,7 +72,8 @@ def test_the_candidate_child_loads_the_prebuilt_runtime(tmp_path):
     roots: list[Path] = []
     ahead = stages.construct_ahead
     mp = pytest.MonkeyPatch()
-    mp.setattr(stages, "construct_ahead", lambda run: roots.append(run.root) or ahead(run))
+    mp.setattr(stages, "construct_ahead",
+               lambda run, ledger: roots.append(run.root) or ahead(run, ledger))
     try:
         r = evaluate("L3/1", candidate("mlp_triton.py"),
                      cpu_config(cache, device="cuda", keep_workdir=True))
