@@ -25,7 +25,7 @@ from rich.table import Table
 from kloop.console import make_console
 from kloop.errors import KloopError
 from kloop.evaluator.common.config import POLICIES, EvalConfig
-from kloop.evaluator.common.result import EvalResult, TimingStats
+from kloop.evaluator.common.result import EvalResult, TimingPlan, TimingStats
 from kloop.evaluator.harness.precheck import (
     CandidateUnreadable,
     check_overrides,
@@ -304,6 +304,21 @@ def _render_timing(r: EvalResult, console: Console) -> None:
                       f"vs torch.compile {_num(r.speedup_vs_compile)}x, "
                       f"vs reduce-overhead {_num(r.speedup_vs_compile_ro)}x; "
                       f"vs the fastest ({r.best_baseline}) {_num(r.speedup_vs_best)}x")
+    if r.speedup_ci:
+        console.print("95 % intervals: " + ", ".join(
+            f"{name} [{_num(ci.low)}, {_num(ci.high)}]" for name, ci in r.speedup_ci.items()))
+    if r.paired is not None:
+        calls = r.paired.rounds * r.paired.calls_per_round
+        console.print(f"{calls} timed calls a side in {r.paired.rounds} paired rounds"
+                      f"{_plan_note(r.paired.plan)}")
+
+
+def _plan_note(plan: TimingPlan | None) -> str:
+    """Why the count is what it is (`harness.budget`)."""
+    if plan is None or plan.calls == plan.full:
+        return ""
+    return (f" (the budget's count: {plan.budget_ms:g} ms a side at {plan.eager_ms:.3g} ms an "
+            f"eager call, from the {plan.source.replace('_', ' ')}; {plan.full} without it)")
 
 
 def _num(x: float | None) -> str:

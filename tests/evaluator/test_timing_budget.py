@@ -70,6 +70,16 @@ def test_the_first_evaluation_measures_at_the_full_count_and_sets_the_next_ones(
     # the full count, before the rounds; their wall median, the handshake in), and it stands.
     assert plan.eager_ms is not None and plan.eager_ms >= first.paired.unpaired_eager_ms
     assert evaluate("L3/1", _MLP, config).paired.plan == plan
+    # `kloop eval` says how many calls and why.
+    from rich.console import Console
+
+    from kloop.evaluator.tools.cli import render
+
+    console = Console(record=True, width=200)
+    render(second, console)
+    text = console.export_text()
+    assert "4 timed calls a side in 4 paired rounds (the budget's count: 1e-06 ms a side" in text
+    assert "from the earlier evaluation; 20 without it)" in text
 
     # Fewer calls, every one still checked: a wrong candidate is wrong.
     wrong = evaluate("L3/1", _WRONG, config)
