@@ -3,7 +3,8 @@ full sizes, on a fresh cache (first use included), through the scheduler as `klo
 
     python bench/experiment.py [--device cuda] [--concurrency 8] [--problems all|L3/1,L3/4]
                                [--part K/N] [--kinds reference,cuda_lean,...] [--size full|small]
-                               [--cache DIR] [--steady] [--no-warm-up] [--kept-baselines N]
+                               [--cache DIR] [--steady | --steady-only] [--no-warm-up]
+                               [--kept-baselines N]
                                [--rows F] [--json F]
     python bench/experiment.py --list
     python bench/experiment.py --combine part1.json part2.json ... [--json F]
@@ -49,6 +50,11 @@ a part its call's limit cuts still brings back the figures of what it finished (
 Parts may also run on machines of their own, in different sessions (a device call's machine is
 bare): `--combine` adds up their `--json` files into one figure (candidates, wall and busy
 seconds summed, so every part's first use is charged; build p50 over all parts' builds).
+A part too long for one call runs in two calls of one machine: its first pass (no `--steady`) on
+the fresh machine, then `--steady-only` on the cache it left, which first makes again, off the
+clock, what the first pass left in its process (one reference candidate per problem: the kept
+baseline workers and the timing budget's estimates); `--combine` joins the two files of the
+same problems into one part.
 The old path as a ratio: `bench/throughput.py --kloop-root` runs a batch through another checkout.
 """
 
@@ -310,6 +316,7 @@ def combine(parts: list[dict]) -> dict:
             raise ValueError(f"parts differ in {', '.join(keys)}: {first_c} vs {p['conditions']}")
     if any("problem_ids" not in p["conditions"] for p in parts):
         raise ValueError("a part without its problem ids: rerun it with this bench")
+    parts = _halves_joined(parts)
     labels = [p["conditions"].get("part") or "all" for p in parts]
     ids = [i for p in parts for i in p["conditions"]["problem_ids"]]
     if twice := sorted({i for i in ids if ids.count(i) > 1}):
@@ -343,6 +350,29 @@ def combine(parts: list[dict]) -> dict:
                            "started": [p["conditions"].get("started") for p in parts]},
             "first_use_included": first, "steady_state": steady,
             "projection": project(first, steady) if first is not None else None}
+
+
+def _halves_joined(parts: list[dict]) -> list[dict]:
+    """A part run in two calls of one machine (its first pass, then `--steady-only`) is one
+    part: the two files of the same problems, one with only the first pass and one with only
+    the steady pass, become one."""
+    firsts = {tuple(p["conditions"]["problem_ids"]): p for p in parts
+              if p.get("steady_state") is None and p.get("first_use_included") is not None}
+    out, joined = [], set()
+    for p in parts:
+        key = tuple(p["conditions"]["problem_ids"])
+        if p.get("first_use_included") is None and p.get("steady_state") is not None:
+            if key not in firsts:
+                raise ValueError(f"a steady pass without its first pass: {list(key)}")
+            first = firsts[key]
+            joined.add(id(first))
+            out.append({**first, "steady_state": p["steady_state"],
+                        "conditions": {**first["conditions"],
+                                       "part": f"{first['conditions'].get('part') or 'all'}"
+                                               "+steady"}})
+        else:
+            out.append(p)
+    return [p for p in out if id(p) not in joined]
 
 
 def project(first: dict, steady: dict | None) -> dict | None:
@@ -408,6 +438,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", choices=("full", "small"), default="full")
     ap.add_argument("--cache", type=Path, help="the evaluator's cache (default: a fresh one)")
     ap.add_argument("--steady", action="store_true", help="then the batch again, warm")
+    ap.add_argument("--steady-only", action="store_true",
+                    help="only the steady pass, on the --cache a first pass left on this machine "
+                         "(a part too long for one call: its first pass, then this in the next "
+                         "call of the same warm machine); first primed off the clock")
     ap.add_argument("--no-warm-up", action="store_true",
                     help="no baseline warm-up first: each problem's first candidate times them")
     ap.add_argument("--kept-baselines", type=int, metavar="N",
@@ -427,8 +461,10 @@ def main(argv: list[str] | None = None) -> int:
     kinds = args.kinds.split(",")
     if unknown := sorted(set(kinds) - set(KINDS)):
         raise SystemExit(f"--kinds: unknown {unknown}; known: {', '.join(KINDS)}")
-    if args.steady and args.cache is None:
+    if (args.steady or args.steady_only) and args.cache is None:
         raise SystemExit("--steady needs --cache (the second pass runs on the first's cache)")
+    if args.steady_only and args.steady:
+        raise SystemExit("--steady-only replaces --steady (it runs the steady pass alone)")
     problems = problems_of(args.problems, args.part)
     items = batch(problems, kinds, args.size)
     if args.list:
@@ -439,18 +475,32 @@ def main(argv: list[str] | None = None) -> int:
                   "cache": "given" if args.cache else "fresh", "part": args.part,
                   "warm_up": not args.no_warm_up, "gpu": gpu_name(args.device),
                   "kept_baselines": args.kept_baselines,
-                  "problem_ids": problems,
+                  "problem_ids": problems, "passes": "steady" if args.steady_only else
+                  "first+steady" if args.steady else "first",
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     settings = {"kept_baselines": args.kept_baselines} if args.kept_baselines is not None else None
     partial = _partial_writer(args.json, conditions, items, len(problems))
-    first_res = run_batch(items, args.device, args.concurrency, args.rows, settings,
-                          ahead=args.ahead, cache_dir=args.cache, row_of=row_of,
-                          warm=not args.no_warm_up, on_row=partial("first_use_included"))
-    report("first use included (the batch after its warm-up)", first_res, len(items))
-    first = summarise(first_res, items, len(problems))
-    _print("first use included", first)
+    first = None
+    if args.steady_only:
+        # Off the clock: what the first pass left in this process (kept baseline workers, the
+        # timing budget's estimates) is made again by one reference candidate per problem,
+        # on the first pass's cache; the steady pass then starts where it would have.
+        primer = [{**it, "source": it["source"] + f"\n# primer {time.time_ns()}\n"}
+                  for it in items if it["kind"] == "reference"]
+        t0 = time.monotonic()
+        run_batch(primer, args.device, args.concurrency, None, settings, ahead=args.ahead,
+                  cache_dir=args.cache, row_of=row_of, warm=not args.no_warm_up)
+        conditions["primed_s"] = round(time.monotonic() - t0, 1)
+        print(f"primed off the clock in {conditions['primed_s']} s")
+    else:
+        first_res = run_batch(items, args.device, args.concurrency, args.rows, settings,
+                              ahead=args.ahead, cache_dir=args.cache, row_of=row_of,
+                              warm=not args.no_warm_up, on_row=partial("first_use_included"))
+        report("first use included (the batch after its warm-up)", first_res, len(items))
+        first = summarise(first_res, items, len(problems))
+        _print("first use included", first)
     steady = None
-    if args.steady:
+    if args.steady or args.steady_only:
         # Every source changed by a comment: builds are fresh, baselines and caches are warm.
         again = [{**it, "source": it["source"] + f"\n# steady pass {time.time_ns()}\n"}
                  for it in items]
@@ -460,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         report("steady state (baselines and caches warm, builds fresh)", steady_res, len(again))
         steady = summarise(steady_res, again, len(problems))
         _print("steady state (baselines and caches warm, builds fresh)", steady)
-    projection = project(first, steady)
+    projection = project(first, steady) if first is not None else None
     _print_projection(projection)
     if args.json:
         args.json.write_text(json.dumps({"conditions": conditions, "first_use_included": first,

@@ -112,6 +112,23 @@ def test_parts_on_machines_of_their_own_add_up_to_one_figure():
     assert experiment.combine([a, _part("2/2", ["L3/2"], 80.0, None, [30.0])])["projection"] is None
 
 
+def test_a_part_run_in_two_calls_is_one_part():
+    """Its first pass on a fresh machine, then `--steady-only` in the next call of the same
+    machine: the two files are one part (the first-use figures of the one, the steady figures of
+    the other), beside parts run whole."""
+    a = _part("1/2", ["L3/1", "L3/3"], 100.0, 20.0, [9.0, 10.0])
+    first = _part("2/2", ["L3/2"], 80.0, None, [30.0])
+    steady = {**_part("2/2", ["L3/2"], 1.0, 10.0, [1.0]), "first_use_included": None}
+    got = experiment.combine([a, first, steady])
+    assert got["conditions"]["parts"] == ["1/2", "2/2+steady"]
+    assert got["first_use_included"]["wall_s"] == 180.0  # the halves' first pass only
+    assert got["steady_state"]["wall_s"] == 30.0
+    assert got["projection"] == experiment.project(got["first_use_included"],
+                                                   got["steady_state"])
+    with pytest.raises(ValueError, match="a steady pass without its first pass"):
+        experiment.combine([a, steady])
+
+
 @pytest.mark.parametrize("other, why", [
     (_part("2/2", ["L3/2"], 80.0, 10.0, [1.0], size="small"), "parts differ"),
     (_part("2/2", ["L3/2"], 80.0, 10.0, [1.0], concurrency=4), "parts differ"),
@@ -243,3 +260,23 @@ def test_a_row_keeps_a_failures_first_line_even_when_it_has_no_message():
     assert experiment.row_of(result("CUDA out of memory.\nTried to allocate 8 GiB"))["error"] == \
         "OutOfMemoryError: CUDA out of memory."
     assert experiment.row_of(result(""))["error"] == "OutOfMemoryError: "
+
+
+@pytest.mark.slow
+def test_a_steady_only_pass_runs_on_the_first_passs_cache_after_priming_off_the_clock(tmp_path):
+    cache, args = tmp_path / "cache", ["--device", "cpu", "--problems", "L3/1", "--size", "small",
+                                       "--kinds", "reference,wrong", "--concurrency", "2"]
+    assert experiment.main([*args, "--cache", str(cache), "--json", str(tmp_path / "a.json")]) == 0
+    rows = tmp_path / "rows.jsonl"
+    assert experiment.main([*args, "--cache", str(cache), "--steady-only", "--rows", str(rows),
+                            "--json", str(tmp_path / "b.json")]) == 0
+    first, steady = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
+    assert first["steady_state"] is None and steady["first_use_included"] is None
+    assert steady["conditions"]["passes"] == "steady" and steady["conditions"]["primed_s"] > 0
+    s = steady["steady_state"]
+    assert s["statuses"] == {"correct": 1, "incorrect": 1} and s["warm_up_s"] is None, s
+    assert len(rows.read_text().splitlines()) == 2  # the primer's candidate is not a row
+    both = experiment.combine([first, steady])
+    assert both["steady_state"] == s and both["projection"] is not None
+    with pytest.raises(SystemExit, match="replaces --steady"):
+        experiment.main([*args, "--cache", str(cache), "--steady-only", "--steady"])
