@@ -23,7 +23,7 @@ import math
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import (
     BaseModel,
@@ -97,7 +97,8 @@ class TurnExample(BaseModel):
     """`EvalResult.status`, or `format_error` for a reply without a usable kernel."""
     speedup_vs_eager: float | None = None
     speedup_ci: Interval | None = None
-    """The evaluator's interval for the speedup where it records one; None otherwise."""
+    """The 95 % bootstrap interval of `speedup_vs_eager` over the paired rounds
+    (`EvalResult.speedup_ci["eager"]`); None where the speedup has none."""
     comparable: bool | None = None
     """False: timed with a host clock (CPU), no speedup; None: not timed."""
     reward: float
@@ -126,16 +127,9 @@ class EpisodeExample(BaseModel):
 
 
 def _interval(result: EvalResult | None) -> Interval | None:
-    ci: Any = getattr(result, "speedup_ci", None)
-    if ci is None:
-        return None
-    if isinstance(ci, dict):
-        lo, hi = ci.get("lo"), ci.get("hi")
-    elif isinstance(ci, (list, tuple)) and len(ci) == 2:
-        lo, hi = ci
-    else:
-        lo, hi = getattr(ci, "lo", None), getattr(ci, "hi", None)
-    return Interval(lo=lo, hi=hi) if lo is not None and hi is not None else None
+    """The 95 % interval of `speedup_vs_eager` over the paired rounds, where the result has one."""
+    ci = result.speedup_ci.get("eager") if result is not None else None
+    return Interval(lo=ci.low, hi=ci.high) if ci is not None else None
 
 
 class _Redactor:

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import json
 import math
-from types import SimpleNamespace
 
 import pytest
 import yaml
-from agent_fakes import EAGER_MS, FakeEvaluator, kernel, make_runner, reply, run_kloop
+from agent_fakes import (
+    EAGER_MS,
+    FakeEvaluator,
+    kernel,
+    make_runner,
+    reply,
+    run_kloop,
+    with_interval,
+)
 
 from kloop.agent import components
 from kloop.agent.export import EXPORT_REWARD, REDACTED, _interval, examples, reward
@@ -96,10 +103,13 @@ def test_reward_is_one_configurable_function_and_reads_an_interval_if_recorded()
     weights = EXPORT_REWARD.model_copy
     assert reward(fast, weights(update={"correct": 1.0})) == pytest.approx(1.0 + math.log(2.0))
     assert reward(bad, weights(update={"rejected": -3.0})) == -3.0 and reward(None) == -0.5
-    # Results that carry an interval give it (as an object, a pair or a mapping).
-    for ci in (SimpleNamespace(lo=1.1, hi=1.4), (1.1, 1.4), {"lo": 1.1, "hi": 1.4}):
-        assert _interval(SimpleNamespace(speedup_ci=ci)).model_dump() == {"lo": 1.1, "hi": 1.4}
-    assert _interval(fast) is None
+    # A result timed in paired rounds gives its eager speedup's interval, as the evaluator
+    # records it (`EvalResult.speedup_ci["eager"]`); one against another baseline only, none.
+    paired = ev(p, kernel(runtime_ms=1.0, ci=(1.8, 2.2)))
+    assert _interval(paired).model_dump() == {"lo": 1.8, "hi": 2.2}
+    assert _interval(fast) is None and _interval(None) is None
+    only_compile = with_interval(fast, 0.9, 1.1, baseline="compile")
+    assert _interval(only_compile) is None
 
 
 def test_examples_skip_imported_kernels_never_judged(tmp_path):
