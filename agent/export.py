@@ -36,6 +36,7 @@ from kloop.agent.records import TurnRecord
 from kloop.agent.rl.reward import RewardConfig
 from kloop.agent.rl.reward import reward as rl_reward
 from kloop.agent.store import RunStore
+from kloop.agent.tally import speedup_interval
 from kloop.errors import KloopError
 from kloop.evaluator.common.result import EvalResult
 
@@ -128,7 +129,7 @@ class EpisodeExample(BaseModel):
 
 def _interval(result: EvalResult | None) -> Interval | None:
     """The 95 % interval of `speedup_vs_eager` over the paired rounds, where the result has one."""
-    ci = result.speedup_ci.get("eager") if result is not None else None
+    ci = speedup_interval(result)
     return Interval(lo=ci.low, hi=ci.high) if ci is not None else None
 
 

@@ -12,7 +12,7 @@ measured (a CPU timing, a run without baselines) the log term is 0: correctness 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -54,25 +54,17 @@ def speedup_of(result: EvalResult, cfg: RewardConfig) -> float | None:
              "best": result.speedup_vs_best}[cfg.baseline]
     if point is None or cfg.interval == "point":
         return point
-    low = _lower_end(getattr(result, "speedup_ci", None), cfg.baseline)
+    low = _lower_end(result, cfg.baseline)
     return point if low is None else low
 
 
-def _lower_end(ci: Any, baseline: str) -> float | None:
-    """The lower end of a speedup interval, in the shapes an interval may take: a (low, high)
-    pair, an object or mapping with `low`/`lower`, or one of those per baseline name."""
-    if ci is None:
-        return None
-    if isinstance(ci, dict) and baseline in ci:
-        return _lower_end(ci[baseline], baseline)
-    for name in ("low", "lower", "lo"):
-        value = ci.get(name) if isinstance(ci, dict) else getattr(ci, name, None)
-        if isinstance(value, int | float):
-            return float(value)
-    if isinstance(ci, list | tuple) and len(ci) == 2 and all(isinstance(v, int | float) for v in ci):
-        return float(ci[0])
-    per_baseline = getattr(ci, baseline, None)
-    return _lower_end(per_baseline, baseline) if per_baseline is not None else None
+def _lower_end(result: EvalResult, baseline: str) -> float | None:
+    """The lower end of the speedup's interval over the paired rounds (`EvalResult.speedup_ci`),
+    None where it has none. `best` is the speedup against the fastest baseline, whose interval
+    is that baseline's (`EvalResult.best_baseline`)."""
+    name = result.best_baseline if baseline == "best" else baseline
+    ci = result.speedup_ci.get(name) if name is not None else None  # type: ignore[call-overload]
+    return ci.low if ci is not None else None
 
 
 def reward(result: EvalResult | None, cfg: RewardConfig) -> float:

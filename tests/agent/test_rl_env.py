@@ -9,11 +9,10 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import gymnasium
 import pytest
-from agent_fakes import EAGER_MS, FakeEvaluator, kernel, make_config, reply
+from agent_fakes import EAGER_MS, FakeEvaluator, kernel, make_config, reply, with_interval
 from gymnasium.utils.env_checker import check_env
 
 from kloop.agent.components import load_problems
@@ -96,15 +95,23 @@ def test_the_reward_is_configured_in_one_place():
         RewardConfig(bonus=1)
 
 
-@pytest.mark.parametrize("ci", [(1.5, 2.5), {"low": 1.5, "high": 2.5}, SimpleNamespace(low=1.5),
-                                {"best": (1.5, 2.5)}, SimpleNamespace(best=SimpleNamespace(lower=1.5))])
-def test_the_lower_end_of_a_speedup_interval_where_a_result_has_one(ci):
-    result = SimpleNamespace(speedup_vs_eager=2.0, speedup_vs_compile=None, speedup_vs_best=2.0,
-                             speedup_ci=ci)
-    assert speedup_of(result, RewardConfig()) == 2.0
-    assert speedup_of(result, RewardConfig(interval="lower")) == 1.5
-    # A result without an interval (this evaluator's records so far): the point speedup.
+def test_the_lower_end_of_a_speedup_interval_where_a_result_has_one():
+    """Read from the evaluator's own record: `speedup_ci[baseline]`, and for `best` the
+    interval of the baseline that is fastest (`best_baseline`)."""
+    result = FakeEvaluator().evaluate(PROBLEMS[0], kernel(runtime_ms=1.0, ci=(1.5, 2.5)))
+    assert (result.speedup_vs_eager, result.best_baseline) == (EAGER_MS, "eager")
+    assert speedup_of(result, RewardConfig()) == EAGER_MS
+    assert speedup_of(result, RewardConfig(interval="lower")) == 1.5  # best: eager's interval
+    assert speedup_of(result, RewardConfig(interval="lower", baseline="eager")) == 1.5
+    # The fastest baseline is compile: `best` takes compile's interval, not eager's.
+    vs_compile = with_interval(result.model_copy(update={
+        "speedup_vs_compile": 1.2, "speedup_vs_best": 1.2, "best_baseline": "compile"}),
+        1.1, 1.3, baseline="compile")
+    assert speedup_of(vs_compile, RewardConfig(interval="lower")) == 1.1
+    assert speedup_of(vs_compile, RewardConfig(interval="lower", baseline="eager")) == 1.5
+    # A result without an interval (no paired rounds): the point speedup.
     without = FakeEvaluator().evaluate(PROBLEMS[0], kernel(runtime_ms=1.0))
+    assert without.speedup_ci == {}
     assert speedup_of(without, RewardConfig(interval="lower")) == EAGER_MS
 
 
