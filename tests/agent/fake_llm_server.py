@@ -119,6 +119,7 @@ def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 body = None
             headers = {k.lower(): v for k, v in self.headers.items()}
             canned = server._next(Recorded("POST", self.path, headers, body))
+            done = False
             try:
                 time.sleep(canned.delay_s)
                 payload = canned.body if isinstance(canned.body, str) else json.dumps(canned.body)
@@ -128,12 +129,18 @@ def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 self.send_header("content-length", str(len(raw)))
                 for k, v in canned.headers.items():
                     self.send_header(k, v)
+                # No longer in flight before the client can have the whole response: counted
+                # after the write, a client that got it and sent its next request at once was
+                # seen as one request too many in flight (a busy 2-core host, 2026-12-05).
+                server._done()
+                done = True
                 self.end_headers()
                 self.wfile.write(raw)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (a timeout test)
             finally:
-                server._done()
+                if not done:
+                    server._done()
 
         def log_message(self, format: str, *args: object) -> None:
             pass
