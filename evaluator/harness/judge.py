@@ -208,7 +208,9 @@ def on_message(run: EvalRun, ledger: Ledger, job: CandidateJob, seq: MessageOrde
     """Judge one message of the candidate child; True once it reported it is done."""
     now = time.monotonic()
     gap, seq.last_at = (now - seq.last_at if seq.last_at is not None else None), now
-    if gap is not None and ledger.verdict.stage == "correctness":
+    # Only gaps inside the child's own correctness stage (the verdict's stage is `correctness`
+    # from the reference stage on, so a probe the child sent while loading would be counted).
+    if gap is not None and ledger.since_mark("correctness") is not None:
         _clock_part(ledger, job, msg, gap)
     problem = _out_of_sequence(seq, msg, job)
     if problem is not None:
