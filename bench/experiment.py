@@ -228,14 +228,13 @@ def device_ms(result) -> float:
 
 def row_of(result) -> dict:
     c, e = result.compile, result.error
+    plan = result.paired.plan if result.paired is not None else None
     return {"device_ms": device_ms(result), "backend": result.backend,
             "build_s": c.seconds if c is not None else None,
             "nvcc_runs": list(c.nvcc_runs) if c is not None else [],
             # Timed calls a side and where their count came from (`harness.budget`).
-            "timed_calls": result.paired.plan.calls
-            if result.paired is not None and result.paired.plan is not None else None,
-            "plan_source": result.paired.plan.source
-            if result.paired is not None and result.paired.plan is not None else None,
+            "timed_calls": plan.calls if plan is not None else None,
+            "plan_source": plan.source if plan is not None else None,
             # A failure's first line: a candidate that fails for a reason the batch did not
             # build into it (out of GPU memory beside the others) must be told apart.
             "error": f"{e.type}: {(e.message.splitlines() or [''])[0][:200]}" if e else None}

@@ -158,3 +158,19 @@ def no_kept_workers():
     SERVERS.close_all()
     yield SERVERS
     SERVERS.close_all()
+
+
+@pytest.fixture
+def tight_budget(monkeypatch):
+    """A policy (`budget_test`) whose device-time budget every call exceeds: once a problem's
+    eager time is known, each side gets the floor, 4 timed calls (`evaluator.harness.budget`).
+    No estimate stands before or after the test."""
+    from kloop.evaluator.common.config import POLICIES
+    from kloop.evaluator.harness import budget
+
+    p = POLICIES["strict"].model_copy(update={"name": "budget_test", "timing_budget_ms": 1e-6,
+                                              "timing_min_trials": 4})
+    monkeypatch.setitem(POLICIES, p.name, p)
+    budget.forget_all()
+    yield p
+    budget.forget_all()

@@ -58,12 +58,12 @@ def speedup_of(result: EvalResult, cfg: RewardConfig) -> float | None:
     return point if low is None else low
 
 
-def _lower_end(result: EvalResult, baseline: str) -> float | None:
+def _lower_end(result: EvalResult, baseline: Literal["eager", "compile", "best"]) -> float | None:
     """The lower end of the speedup's interval over the paired rounds (`EvalResult.speedup_ci`),
     None where it has none. `best` is the speedup against the fastest baseline, whose interval
     is that baseline's (`EvalResult.best_baseline`)."""
     name = result.best_baseline if baseline == "best" else baseline
-    ci = result.speedup_ci.get(name) if name is not None else None  # type: ignore[call-overload]
+    ci = result.speedup_ci.get(name) if name is not None else None
     return ci.low if ci is not None else None
 
 

@@ -317,6 +317,9 @@ class SpeedupInterval(_Record):
     """Rounds both sides completed (the unit the bootstrap resamples)."""
 
 
+PlanSource = Literal["policy", "kept_worker", "earlier_evaluation", "warm_up", "unmeasured"]
+
+
 class TimingPlan(_Record):
     """How many timed calls each side of the paired rounds got, and why
     (`evaluator.harness.budget`): decided before the evaluation's reference stage from what
@@ -331,8 +334,7 @@ class TimingPlan(_Record):
     eager_ms: float | None = None
     """The eager calls' wall median (the handshake in: what a call costs the rounds) the count
     was read from; None: none was measured yet, or no budget applies."""
-    source: Literal["policy", "kept_worker", "earlier_evaluation", "warm_up",
-                    "unmeasured"] = "policy"
+    source: PlanSource = "policy"
     """Where `eager_ms` came from, in this process and at the full count: `kept_worker` (its
     start), `earlier_evaluation` (an earlier evaluation of the problem), `warm_up` (the
     baselines' warm-up, `kloop baseline`); `unmeasured` (none yet: the full count); `policy`

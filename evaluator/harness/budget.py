@@ -9,14 +9,12 @@ paid the most. A budget caps one side's calls at `budget / eager median`, never 
 
 What keeps the count honest and repeatable:
 - It is decided before the evaluation's reference stage, from an eager median the trusted
-  reference measured: the kept baseline worker's start (`evaluator.harness.servers`) or an
-  earlier evaluation of the problem in this process at the full count. Nothing of the
-  candidate's reaches it. With neither, the evaluation makes the full count and its eager
-  median decides the next ones.
+  reference measured at the full count in this process: the baselines' warm-up (`kloop
+  baseline`), the kept baseline worker's start (`evaluator.harness.servers`) or an earlier
+  evaluation of the problem. Nothing of the candidate's reaches it. With none, the evaluation
+  makes the full count and its eager median decides the next ones.
 - The first estimate for a problem (per process and `servers.server_key`) stands for the
   process's life, so every candidate of one run of a problem gets the same count.
-- The first estimate comes from the baselines' warm-up (`kloop baseline`) where it ran in the
-  same process.
 - Counts come from a short ladder (`ladder`), so a few per cent of noise in the estimate rarely
   moves a problem from one count to another.
 - Every call is still timed and checked; the result records the plan (`PairedSummary.plan`)
@@ -29,7 +27,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from kloop.evaluator.common.config import Policy
-from kloop.evaluator.common.result import TimingPlan, TimingStats
+from kloop.evaluator.common.result import PlanSource, TimingPlan, TimingStats
 
 if TYPE_CHECKING:
     from kloop.evaluator.harness.state import EvalRun
@@ -37,7 +35,7 @@ if TYPE_CHECKING:
 LADDER = (1.0, 0.5, 0.3, 0.2)
 """The counts a budget may give, as shares of the full count (100, 50, 30, 20 by default)."""
 
-_ESTIMATES: dict[str, tuple[float, str]] = {}
+_ESTIMATES: dict[str, tuple[float, PlanSource]] = {}
 """Problem key -> (eager median in ms, where it came from): the first one stands."""
 _LOCK = threading.Lock()
 
@@ -58,7 +56,7 @@ def calls_for(full: int, policy: Policy, eager_ms: float | None) -> int:
     return next((n for n in steps if n * eager_ms <= budget), steps[-1])
 
 
-def remember(key: str, eager: TimingStats | None, source: str) -> None:
+def remember(key: str, eager: TimingStats | None, source: PlanSource) -> None:
     """An eager median measured by trusted code at the full count; the first one stands. The
     median of the calls' wall time before the handshake is taken off (`raw_median_ms`): what a
     call costs the rounds, and never zero where a tiny model's net median is."""
@@ -75,22 +73,19 @@ def forget_all() -> None:
         _ESTIMATES.clear()
 
 
-def plan(run: EvalRun) -> TimingPlan:
-    """This evaluation's count, from the policy and the problem's standing estimate. On CPU the
-    full count is `EvalConfig.cpu_timing_trials` (5), at or under the floor: the budget leaves
-    it as it is unless a config raises it."""
-    from kloop.evaluator.harness.servers import server_key
-
+def plan(run: EvalRun, key: str) -> TimingPlan:
+    """This evaluation's count, from the policy and the standing estimate for `key` (the
+    problem's `servers.server_key`). On CPU the full count is `EvalConfig.cpu_timing_trials`
+    (5), at or under the floor: the budget leaves it as it is unless a config raises it."""
     p = run.policy
     full = run.timing_spec(full=True).trials
     if p.timing_budget_ms is None:
         return TimingPlan(calls=full, full=full)
     with _LOCK:
-        known = _ESTIMATES.get(server_key(run))
+        known = _ESTIMATES.get(key)
     if known is None:
         return TimingPlan(calls=full, full=full, budget_ms=p.timing_budget_ms,
                           source="unmeasured")
     eager_ms, source = known
     return TimingPlan(calls=calls_for(full, p, eager_ms), full=full,
-                      budget_ms=p.timing_budget_ms, eager_ms=eager_ms,
-                      source=source)  # type: ignore[arg-type]
+                      budget_ms=p.timing_budget_ms, eager_ms=eager_ms, source=source)

@@ -183,15 +183,14 @@ class Servers:
         self.started = 0
         """Workers started in this process (the tests and the benches count them)."""
 
-    def ensure(self, run: EvalRun) -> tuple[BaselineServer | None, bool]:
-        """A kept worker for `run`'s problem, pinned for `run` (release it with `release`),
-        started now if there is none; and whether it was started now. None where none may be
-        kept (`limit`, a retry alone), every slot is pinned by other evaluations, or one could
-        not start for this problem in this process."""
+    def ensure(self, run: EvalRun, key: str) -> tuple[BaselineServer | None, bool]:
+        """A kept worker for `run`'s problem (`key`: its `server_key`), pinned for `run`
+        (release it with `release`), started now if there is none; and whether it was started
+        now. None where none may be kept (`limit`, a retry alone), every slot is pinned by other
+        evaluations, or one could not start for this problem in this process."""
         cap = limit(run)
         if cap == 0 or run.retried_alone:
             return None, False
-        key = server_key(run)
         with self._lock:
             starting = self._starting.setdefault(key, threading.Lock())
         with starting:

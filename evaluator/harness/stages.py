@@ -213,9 +213,10 @@ def reference_stage(run: EvalRun, before: Sequence[Finding] = (), job: Reference
     the eager baseline and the expected output of every timed call; the compile baseline."""
     ledger = Ledger(run.root, before)
     ledger.record(Entered(stage="correctness"))
+    key = server_key(run)  # the problem's, for the kept worker and the budget's estimate
     if job is None:  # an evaluation's (a given job is a kept worker's or a baselines-only run's)
-        _kept_server(run, ledger)
-        run.plan = budget.plan(run)  # before anything reads the timed calls' seeds
+        _kept_server(run, ledger, key)
+        run.plan = budget.plan(run, key)  # before anything reads the timed calls' seeds
         job = reference_job(run)
     serving = serving or reference_serving(run)
     env = {"TORCHINDUCTOR_CACHE_DIR": str(private_dir(run.config.cache_dir) / "inductor")}
@@ -232,7 +233,7 @@ def reference_stage(run: EvalRun, before: Sequence[Finding] = (), job: Reference
     # Trusted and at the full count: the budget's estimate for later evaluations of the problem
     # if none stands yet (a kept worker's is remembered by `_kept_server`, under its own label).
     if not job.keep_serving and len(serving.seeds) == run.timing_spec(full=True).trials:
-        budget.remember(server_key(run), out.eager,
+        budget.remember(key, out.eager,
                         "earlier_evaluation" if run.plan is not None else "warm_up")
     if out.parked:  # off the lock now, serving nothing until the candidate's timed calls
         run.ref_child = child
@@ -251,19 +252,19 @@ def reference_stage(run: EvalRun, before: Sequence[Finding] = (), job: Reference
     return ledger.found
 
 
-def _kept_server(run: EvalRun, ledger: Ledger) -> None:
+def _kept_server(run: EvalRun, ledger: Ledger, key: str) -> None:
     """Pin a kept baseline worker for the paired rounds (`evaluator.harness.servers`), started
     now if this problem has none (its start, first use, is on this evaluation's clock); its
     flags (a compiled baseline that failed) are this evaluation's too."""
     from kloop.evaluator.harness.servers import SERVERS
 
     t0 = time.monotonic()
-    run.server, started = SERVERS.ensure(run)
+    run.server, started = SERVERS.ensure(run, key)
     if run.server is None:
         return
     # Its start timed eager at the full count (trusted code, before any candidate of this
     # problem was served by it): the budget's estimate if none stands yet.
-    budget.remember(server_key(run), run.server.reference.eager, "kept_worker")
+    budget.remember(key, run.server.reference.eager, "kept_worker")
     if started:  # its lock holds are this evaluation's first use (`baseline_server_held`)
         ledger.clock("baseline_server_start", time.monotonic() - t0)
         ledger.clock("baseline_server_held", run.server.held_s)

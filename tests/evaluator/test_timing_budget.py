@@ -35,25 +35,14 @@ def test_the_ladder_and_the_count_it_gives():
     assert budget.calls_for(100, POLICIES["kernelbench"], 84.6) == 100  # KernelBench's 100
 
 
-@pytest.fixture
-def tight(monkeypatch):
-    """A policy whose budget every call exceeds: a problem's second evaluation gets the floor."""
-    p = POLICIES["strict"].model_copy(update={"name": "budget_test", "timing_budget_ms": 1e-6,
-                                              "timing_min_trials": 4})
-    monkeypatch.setitem(POLICIES, p.name, p)
-    budget.forget_all()
-    yield p
-    budget.forget_all()
-
-
 def _timed_calls(r) -> int:
     assert r.paired is not None and r.timing is not None, (r.status, r.error, r.flags)
     assert r.paired.rounds * r.paired.calls_per_round == r.timing.n_trials == r.eager.n_trials
     return r.timing.n_trials
 
 
-def test_the_first_evaluation_measures_at_the_full_count_and_sets_the_next_ones(tmp_path, tight):
-    config = cpu_config(tmp_path / "cache", policy=tight.name, baselines="eager",
+def test_the_first_evaluation_measures_at_the_full_count_and_sets_the_next_ones(tmp_path, tight_budget):
+    config = cpu_config(tmp_path / "cache", policy=tight_budget.name, baselines="eager",
                         cpu_timing_trials=20, kept_baselines=0)
     first = evaluate("L3/1", _MLP, config)
     assert first.status == "correct", (first.error, first.flags)
@@ -92,8 +81,8 @@ def test_the_first_evaluation_measures_at_the_full_count_and_sets_the_next_ones(
 
 
 def test_a_kept_worker_start_is_the_estimate_and_a_policy_without_budget_keeps_its_count(
-        tmp_path, tight):
-    config = cpu_config(tmp_path / "cache", policy=tight.name, baselines="eager",
+        tmp_path, tight_budget):
+    config = cpu_config(tmp_path / "cache", policy=tight_budget.name, baselines="eager",
                         cpu_timing_trials=20, kept_baselines=1)
     r = evaluate("L3/1", _MLP, config)
     assert r.status == "correct", (r.error, r.flags)
