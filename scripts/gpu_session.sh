@@ -37,6 +37,9 @@ for s in "$@"; do
     diag) step diag 150 python3 bench/diag_process.py ;;
     diag-uid) step diag-uid 150 python3 bench/diag_uid.py ;;
     diag-trials) step diag-trials 300 python3 bench/diag_trials.py ;;
+    # Where a custom-kernel candidate's probe trials go (each trial timed and profiled).
+    diag-ghost) step diag-ghost 300 python3 bench/diag_ghost.py --problems "${DIAG_PROBLEMS:-L3/1,L3/18,L3/35}" \
+                  --kinds "${DIAG_KINDS:-reference,triton,cuda_lean}" --out "$OUT/diag-ghost.jsonl" ;;
     diag-threads) step diag-threads 300 python3 bench/diag_threads.py \
                 --only "${DIAG_ONLY:-L3/1-b8,L3/1-b1024,L3/4}" --repeats "${DIAG_REPEATS:-1}" ;;
     first-trial) step first-trial 90 python3 bench/first_trial.py --repeats "${DIAG_REPEATS:-1}" ;;
