@@ -37,7 +37,6 @@ def one(problem_id: str, kind: str, size: str, top: int, trials: int, device: st
     t0 = time.monotonic()
     preload()
     import torch
-
     from experiment import candidate
 
     from kloop.evaluator.common.backend import custom_kernel_names

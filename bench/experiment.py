@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import sys
 import time
@@ -448,12 +449,16 @@ def main(argv: list[str] | None = None) -> int:
                          "evaluation's own reference worker serves its paired baselines)")
     ap.add_argument("--rows", type=Path, help="append each finished candidate's row here")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--trace", type=Path, help="append each candidate child's messages (arrival "
+                    "and judging times, the harness's debug log) to this file")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--combine", type=Path, nargs="+", metavar="PART_JSON",
                     help="add up the --json files of parts run on machines of their own")
     args = ap.parse_args(argv)
     if args.combine:
         return _combined(args.combine, args.json)
+    if args.trace:
+        _trace_to(args.trace)
     sys.path[:0] = [str(HERE)]
     from throughput import report, run_batch
 
@@ -516,6 +521,15 @@ def main(argv: list[str] | None = None) -> int:
                                          "steady_state": steady, "projection": projection},
                                         indent=2))
     return 0
+
+
+def _trace_to(path: Path) -> None:
+    """The harness's per-message debug lines (`stages._trace`), with their time, to `path`."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(relativeCreated)d ms %(message)s"))
+    logger = logging.getLogger("kloop.evaluator.harness.stages")
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
 
 
 def _partial_writer(path: Path | None, conditions: dict, items: list[dict], problems: int):
