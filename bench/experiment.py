@@ -63,6 +63,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import time
@@ -451,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--trace", type=Path, help="append each candidate child's messages (arrival "
                     "and judging times, the harness's debug log) to this file")
+    ap.add_argument("--profile-trials", action="store_true",
+                    help="each candidate child's probe trials under cProfile; the profiles come "
+                         "back as flags in the rows (diagnostics: never a figure of record)")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--combine", type=Path, nargs="+", metavar="PART_JSON",
                     help="add up the --json files of parts run on machines of their own")
@@ -459,6 +463,11 @@ def main(argv: list[str] | None = None) -> int:
         return _combined(args.combine, args.json)
     if args.trace:
         _trace_to(args.trace)
+    if args.profile_trials:
+        from kloop.evaluator.worker.candidate import PROFILE_ENV
+
+        os.environ[PROFILE_ENV] = "1"
+        _profile_judging()
     sys.path[:0] = [str(HERE)]
     from throughput import report, run_batch
 
@@ -521,6 +530,46 @@ def main(argv: list[str] | None = None) -> int:
                                          "steady_state": steady, "projection": projection},
                                         indent=2))
     return 0
+
+
+_JUDGING: list = []
+
+
+def _profile_judging() -> None:
+    """The harness's judging of each trial message under cProfile (this process), printed at
+    exit: its share of the lock hold (`trials_judged`)."""
+    import atexit
+    import cProfile
+    import io
+    import pstats
+    import threading
+
+    from kloop.evaluator.harness import judge
+
+    lock, plain = threading.Lock(), judge._judge_trial
+
+    def profiled(*a, **k):
+        prof = cProfile.Profile()
+        prof.enable()
+        try:
+            return plain(*a, **k)
+        finally:
+            prof.disable()
+            with lock:
+                _JUDGING.append(prof)
+
+    def report() -> None:
+        if _JUDGING:
+            buf = io.StringIO()
+            stats = pstats.Stats(_JUDGING[0], stream=buf)
+            for p in _JUDGING[1:]:
+                stats.add(p)
+            stats.sort_stats("cumulative").print_stats(30)
+            print(f"== the harness's judging of {len(_JUDGING)} trial messages ==\n"
+                  + buf.getvalue(), flush=True)
+
+    judge._judge_trial = profiled
+    atexit.register(report)
 
 
 def _trace_to(path: Path) -> None:

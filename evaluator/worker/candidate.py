@@ -15,8 +15,10 @@ CPU; after it, the models are only moved to the device.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -88,8 +90,9 @@ def run_candidate(job: CandidateJob, ch: Channel,
     ch.stage("correctness")
     for trial in job.trials:
         model = ahead.models.pop(trial.index, None) if ahead is not None else None
-        if not _trial(loaded, trial, job, ch, preloaded.pop(trial.index, None), model):
-            return
+        with _profiled(ch, f"trial {trial.index}"):
+            if not _trial(loaded, trial, job, ch, preloaded.pop(trial.index, None), model):
+                return
     _send_all(ch, base.report("after the correctness trials"))
     if job.cpu_emulation and job.triton_aot:
         triton_aot(job, ch)
@@ -104,6 +107,34 @@ def run_candidate(job: CandidateJob, ch: Channel,
     if job.profile:
         _profile(loaded.model, job, ch)
     ch.send(DoneMsg())
+
+
+PROFILE_ENV = "KLOOP_PROFILE_TRIALS"
+"""Diagnostics only (bench/experiment.py --profile-trials): each probe trial of the candidate
+process runs under cProfile and its top entries come back as a flag. Never set by a policy:
+the numbers are the candidate process's own, so they can be forged, and they judge nothing."""
+
+
+@contextlib.contextmanager
+def _profiled(ch: Channel, label: str) -> Iterator[None]:
+    if not os.environ.get(PROFILE_ENV):
+        yield
+        return
+    import cProfile
+    import io
+    import pstats
+    import time
+
+    prof, wall, cpu = cProfile.Profile(), time.monotonic(), time.process_time()
+    prof.enable()
+    try:
+        yield
+    finally:
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(25)
+        ch.send(FlagMsg(flag=f"profile {label}: wall {time.monotonic() - wall:.3f} s, cpu "
+                             f"{time.process_time() - cpu:.3f} s\n{buf.getvalue()}"))
 
 
 def _load_under_lock(job: CandidateJob, ch: Channel) -> tuple[Baseline, Loaded | None]:
