@@ -332,6 +332,8 @@ class EvalRun:
             extra[linux.BACKGROUND_ENV] = "1"
         if self.on_cpu:
             extra.setdefault("OMP_NUM_THREADS", str(c.cpu_threads))
+        elif (threads := lock_holder_threads(mode)) is not None:
+            extra.setdefault("OMP_NUM_THREADS", str(threads))
         env = child_env(workdir / "home", device or self.device, extra)
         rss = int(c.host_rss_limit_gb * (1 << 30))
         # Candidate code runs in the candidate and compile children (importing it builds).
@@ -482,3 +484,18 @@ def run_speedup(policy: Policy, v: Verdict, baseline: TimingStats | None) -> flo
 
 def verdict_clock(policy: Policy, v: Verdict) -> SpeedupClock | None:
     return None if v.status != "correct" else speedup_clock(policy, v.timing, v.eager)
+
+
+def lock_holder_threads(mode: str) -> int | None:
+    """The intra-op CPU threads of a GPU child that runs under the device lock (the candidate
+    child, the reference worker): one per serving core it is moved to there
+    (`harness.cores`), None where there is no such plan. torch's default is every core the
+    process saw at import (16 on the H200 host), and an OpenMP team of 16 made on 2 cores spins
+    at every parallel CPU op: a custom-kernel candidate's ghost trial, whose verdict compares
+    outputs on the CPU, took 1.1-3.3 s under the lock against 0.05-0.33 s alone, on the same
+    H200 (bench/diag_ghost.py and bench/experiment.py --trace, 2026-12-06). Compile children
+    (no lock, the other cores) keep the default."""
+    if mode not in ("candidate", "reference"):
+        return None
+    quiet = cores.plan()
+    return len(quiet.serving) if quiet is not None else None
