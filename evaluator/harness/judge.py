@@ -52,6 +52,7 @@ from kloop.evaluator.harness.checks import (
     trial_violations,
     violate,
 )
+from kloop.evaluator.harness.cputhreads import judging_thread
 from kloop.evaluator.harness.ledger import Ledger
 from kloop.evaluator.harness.outcome import (
     Built,
@@ -234,7 +235,8 @@ def on_message(run: EvalRun, ledger: Ledger, job: CandidateJob, seq: MessageOrde
             # on a GPU): where the correctness stage's time goes, for bench/throughput.py.
             ledger.record(Clocked(name="first_trial", seconds=t))
         t0 = time.monotonic()
-        _judge_trial(run, ledger, job, msg)
+        with judging_thread():
+            _judge_trial(run, ledger, job, msg)
         ledger.record(Clocked(name="trials_judged", seconds=time.monotonic() - t0))
         seq.last_at = time.monotonic()  # the child's next gap starts after the harness's part
     elif isinstance(msg, ProbeMsg):

@@ -490,11 +490,13 @@ def lock_holder_threads(mode: str) -> int | None:
     """The intra-op CPU threads of a GPU child that runs under the device lock (the candidate
     child, the reference worker): one per serving core it is moved to there
     (`harness.cores`), None where there is no such plan. torch's default is every core the
-    process saw at import (16 on the H200 host), and an OpenMP team of 16 made on 2 cores spins
-    at every parallel CPU op: a custom-kernel candidate's ghost trial, whose verdict compares
-    outputs on the CPU, took 1.1-3.3 s under the lock against 0.05-0.33 s alone, on the same
-    H200 (bench/diag_ghost.py and bench/experiment.py --trace, 2026-12-06). Compile children
-    (no lock, the other cores) keep the default."""
+    process saw at import (16 on the H200 host): a team of 16 made on 2 cores, by an OpenMP
+    runtime that counted 16 free cores when it started (in the template process) and so spins
+    at full count at every barrier. Suspected, not yet shown, as the cause of the ghost trial's
+    1.1-3.3 s under the lock against 0.06-0.33 s alone (its verdict compares outputs on the CPU;
+    bench/diag_ghost.py and bench/experiment.py --trace on the H200, 2026-12-06; `--profile-trials`
+    shows wall against CPU time per trial). Compile children (no lock, the other cores) keep
+    the default."""
     if mode not in ("candidate", "reference"):
         return None
     quiet = cores.plan()

@@ -64,3 +64,27 @@ def test_children_under_the_lock_get_one_intra_op_thread_per_serving_core(monkey
     assert state.lock_holder_threads("compile") is None
     monkeypatch.setattr(cores, "plan", lambda: None)
     assert state.lock_holder_threads("candidate") is None
+
+
+def test_trials_are_judged_on_the_timer_core_with_one_thread_where_there_is_a_plan(monkeypatch):
+    """Where the host has quiet cores, the harness judges the lock holder's trials as it runs
+    its served calls: one intra-op thread, on the timer core; the thread's own settings after.
+    Without a plan (a small host) nothing changes."""
+    import os
+
+    from kloop.evaluator.harness import cores
+
+    allowed = sorted(os.sched_getaffinity(0))
+    quiet = cores.QuietCores(timer=allowed[-1], serving=frozenset(allowed[:1]),
+                             rest=frozenset(allowed[:1]))
+
+    def fn():
+        before = os.sched_getaffinity(0)
+        with cputhreads.judging_thread():
+            inside = torch.get_num_threads(), os.sched_getaffinity(0)
+        return inside, (torch.get_num_threads(), os.sched_getaffinity(0) == before)
+
+    monkeypatch.setattr(cores, "plan", lambda: quiet)
+    assert _in_thread(fn) == ((1, {allowed[-1]}), (2, True))
+    monkeypatch.setattr(cores, "plan", lambda: None)
+    assert _in_thread(fn) == ((2, set(allowed)), (2, True))
