@@ -63,7 +63,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import statistics
 import sys
 import time
@@ -464,9 +463,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.trace:
         _trace_to(args.trace)
     if args.profile_trials:
-        from kloop.evaluator.worker.candidate import PROFILE_ENV
-
-        os.environ[PROFILE_ENV] = "1"
         _profile_judging()
     sys.path[:0] = [str(HERE)]
     from throughput import report, run_batch
@@ -491,7 +487,10 @@ def main(argv: list[str] | None = None) -> int:
                   "problem_ids": problems, "passes": "steady" if args.steady_only else
                   "first+steady" if args.steady else "first",
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    settings = {"kept_baselines": args.kept_baselines} if args.kept_baselines is not None else None
+    settings = {"kept_baselines": args.kept_baselines} if args.kept_baselines is not None else {}
+    if args.profile_trials:
+        settings["profile_trials"] = True
+    settings = settings or None
     partial = _partial_writer(args.json, conditions, items, len(problems))
     first = None
     if args.steady_only:

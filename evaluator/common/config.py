@@ -256,6 +256,10 @@ class EvalConfig(BaseModel):
     0.8-4 ms model's by 0.88-1.02 (`bench/clock.py`, the H200, 2026-12-01 at 6feb02e)."""
     profile: bool = True
     """One profiled forward for correct candidates."""
+    profile_trials: bool = False
+    """Diagnostics (`bench/experiment.py --profile-trials`): each probe trial of the candidate
+    child under cProfile, its top entries, wall and CPU time back as a flag. The numbers are the
+    candidate process's own (forgeable) and judge nothing."""
     construct_at: Literal["auto", "before_lock", "under_lock"] = "auto"
     """Where the candidate child imports the candidate and builds `ModelNew` (and the reparam
     trial's second model): `under_lock`, after the harness took the device lock for it; or

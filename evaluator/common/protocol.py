@@ -150,6 +150,8 @@ class CandidateJob(_Rec):
     """The main model's constant fills from the reference (strict construction)."""
     profile: bool
     ncu: bool
+    profile_trials: bool = False
+    """`EvalConfig.profile_trials`: each probe trial under cProfile, reported as a flag."""
     memory_limit_bytes: int | None
     cpu_emulation: bool
     triton_aot: bool = False

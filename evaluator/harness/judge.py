@@ -152,6 +152,7 @@ def candidate_job(run: EvalRun, ledger: Ledger, ref: ReferenceJob, build_dir: Pa
         problem=run.problem_spec(), candidate_path=str(cand / "candidate.py"),
         backend=ledger.verdict.backend or "torch", trials=trials, fills_path=ref.fills_path,
         timing=run.timing_spec(), profile=run.config.profile, ncu=run.config.ncu,
+        profile_trials=run.config.profile_trials,
         memory_limit_bytes=mem, cpu_emulation=run.on_cpu and ledger.verdict.backend == "triton",
         triton_aot=run.config.triton_aot, build_dir=str(build_dir),
         tolerance=run.policy.tolerance(run.config.precision),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import logging
-import os
 import sys
 import threading
 import time
@@ -450,11 +449,7 @@ def forward_command(run: EvalRun, job_path: Path) -> tuple[list[str], dict[str, 
 
 
 def _candidate_env(run: EvalRun) -> dict[str, str]:
-    from kloop.evaluator.worker.candidate import PROFILE_ENV
-
     env = _build_env(run)
-    if os.environ.get(PROFILE_ENV):  # diagnostics (bench/experiment.py --profile-trials)
-        env[PROFILE_ENV] = "1"
     if run.on_cpu:
         env["TRITON_INTERPRET"] = "1"
     return env

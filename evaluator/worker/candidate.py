@@ -90,7 +90,7 @@ def run_candidate(job: CandidateJob, ch: Channel,
     ch.stage("correctness")
     for trial in job.trials:
         model = ahead.models.pop(trial.index, None) if ahead is not None else None
-        with _profiled(ch, f"trial {trial.index}"):
+        with _profiled(ch, f"trial {trial.index}", job.profile_trials):
             if not _trial(loaded, trial, job, ch, preloaded.pop(trial.index, None), model):
                 return
     _send_all(ch, base.report("after the correctness trials"))
@@ -109,15 +109,12 @@ def run_candidate(job: CandidateJob, ch: Channel,
     ch.send(DoneMsg())
 
 
-PROFILE_ENV = "KLOOP_PROFILE_TRIALS"
-"""Diagnostics only (bench/experiment.py --profile-trials): each probe trial of the candidate
-process runs under cProfile and its top entries come back as a flag. Never set by a policy:
-the numbers are the candidate process's own, so they can be forged, and they judge nothing."""
-
-
 @contextlib.contextmanager
-def _profiled(ch: Channel, label: str) -> Iterator[None]:
-    if not os.environ.get(PROFILE_ENV):
+def _profiled(ch: Channel, label: str, on: bool) -> Iterator[None]:
+    """`CandidateJob.profile_trials` (diagnostics): the block under cProfile, its top entries
+    with its wall and CPU time sent as a flag. The numbers are this process's own: forgeable,
+    never a verdict."""
+    if not on:
         yield
         return
     import cProfile

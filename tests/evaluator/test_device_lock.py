@@ -4,6 +4,7 @@ at the device name."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -206,4 +207,27 @@ def test_each_device_child_reports_how_long_it_held_the_device(tmp_path):
     # asks to be timed, and the harness's own judging; they add up to no more than the stage.
     parts = ["trial_random", "trial_reparam", "trials_judged", "trials_after"]
     assert all(p in s for p in parts), s  # milliseconds at these sizes: present, maybe 0.0
-    assert sum(s[p] + s.get("probes", 0.0) for p in parts) <= s["correctness"] + 6 * ms
+    assert sum(s[p] for p in parts) + s.get("probes", 0.0) <= s["correctness"] + 6 * ms
+
+
+def test_profiled_trials_come_back_as_flags_and_change_no_verdict(tmp_path):
+    """`EvalConfig.profile_trials` (bench/experiment.py --profile-trials): each probe trial of
+    the candidate child comes back as a flag with its wall and CPU time and its top entries;
+    the verdict and the trials are those of the same evaluation without it."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from eval_helpers import candidate, cpu_config
+
+    from kloop.evaluator.harness.pipeline import evaluate
+
+    src = candidate("mlp_triton.py")
+    plain = evaluate("L3/1", src, cpu_config(tmp_path / "a", baselines="eager"))
+    profiled = evaluate("L3/1", src, cpu_config(tmp_path / "b", baselines="eager",
+                                                profile_trials=True))
+    assert plain.status == profiled.status == "correct", (plain.error, profiled.error)
+    flags = [f for f in profiled.flags if f.startswith("profile trial ")]
+    assert [f.split(":")[0] for f in flags] == [f"profile trial {t.trial}"
+                                                for t in profiled.correctness], flags
+    assert all(re.match(r"profile trial \d+: wall \d+\.\d+ s, cpu \d+\.\d+ s\n", f) and
+               "cumulative" in f for f in flags), flags[0][:300]
+    assert not any(f.startswith("profile trial ") for f in plain.flags)
+    assert [t.passed for t in plain.correctness] == [t.passed for t in profiled.correctness]
