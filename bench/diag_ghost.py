@@ -10,6 +10,13 @@ Here each candidate runs the candidate process's own trial code (`worker.trials.
 with kloop's build cache and probes) in a fresh process of its own, as a child would, after
 the zygote's imports; each trial is timed, each under cProfile; the slowest one's top entries
 are printed. Diagnostic only: nothing here judges a candidate.
+
+Alone, the trials took 0.01-0.33 s (the H100, 2026-12-06 at 0cfd6db), the ghost trial 1.1-3.3 s
+in the child under the lock (the H200, af624e7). The suspected difference: a lock holder's
+threads are moved onto two serving cores with torch's default team of one thread per core of
+the host. `--pin` moves this process there too; `--pin --threads 2` is what a lock holder now
+gets (`state.lock_holder_threads`). If `--pin` alone does not reproduce the seconds, the cause
+is elsewhere.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
 import subprocess
 import sys
@@ -30,8 +38,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 
-def one(problem_id: str, kind: str, size: str, top: int, trials: int, device: str) -> dict:
-    """Run `kind`'s trials for `problem_id` in this process; what each trial cost."""
+def one(problem_id: str, kind: str, size: str, top: int, trials: int, device: str,
+        pin: bool = False, threads: int | None = None) -> dict:
+    """Run `kind`'s trials for `problem_id` in this process; what each trial cost. `pin`: the
+    process's threads moved onto the serving cores before the trials, as a lock holder's are
+    (`harness.cores`); `threads`: its intra-op CPU threads then (torch's default otherwise)."""
     from kloop.evaluator.worker.zygote import preload
 
     t0 = time.monotonic()
@@ -72,6 +83,17 @@ def one(problem_id: str, kind: str, size: str, top: int, trials: int, device: st
         torch.cuda.synchronize()
     out["construct_s"] = time.monotonic() - t
     loaded = Loaded(module, model, names)
+    if pin:
+        from kloop.evaluator.harness import cores
+
+        quiet = cores.plan()
+        if quiet is None:
+            raise SystemExit("--pin: this host has no quiet-core plan (fewer than 8 cores)")
+        cores.place(os.getpid(), quiet.serving)
+        out["pinned_to"] = sorted(quiet.serving)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    out["intra_op_threads"] = torch.get_num_threads()
     backend = {"reference": "torch", "triton": "triton"}.get(kind, "cuda")
     kernels = backend != "torch"
     job = SimpleNamespace(problem=spec, backend=backend, tolerance=1e-4)
@@ -110,24 +132,32 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test (Triton interpreted)")
     ap.add_argument("--out", type=Path, help="append each candidate's record (JSON lines)")
+    ap.add_argument("--pin", action="store_true",
+                    help="move the process onto the serving cores before its trials, as a lock "
+                         "holder is moved (the suspected cause of the ghost trial's seconds)")
+    ap.add_argument("--threads", type=int, help="intra-op CPU threads for the trials")
     ap.add_argument("--one", help="internal: PROBLEM:KIND in this process")
     args = ap.parse_args()
     if args.one:
         pid, kind = args.one.split(":")
-        print(json.dumps(one(pid, kind, args.size, args.top, args.trials, args.device)))
+        print(json.dumps(one(pid, kind, args.size, args.top, args.trials, args.device, args.pin, args.threads)))
         return 0
     for pid in args.problems.split(","):
         for kind in args.kinds.split(","):
             proc = subprocess.run(
                 [sys.executable, __file__, "--one", f"{pid}:{kind}", "--size", args.size,
-                 "--trials", str(args.trials), "--top", str(args.top), "--device", args.device],
+                 "--trials", str(args.trials), "--top", str(args.top), "--device", args.device,
+                 *(["--pin"] if args.pin else []),
+                 *(["--threads", str(args.threads)] if args.threads else [])],
                 capture_output=True, text=True, timeout=600)
             if proc.returncode != 0:
                 print(f"{pid} {kind}: exit {proc.returncode}\n{proc.stderr[-3000:]}", flush=True)
                 continue
             rec = json.loads(proc.stdout.strip().splitlines()[-1])
             print(f"== {pid} {kind}: trials {rec['trial_s']} s; import {rec['import_s']:.2f} s, "
-                  f"construct {rec['construct_s']:.2f} s", flush=True)
+                  f"construct {rec['construct_s']:.2f} s; {rec['intra_op_threads']} intra-op "
+                  f"threads{' on cores ' + str(rec['pinned_to']) if 'pinned_to' in rec else ''}",
+                  flush=True)
             print(rec["profile"] or "", flush=True)
             if args.out:
                 with open(args.out, "a") as f:
