@@ -6,7 +6,7 @@
 # Steps: see the case below. STEP_LIMIT_<step> (seconds) overrides a step's limit. At the end
 # everything in $OUT is also packed into $OUT/all.tgz (a call brings back 8 files at most).
 set -uo pipefail
-OUT=${OUT:-/tmp/kloop-out}
+export OUT=${OUT:-/tmp/kloop-out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade .whl/*.whl || exit 1
 site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -38,6 +38,12 @@ for s in "$@"; do
     diag-uid) step diag-uid 150 python3 bench/diag_uid.py ;;
     diag-trials) step diag-trials 300 python3 bench/diag_trials.py ;;
     # Where a custom-kernel candidate's probe trials go (each trial timed and profiled).
+    # The same trials as a lock holder runs them (moved onto the serving cores): torch's default
+    # thread count, then one thread per serving core (what a lock holder gets now).
+    diag-pin) step diag-pin 240 bash -c 'python3 bench/diag_ghost.py --problems "${DIAG_PROBLEMS:-L3/18}" \
+                --kinds "${DIAG_KINDS:-triton,cuda_lean}" --pin --out "$OUT/diag-pin.jsonl" &&
+              python3 bench/diag_ghost.py --problems "${DIAG_PROBLEMS:-L3/18}" \
+                --kinds "${DIAG_KINDS:-triton,cuda_lean}" --pin --threads 2 --out "$OUT/diag-pin.jsonl"' ;;
     diag-ghost) step diag-ghost 300 python3 bench/diag_ghost.py --problems "${DIAG_PROBLEMS:-L3/1,L3/18,L3/35}" \
                   --kinds "${DIAG_KINDS:-reference,triton,cuda_lean}" --out "$OUT/diag-ghost.jsonl" ;;
     diag-threads) step diag-threads 300 python3 bench/diag_threads.py \
