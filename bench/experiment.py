@@ -487,10 +487,9 @@ def main(argv: list[str] | None = None) -> int:
                   "problem_ids": problems, "passes": "steady" if args.steady_only else
                   "first+steady" if args.steady else "first",
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    settings = {"kept_baselines": args.kept_baselines} if args.kept_baselines is not None else {}
-    if args.profile_trials:
-        settings["profile_trials"] = True
-    settings = settings or None
+    settings = {k: v for k, v in (("kept_baselines", args.kept_baselines),
+                                  ("profile_trials", args.profile_trials or None))
+                if v is not None} or None
     partial = _partial_writer(args.json, conditions, items, len(problems))
     first = None
     if args.steady_only:
@@ -531,9 +530,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-_JUDGING: list = []
-
-
 def _profile_judging() -> None:
     """The harness's judging of each trial message under cProfile (this process), printed at
     exit: its share of the lock hold (`trials_judged`)."""
@@ -545,7 +541,7 @@ def _profile_judging() -> None:
 
     from kloop.evaluator.harness import judge
 
-    lock, plain = threading.Lock(), judge._judge_trial
+    lock, plain, profiles = threading.Lock(), judge._judge_trial, []
 
     def profiled(*a, **k):
         prof = cProfile.Profile()
@@ -555,16 +551,16 @@ def _profile_judging() -> None:
         finally:
             prof.disable()
             with lock:
-                _JUDGING.append(prof)
+                profiles.append(prof)
 
     def report() -> None:
-        if _JUDGING:
+        if profiles:
             buf = io.StringIO()
-            stats = pstats.Stats(_JUDGING[0], stream=buf)
-            for p in _JUDGING[1:]:
+            stats = pstats.Stats(profiles[0], stream=buf)
+            for p in profiles[1:]:
                 stats.add(p)
             stats.sort_stats("cumulative").print_stats(30)
-            print(f"== the harness's judging of {len(_JUDGING)} trial messages ==\n"
+            print(f"== the harness's judging of {len(profiles)} trial messages ==\n"
                   + buf.getvalue(), flush=True)
 
     judge._judge_trial = profiled

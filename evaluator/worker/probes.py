@@ -469,13 +469,7 @@ def device_kernel_count(prof: Any, names: set[str]) -> int:
 
     from kloop.evaluator.worker.profile import classify
 
-    results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
-    if results is None:  # no raw results kept (another torch): the aggregated rows
-        from kloop.evaluator.worker.profile import _rows
-
-        return sum(calls for name, _, calls in _rows(prof, "cuda")
-                   if classify(name, names) == "custom")
-    return sum(1 for e in results.events()
+    return sum(1 for e in prof.profiler.kineto_results.events()
                if e.device_type() == DeviceType.CUDA and classify(e.name(), names) == "custom")
 
 

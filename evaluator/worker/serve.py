@@ -121,8 +121,9 @@ class Server:
             if op == OP_REST:
                 # The harness turns to the other process of a paired round: wait for the next
                 # request asleep, not spinning on a core the other process may want (the
-                # `prep` that wakes it is off the clock). Nothing of this process's may still
-                # run on the device when the other side's call starts (`_call` already waited).
+                # `prep` that wakes it is off the clock). `_call` waited for its own work; what
+                # was launched since (by another thread) is waited for too before the other
+                # side's call starts (a thread launching after this stays open: K14's README).
                 spin = 0.0
                 self._sync()
                 self.reply(OK)
