@@ -145,6 +145,30 @@ def test_cuda_profile_lists_device_kernels():
 
 
 @pytest.mark.gpu
+def test_device_rows_agree_with_the_profilers_aggregate():
+    """The raw device events, summed by name, are the rows `key_averages` gives for the device
+    (which aggregates every CPU event too: the cost the raw read avoids)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from kloop.evaluator.worker.profile import device_rows
+
+    net, inputs = _mlp()
+    net, inputs = net.cuda(), [x.cuda() for x in inputs]
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        for _ in range(3):
+            net(*inputs)
+        torch.cuda.synchronize()
+    raw = {name: (us, n) for name, us, n in device_rows(p)}
+    agg = {r.key: (r.self_device_time_total, r.count) for r in p.key_averages()
+           if r.device_type == DeviceType.CUDA and r.self_device_time_total > 0}
+    assert raw and set(raw) == set(agg)
+    for name, (us, n) in raw.items():
+        assert n == agg[name][1] and n % 3 == 0, name  # every kernel once per forward
+        assert us == pytest.approx(agg[name][0], rel=0.01, abs=1.0), name
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(shutil.which("ncu") is None, reason="needs ncu")
 def test_ncu_on_a_tiny_kernel(tmp_path):
     script = tmp_path / "tiny.py"
