@@ -35,6 +35,7 @@ for s in "$@"; do
     handshake-nobusy) step handshake-nobusy 120 python3 bench/handshake.py --sizes 16K,8M \
                 --gap-ms 5 --busy-cycles 0 ;;
     diag) step diag 150 python3 bench/diag_process.py ;;
+    timeslice) step timeslice 90 python3 bench/diag_timeslice.py ;;  # what the quiet check sees
     diag-uid) step diag-uid 150 python3 bench/diag_uid.py ;;
     diag-trials) step diag-trials 300 python3 bench/diag_trials.py ;;
     # Where a custom-kernel candidate's probe trials go (each trial timed and profiled).

@@ -153,6 +153,13 @@ _TABLE = (
              "The candidate process wrote messages of its own onto the harness's result "
              "channel (a forged timing, a trial twice): nothing it reports can be trusted "
              "(catalog C11).", kernelbench="reject", decided_in="harness"),
+    _runtime("device_busy_beside_baselines",
+             "Work of another process's on the device while a baseline is timed slows the "
+             "baseline and raises the speedup (K14b). The candidate's process is stopped "
+             "while baselines are served and what it left queued drains before each of their "
+             "calls; a device that stays busy past that (a process of the candidate's outside "
+             "its group, launching still) leaves no baseline that can be trusted.",
+             decided_in="harness"),
     _runtime("implausible_speedup",
              "Speedups above the policy's bound over eager are usually measurement or "
              "correctness holes; flagged for review.", strict="flag", decided_in="harness"),

@@ -15,12 +15,13 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
-OP_PREP, OP_CALL, OP_NULL, OP_STOP, OP_REST = 1, 2, 3, 4, 5
+OP_PREP, OP_CALL, OP_NULL, OP_STOP, OP_REST, OP_QUIET = 1, 2, 3, 4, 5, 6
 REQUEST = struct.Struct("<BB6xQ")
 """op, role, seed."""
 REPLY = struct.Struct("<B7xd")
-"""status, the worker's own CUDA-event time of the forward in ms (NaN when none)."""
-OK, BAD_OUTPUT, RAISED = 0, 1, 2
+"""status, the worker's own CUDA-event time of the forward in ms (NaN when none); for `quiet`,
+the milliseconds it waited."""
+OK, BAD_OUTPUT, RAISED, NOT_QUIET = 0, 1, 2, 3
 _ALIGN = 4096
 SPIN_S = 0.05
 """How long a wait spins before it sleeps (GPU only)."""

@@ -38,10 +38,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kloop.evaluator.common.wire import (
+    NOT_QUIET,
     OK,
     OP_CALL,
     OP_NULL,
     OP_PREP,
+    OP_QUIET,
     OP_REST,
     OP_STOP,
     REPLY,
@@ -207,6 +209,16 @@ class CallChannel:
     def prep(self, deadline: float) -> None:
         self._send(OP_PREP, 0)
         self._wait(deadline)
+
+    def quiet(self, deadline: float) -> float | None:
+        """Off the clock, asked of a trusted worker before a baseline's call: wait until no
+        other process's work is on the device (`serve.Server.quiet`); the milliseconds waited,
+        None when the device never went quiet."""
+        self._send(OP_QUIET, 0)
+        status, ms = self._wait(deadline)
+        if status == NOT_QUIET:
+            return None
+        return 0.0 if math.isnan(ms) else float(ms)
 
     def rest(self, deadline: float) -> None:
         """Off the clock: the worker waits for its next request asleep (`serve.OP_REST`)."""

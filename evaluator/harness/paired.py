@@ -19,12 +19,21 @@ its calls below their work, and a reference worker whose channel is slower than 
 
 Each speedup's interval is a bootstrap over rounds (resampling whole rounds keeps each round's
 pairing): `speedup_interval`.
+
+Work of the candidate's must not run while a baseline is timed (it would slow the baseline and
+raise the speedup: exploit K14b). Its process answers a call only after synchronising the device,
+but a thread of its own (or a patched serving loop) can launch after that. So while any other
+side is served, the candidate's process group is stopped (SIGSTOP: no thread of it launches
+anything), and before each baseline's call the trusted worker waits until the device has no
+other process's work (`serve.Server.quiet`): what was launched before the stop drains first.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import secrets
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +47,11 @@ from kloop.evaluator.harness.cputhreads import one_cpu_thread
 from kloop.evaluator.harness.flusher import flusher
 from kloop.evaluator.harness.served import Served
 
+STOP_UNTRUSTED = True
+"""Stop an untrusted side's process group while other sides are served (K14b)."""
+QUIET_BEFORE_BASELINES = True
+"""A trusted worker waits for a device free of other processes' work before each call (K14c).
+Both stay on: the exploit suite turns them off only to show what each one stops."""
 ROUNDS = 10
 """Rounds per evaluation (fewer when there are fewer timed calls): enough rounds for a
 bootstrap interval, enough calls per round for a stable median within it."""
@@ -60,6 +74,19 @@ class Side:
     channel: CallChannel
     role: int = 0
     null: bool = False
+    group: int | None = None
+    """The process group serving it, stopped while other sides are served: a candidate's or an
+    incumbent's (untrusted code); None for a trusted worker."""
+
+    @property
+    def trusted(self) -> bool:
+        """Served by trusted code (the reference worker, a kept baseline worker)."""
+        return not self.name.startswith(("candidate", "incumbent"))
+
+
+class DeviceNotQuiet(Exception):
+    """Before a baseline's call, the device stayed busy with another process's work for longer
+    than anything a stopped candidate process can have left queued."""
 
 
 @dataclass
@@ -73,6 +100,9 @@ class PairedServed:
     """Side -> the wall time of all its calls, warm-up calls included."""
     dropped: dict[str, str] = field(default_factory=dict)
     """Baselines that failed during the rounds -> why (their rounds are left out)."""
+    quiet_waits_ms: list[float] = field(default_factory=list)
+    """Each wait of a baseline's call for another process's work to leave the device (none on
+    an honest run: the candidate's process synchronised before it answered)."""
     n_rounds: int = 0
     calls_per_round: int = 0
     warmup_s: float = 0.0
@@ -115,9 +145,21 @@ def _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_
     live = list(sides)
     rng = np.random.default_rng(secrets.randbits(128))
 
+    frozen: set[int] = set()
+
     def one(side: Side, seed: int) -> CallResult:
+        if side.group in frozen:
+            _signal(side.group, signal.SIGCONT)
+            frozen.discard(side.group)
         if prep:
             side.channel.prep(deadline)
+        if side.trusted and QUIET_BEFORE_BASELINES:  # under every policy, flushed L2 or not
+            waited = side.channel.quiet(deadline)
+            if waited is None:
+                raise DeviceNotQuiet(f"before a call of {side.name}, the device stayed busy with "
+                                     f"another process's work")
+            if waited > 0:
+                out.quiet_waits_ms.append(waited)
         if flush is not None:
             flush()
         # Only the candidate's and a checked side's outputs are read after the call.
@@ -144,8 +186,35 @@ def _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_
             return None
         return r
 
+    def settle(side: Side) -> None:
+        """After a side's calls: its worker waits asleep, off the clock; an untrusted one's
+        process group is stopped until its next call (a stopped one has rested already)."""
+        if side not in live or side.channel.layout is None or side.group in frozen:
+            return
+        side.channel.rest(deadline)  # the next side may be the other process
+        if side.group is not None and STOP_UNTRUSTED:
+            _signal(side.group, signal.SIGSTOP)
+            frozen.add(side.group)
+
+    try:
+        return _rounds(out, live, seeds, warmup_calls, warmup_ms, gpu, rounds, rng,
+                       guarded, settle, on_output, checks, drop)
+    finally:
+        for group in frozen:  # whatever happened, the processes go on (to end or be judged)
+            _signal(group, signal.SIGCONT)
+
+
+def _signal(group: int, sig: int) -> None:
+    try:
+        os.killpg(group, sig)
+    except ProcessLookupError:  # gone: nothing of it runs anyway
+        pass
+
+
+def _rounds(out, live, seeds, warmup_calls, warmup_ms, gpu, rounds, rng, guarded, settle,
+            on_output, checks, drop) -> PairedServed:
     t0 = time.monotonic()
-    _warm(live, warmup_calls, warmup_ms, guarded)
+    _warm(live, warmup_calls, warmup_ms, guarded, settle)
     out.warmup_s = time.monotonic() - t0
     gc.collect()
     was_on = gc.isenabled()
@@ -182,8 +251,7 @@ def _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_
                     if side.name in checks and not checks[side.name](i, res):
                         drop(side, f"its output of timed call {i} was wrong")
                         break
-                if side in live and side.channel.layout is not None:
-                    side.channel.rest(deadline)  # the next side may be the other process
+                settle(side)
     finally:
         if was_on:
             gc.enable()
@@ -200,11 +268,13 @@ def _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_
 
 
 def _warm(live: list[Side], calls: int, warmup_ms: float,
-          guarded: Callable[[Side, int], CallResult | None]) -> None:
+          guarded: Callable[[Side, int], CallResult | None],
+          settle: Callable[[Side], None]) -> None:
     """Warm-up calls on fresh seeds nobody checks: the candidate's as the timing settings say,
-    each baseline's `BASELINE_WARMUP_CALLS`."""
+    each baseline's `BASELINE_WARMUP_CALLS`; `settle(side)` after each side's."""
     for side in list(live):
         if side.null:
+            settle(side)
             continue
         n, ms = (calls, warmup_ms) if side.name == "candidate" else (BASELINE_WARMUP_CALLS, 0.0)
         done, end = 0, None
@@ -217,6 +287,7 @@ def _warm(live: list[Side], calls: int, warmup_ms: float,
             done += 1
             if r is not None and r.status != OK:  # the candidate's: it fails again when timed
                 break
+        settle(side)
 
 
 def per_call(served: Served, handshake_ms: float | None, clock: str,

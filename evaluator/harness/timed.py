@@ -32,6 +32,7 @@ from kloop.evaluator.harness.outcome import (
     violated,
 )
 from kloop.evaluator.harness.paired import (
+    DeviceNotQuiet,
     PairedServed,
     Side,
     own_handshake,
@@ -126,14 +127,19 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
                 inc.calls.set_layout(layout)
                 inc.calls.spin = not run.on_cpu
                 inc.send(Control(next="serve", data=layout.model_dump_json()))
-                sides.insert(1, Side("incumbent", inc.calls))
-                sides.append(Side("incumbent_null", inc.calls, null=True))
+                sides.insert(1, Side("incumbent", inc.calls, group=inc.proc.pid))
+                sides.append(Side("incumbent_null", inc.calls, null=True, group=inc.proc.pid))
             paired = run_paired(
                 sides, seeds, warmup_calls=t.warmup_calls,
                 warmup_ms=t.warmup_ms, prep=t.l2_flush, flush_device=t.l2_flusher, gpu=t.gpu,
                 budget_s=run.config.timeouts.timing + run.config.timeouts.baselines,
                 on_output=on_output, checks={"incumbent": incumbent_ok})
             dropped = paired.dropped
+            if paired.quiet_waits_ms:
+                w = paired.quiet_waits_ms
+                ledger.record(Flagged(flag=f"baselines_waited_for_device: {len(w)} of the "
+                                           f"baselines' calls waited {sum(w):.1f} ms in all for "
+                                           f"other work on the device to end first"))
             # Where the timing stage's wall goes (parts of `timing`, not added to it).
             ledger.clock("timing_warmup", paired.warmup_s)
             ledger.clock("timing_rounds", paired.rounds_s)
@@ -142,6 +148,13 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
             plan = CallPlan(seeds=seeds, warmup_calls=t.warmup_calls, warmup_ms=t.warmup_ms,
                             prep=t.l2_flush, flusher=t.l2_flusher, gpu=t.gpu)
             served = run_plan(child.calls, plan, run.config.timeouts.timing, on_output)
+    except DeviceNotQuiet as e:
+        child.kill("decided")
+        v = violate(run, "device_busy_beside_baselines", str(e))
+        ledger.record(*violated(v))
+        if v.severity == "reject":
+            ledger.stop("rejected", "timing")
+        return
     except ChannelBroken as e:
         child.kill(e.kind)
         if e.kind == "timeout":
@@ -186,7 +199,9 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
 def _sides(run: EvalRun, child: Any, baselines: Any) -> list[Side]:
     """The candidate, each baseline the baselines' worker serves (`baselines`: its channel),
     and both processes' null calls."""
-    sides = [Side("candidate", child.calls), Side("candidate_null", child.calls, null=True)]
+    group = child.proc.pid  # the child leads its own process group (the sandbox's session)
+    sides = [Side("candidate", child.calls, group=group),
+             Side("candidate_null", child.calls, null=True, group=group)]
     for name in paired_roles(run):
         sides.append(Side(name, baselines, role=ROLES[name]))
     sides.append(Side("null", baselines, null=True))

@@ -41,9 +41,11 @@ import torch
 from kloop.evaluator.common.wire import (
     BAD_OUTPUT,
     DTYPES,
+    NOT_QUIET,
     OK,
     OP_NULL,
     OP_PREP,
+    OP_QUIET,
     OP_REST,
     OP_STOP,
     RAISED,
@@ -64,6 +66,19 @@ there) ran 2-7 % slower, a launch-bound one 4x, than the same code's calls in th
 worker (only stored), with launches as fast in both processes. A cold clock is the suspected
 cause (not yet confirmed on the GPU; bench/handshake.py --busy-cycles 0 compares)."""
 
+
+
+QUIET_PROBE_CYCLES = 1_000
+"""The quiet check's probe kernel (`Server.quiet`): a microsecond of device work."""
+QUIET_MS = 0.25
+"""A probe back within this is a quiet device. On an H100 (bench/diag_timeslice.py, 2026-12-06)
+a probe alone came back in 0.010 ms (p50; 0.022 ms the slowest of 200), and while another
+process's kernel ran, each probe waited out that context's time slice: 2.2-2.4 ms. A 1 ms kernel
+of ours then took 3.4 ms of wall time while its CUDA events still read 1.01 ms: events do not
+see the wait, so the check reads the wall."""
+QUIET_LIMIT_S = 0.5
+"""Longer than this busy with another process's work is not what a process stopped after its
+calls left queued: the check gives up (`NOT_QUIET`)."""
 
 
 class Server:
@@ -135,6 +150,12 @@ class Server:
                     self.flush.zero_()
                 self._sync()
                 self.reply(OK)
+                continue
+            if op == OP_QUIET:  # asked of trusted workers only, before a baseline's call
+                self._sync()
+                waited = self.quiet() if self.device == "cuda" else 0.0
+                self.reply(OK if waited is not None else NOT_QUIET,
+                           waited if waited is not None else math.nan)
                 continue
             try:
                 if role not in models:
@@ -222,6 +243,30 @@ class Server:
     def _sync(self) -> None:
         if self.device == "cuda":
             torch.cuda.synchronize()
+
+    def quiet(self) -> float | None:
+        """Wait until no other process has work on the device: the milliseconds waited (0.0
+        when it was quiet at once), None when it never was within `QUIET_LIMIT_S`.
+
+        Contexts of different processes share the GPU by time slices: while another context
+        has work queued, a launch of ours waits for that context's slice to end, and it gets a
+        fresh slice each time ours goes idle. So a probe of a few cycles launched right after
+        our own work finished comes back in microseconds on a quiet device and only after a
+        slice when another process's kernel is resident. Probed again until it comes back
+        fast, the other work drains first (a candidate's process is stopped while baselines
+        are timed, so what it left is finite): exploit K14b."""
+        start = time.perf_counter()
+        waited = 0.0
+        while True:
+            t0 = time.perf_counter()
+            torch.cuda._sleep(QUIET_PROBE_CYCLES)
+            torch.cuda.synchronize()
+            ms = (time.perf_counter() - t0) * 1000.0
+            if ms < QUIET_MS:
+                return waited
+            waited = (time.perf_counter() - start) * 1000.0
+            if waited > QUIET_LIMIT_S * 1000.0:
+                return None
 
 
 def _pin(mem: mmap.mmap, size: int) -> bool:

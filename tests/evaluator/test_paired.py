@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -52,9 +53,25 @@ WORKER = textwrap.dedent('''
             if fail_after and calls[0] > fail_after and i == len(sleeps) - 1:
                 raised.append(i)
                 raise RuntimeError("this role fails now")
+            t0 = time.monotonic()
             time.sleep(s)
+            if log is not None and sleeps != [0.010]:
+                log.write(f"call {t0} {time.monotonic()}\\n")
             return x * 2
         return model
+
+    # argv[5]: a file. The reference's roles log each call's (start, end) there; the
+    # candidate's thread logs a heartbeat there every half millisecond, whatever is served.
+    log = open(sys.argv[5], "a", buffering=1) if len(sys.argv) > 5 else None
+    if log is not None and sleeps == [0.010]:
+        import threading
+
+        def beat():
+            while True:
+                log.write(f"beat {time.monotonic()}\\n")
+                time.sleep(0.0005)
+
+        threading.Thread(target=beat, daemon=True).start()
 
     print("ready", flush=True)
     # As the reference worker's paired serving does: a role that raised is served no more.
@@ -84,14 +101,16 @@ class Logged(CallChannel):
         return super().call(seed, deadline, null=null, role=role, keep=keep)
 
 
-def _worker(name: str, sleeps: list[float], log: list, fail_after: int = 0):
+def _worker(name: str, sleeps: list[float], log: list, fail_after: int = 0,
+            trace: Path | None = None):
     ch = Logged.open()
     ch.log, ch.name = log, name
     ch.set_layout(LAYOUT)
     proc = subprocess.Popen(
         [sys.executable, "-c", WORKER, ",".join(map(str, ch.child_fds())),
-         LAYOUT.model_dump_json(), ",".join(map(str, sleeps)), str(fail_after)],
-        pass_fds=ch.child_fds(), stdout=subprocess.PIPE, text=True)
+         LAYOUT.model_dump_json(), ",".join(map(str, sleeps)), str(fail_after),
+         *([str(trace)] if trace is not None else [])],
+        pass_fds=ch.child_fds(), stdout=subprocess.PIPE, text=True, start_new_session=True)
     ch.spawned()
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return ch, proc
@@ -237,3 +256,39 @@ def test_only_the_candidates_outputs_are_kept_after_the_clock(paired_run):
     assert KEPT[("cand", 0, False)] == {True}
     for side in (("ref", 0, False), ("ref", 1, False), ("ref", 0, True), ("cand", 0, True)):
         assert KEPT[side] == {False}, side
+
+
+@pytest.mark.parametrize("stopped", [True, False])
+def test_the_candidates_process_is_stopped_while_the_baselines_are_timed(tmp_path, stopped):
+    """A thread of the candidate's process that could launch work at any moment (here: a
+    heartbeat every half millisecond) runs only while the candidate is served: its process
+    group is stopped before any baseline's call and goes on after. Without the group named
+    (`stopped=False`, the control) the heartbeats land inside the baselines' calls."""
+    trace = tmp_path / "trace.txt"
+    log: list = []
+    ref, p1 = _worker("ref", [0.020, 0.005], log, trace=trace)
+    cand, p2 = _worker("cand", [0.010], log, trace=trace)
+    group = p2.pid if stopped else None
+    sides = [Side("candidate", cand, group=group), Side("eager", ref, role=0),
+             Side("compile", ref, role=1), Side("null", ref, null=True),
+             Side("candidate_null", cand, null=True, group=group)]
+    try:
+        out = run_paired(sides, list(range(8)), warmup_calls=1, warmup_ms=0.0, prep=True,
+                         flush_device=None, gpu=None, budget_s=120.0,
+                         on_output=lambda i, r: r.status == OK, rounds=4)
+        assert p2.poll() is None  # it goes on after the rounds, to be stopped as usual
+    finally:
+        for ch, p in ((ref, p1), (cand, p2)):
+            ch.stop()
+            p.wait(timeout=30)
+            ch.close()
+    assert len(out.sides["eager"].wall_ms) == 8 and not out.quiet_waits_ms  # CPU: no device
+    lines = trace.read_text().split("\n")
+    beats = np.array([float(x.split()[1]) for x in lines if x.startswith("beat ")])
+    calls = [tuple(map(float, x.split()[1:])) for x in lines if x.startswith("call ")]
+    assert len(beats) > 100 and len(calls) >= 8 * 2 + 4  # the rounds' calls and the warm-up's
+    inside = sum(int(((beats > a) & (beats < b)).sum()) for a, b in calls)
+    if stopped:
+        assert inside == 0
+    else:
+        assert inside > len(calls)  # 5-20 ms calls, a beat every 0.5 ms
