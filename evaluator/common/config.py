@@ -246,8 +246,10 @@ class EvalConfig(BaseModel):
     from the cache and were compiled again under the device lock for every candidate (2.7-17.5 s
     of each correct candidate's hold at full size on the H100, 2026-12-05 at 92b4b81). At most
     this many, the least recently used closed first. Each evaluation's own reference worker
-    still makes every output its candidate is checked against. 0: none kept; None: 4 on a GPU,
-    0 on CPU (no compiled baselines there)."""
+    still makes every output its candidate is checked against. 0: none kept; None: on a GPU as
+    many as the device's and the host's memory leave room for (30 % of the device's memory and
+    16 GiB of the host's kept free, at most 32; 4 where NVML cannot be read), 0 on CPU (no
+    compiled baselines there)."""
     l2_flush: Literal["worker", "trusted"] = "worker"
     """Who flushes the L2 before each timed call: the serving process in its `prep` (a
     candidate's native code could skip it), or also a trusted flusher process of the harness's

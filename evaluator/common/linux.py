@@ -39,3 +39,17 @@ def prctl(option: int, arg: int = 0) -> int:
         return -1
     return int(c.prctl(option, ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0),
                           ctypes.c_ulong(0)))
+
+
+def available_bytes(meminfo: str | None = None) -> int | None:
+    """The host memory available to new work (/proc/meminfo's MemAvailable), None if unread.
+    `meminfo`: that file's text."""
+    from pathlib import Path
+
+    try:
+        text = meminfo if meminfo is not None else Path("/proc/meminfo").read_text()
+        kib = next(int(line.split()[1]) for line in text.splitlines()
+                   if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    return kib << 10

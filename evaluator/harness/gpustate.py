@@ -81,3 +81,27 @@ def sample(device: str) -> GpuSample | None:
                      temperature_c=uint(lib.nvmlDeviceGetTemperature, _NVML_TEMPERATURE_GPU),
                      power_w=None if power is None else power / 1000.0,
                      clock_limits=active)
+
+
+class _Memory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
+                ("used", ctypes.c_ulonglong)]
+
+
+def memory(device: str) -> tuple[int, int] | None:
+    """(free, total) bytes of `device`'s memory as NVML counts it (every process's use), None
+    without NVML. `device` as in `sample`."""
+    lib = _nvml()
+    if lib is None:
+        return None
+    handle = ctypes.c_void_p()
+    if device.startswith(("GPU-", "MIG-")):
+        rc = lib.nvmlDeviceGetHandleByUUID(device.encode(), ctypes.byref(handle))
+    elif device.isdigit():
+        rc = lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(device)), ctypes.byref(handle))
+    else:
+        return None
+    mem = _Memory()
+    if rc != 0 or lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)) != 0:
+        return None
+    return int(mem.free), int(mem.total)

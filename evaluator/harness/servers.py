@@ -52,16 +52,56 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ON_GPU = 4
-"""Kept workers per process on a GPU when the config leaves it open (`kept_baselines=None`)."""
+"""Kept workers per process on a GPU when the config leaves it open and the device's free
+memory cannot be read (no NVML)."""
+AUTO_MAX = 32
+"""Kept workers per process at most when the config leaves it open: otherwise as many as the
+device's and the host's memory leave room for (`has_room`). `kloop run` keeps one episode per
+problem in flight at its concurrency, so with more problems in flight than workers kept, the
+others' candidates are judged against their own reference workers, whose compiled baselines
+compile again from the cache under the lock (2.7-17.5 s a candidate at full size, H100,
+2026-12-05)."""
+DEVICE_RESERVE = 0.3
+"""Share of the device's memory left free beside the kept workers, for the evaluations timed
+beside them (the largest Level 3 reference takes 8-9 GB at full size; a candidate as much)."""
+HOST_RESERVE = 16 << 30
+"""Host memory left available beside them (each is a process with torch and CUDA loaded)."""
+STARTING = (2 << 30, 3 << 30)
+"""What a worker being started is counted as until it has allocated: (device, host) bytes."""
 MAX_AGE_S = 5 * 3600.0
 """Ended before its child's own limit (`state.PARKED_LIMIT_S`) can end it mid-session."""
 END_S = 60.0
 """How long the end of a session (the worker's flags, then stage `paired`) may take."""
 
 
-def limit(run: EvalRun) -> int:
+def limit(run: EvalRun) -> int | None:
+    """How many may be kept: the config's number, 0 on CPU, else None (by memory)."""
     n = run.config.kept_baselines
-    return (0 if run.on_cpu else ON_GPU) if n is None else n
+    return (0 if run.on_cpu else None) if n is None else n
+
+
+def has_room(kept: int, starting: int, device: tuple[int, int] | None,
+             host_available: int | None) -> bool:
+    """Whether one more worker may start beside `kept` started and `starting` starting ones,
+    given the device's (free, total) memory and the host's available memory (None: unknown,
+    then `ON_GPU` at most)."""
+    n = kept + starting
+    if n >= AUTO_MAX:
+        return False
+    if device is None or host_available is None:
+        return n < ON_GPU
+    free, total = device
+    dev_start, host_start = STARTING
+    return free - starting * dev_start >= DEVICE_RESERVE * total + dev_start and \
+        host_available - starting * host_start >= HOST_RESERVE + host_start
+
+
+def _memory(run: EvalRun) -> tuple[tuple[int, int] | None, int | None]:
+    from kloop.evaluator.common.linux import available_bytes
+    from kloop.evaluator.harness import gpustate
+
+    gpu = run.timing_spec().gpu
+    return (gpustate.memory(gpu) if gpu is not None else None), available_bytes()
 
 
 def server_key(run: EvalRun) -> str:
@@ -207,12 +247,19 @@ class Servers:
                 if s is not None or key in self._failed:
                     return None, False
                 # Workers starting now hold their slots too (`_starting_now`).
-                while len(self._servers) + self._starting_now >= cap:
+                if cap is not None:
+                    while len(self._servers) + self._starting_now >= cap:
+                        idle = [v for v in self._servers.values() if v.pins == 0]
+                        if not idle:
+                            break
+                        victims.append(self._servers.pop(min(idle, key=lambda v: v.used_at).key))
+                    full = len(self._servers) + self._starting_now >= cap
+                else:  # by memory: the least recently used idle one makes room, if one is idle
+                    full = not has_room(len(self._servers), self._starting_now, *_memory(run))
                     idle = [v for v in self._servers.values() if v.pins == 0]
-                    if not idle:
-                        break
-                    victims.append(self._servers.pop(min(idle, key=lambda v: v.used_at).key))
-                full = len(self._servers) + self._starting_now >= cap
+                    if full and idle:
+                        victims.append(self._servers.pop(min(idle, key=lambda v: v.used_at).key))
+                        full = False
                 if not full:
                     self._starting_now += 1
             for v in victims:

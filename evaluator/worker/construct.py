@@ -39,13 +39,12 @@ def prepare_budget(meminfo: str | None = None) -> int:
     was built under it in both the reference worker and the candidate child (their holds 6-9 s
     on the H200, 2026-12-03 at 1b2062d). Children of one evaluation do not prepare at once (its
     reference worker is gone before its candidate child starts). `meminfo`: /proc/meminfo's text."""
-    try:
-        text = meminfo if meminfo is not None else Path("/proc/meminfo").read_text()
-        kib = next(int(line.split()[1]) for line in text.splitlines()
-                   if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError, IndexError):
+    from kloop.evaluator.common.linux import available_bytes
+
+    have = available_bytes(meminfo)
+    if have is None:
         return PREPARE_FLOOR
-    return max(PREPARE_FLOOR, min(PREPARE_CEILING, (kib << 10) // PREPARE_SHARE))
+    return max(PREPARE_FLOOR, min(PREPARE_CEILING, have // PREPARE_SHARE))
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 

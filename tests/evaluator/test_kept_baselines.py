@@ -8,6 +8,7 @@ evaluation's own reference worker, and every speedup still comes from paired rou
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 
@@ -183,3 +184,31 @@ def _running(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+def test_left_open_as_many_are_kept_as_the_devices_and_the_hosts_memory_leave_room_for():
+    """`kept_baselines=None` on a GPU: a worker starts while the device keeps `DEVICE_RESERVE`
+    of its memory free and the host `HOST_RESERVE`, each worker still starting counted as
+    `STARTING`; never more than `AUTO_MAX`; `ON_GPU` where the memory cannot be read."""
+    from kloop.evaluator.harness.servers import (
+        AUTO_MAX,
+        DEVICE_RESERVE,
+        HOST_RESERVE,
+        ON_GPU,
+        STARTING,
+        has_room,
+    )
+
+    gib = 1 << 30
+    total = 141 * gib  # an H200
+    floor = math.ceil(DEVICE_RESERVE * total) + STARTING[0]
+    host = 100 * gib
+    assert has_room(10, 0, (floor, total), host)
+    assert not has_room(10, 0, (floor - 1, total), host)
+    # Two starting, not yet allocated: each counts as STARTING until it has.
+    assert has_room(10, 2, (floor + 2 * STARTING[0], total), host)
+    assert not has_room(10, 2, (floor + 2 * STARTING[0] - 1, total), host)
+    assert not has_room(0, 0, (total, total), HOST_RESERVE + STARTING[1] - 1)
+    assert not has_room(AUTO_MAX, 0, (total, total), host)
+    assert has_room(ON_GPU - 1, 0, None, host) and not has_room(ON_GPU, 0, None, host)
+    assert not has_room(ON_GPU, 0, (total, total), None)
