@@ -157,8 +157,9 @@ _TABLE = (
              "Work of another process's on the device while a baseline is timed slows the "
              "baseline and raises the speedup (K14b). The candidate's process is stopped "
              "while baselines are served and what it left queued drains before each of their "
-             "calls; a device that stays busy past that (a process of the candidate's outside "
-             "its group, launching still) leaves no baseline that can be trusted.",
+             "calls; a device found busy before many of them, or busy for 0.5 s (a process of "
+             "the candidate's outside its group, launching still), leaves no baseline that can "
+             "be trusted.",
              decided_in="harness"),
     _runtime("implausible_speedup",
              "Speedups above the policy's bound over eager are usually measurement or "

@@ -84,6 +84,16 @@ class Side:
         return not self.name.startswith(("candidate", "incumbent"))
 
 
+def busy_beside(waits: int, checks: int) -> bool:
+    """Whether the trusted sides found other work on the device too often to be a stopped
+    process's leftovers: on at least 3 of their calls and 5 % of them. A stopped process leaves
+    what it queued in the moment before the stop, once per side change; an honest one leaves
+    nothing (no wait in any honest run on the H100, 2026-12-06), and a process still launching
+    (outside the stopped group) is found before call after call (K14b without the stop: 200 of
+    200)."""
+    return waits >= max(3, 0.05 * checks)
+
+
 class DeviceNotQuiet(Exception):
     """Before a baseline's call, the device stayed busy with another process's work for longer
     than anything a stopped candidate process can have left queued."""
@@ -103,6 +113,8 @@ class PairedServed:
     quiet_waits_ms: list[float] = field(default_factory=list)
     """Each wait of a baseline's call for another process's work to leave the device (none on
     an honest run: the candidate's process synchronised before it answered)."""
+    quiet_checks: int = 0
+    """Quiet checks made (one before each call of a trusted side)."""
     n_rounds: int = 0
     calls_per_round: int = 0
     warmup_s: float = 0.0
@@ -155,6 +167,7 @@ def _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_
             side.channel.prep(deadline)
         if side.trusted and QUIET_BEFORE_BASELINES:  # under every policy, flushed L2 or not
             waited = side.channel.quiet(deadline)
+            out.quiet_checks += 1
             if waited is None:
                 raise DeviceNotQuiet(f"before a call of {side.name}, the device stayed busy with "
                                      f"another process's work")

@@ -35,6 +35,7 @@ from kloop.evaluator.harness.paired import (
     DeviceNotQuiet,
     PairedServed,
     Side,
+    busy_beside,
     own_handshake,
     per_call,
     run_paired,
@@ -138,8 +139,18 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
             if paired.quiet_waits_ms:
                 w = paired.quiet_waits_ms
                 ledger.record(Flagged(flag=f"baselines_waited_for_device: {len(w)} of the "
-                                           f"baselines' calls waited {sum(w):.1f} ms in all for "
-                                           f"other work on the device to end first"))
+                                           f"baselines' {paired.quiet_checks} calls waited "
+                                           f"{sum(w):.1f} ms in all for other work on the "
+                                           f"device to end first"))
+                if busy_beside(len(w), paired.quiet_checks):
+                    v = violate(run, "device_busy_beside_baselines",
+                                f"{len(w)} of {paired.quiet_checks} baseline calls found another "
+                                f"process's work on the device first")
+                    ledger.record(*violated(v))
+                    if v.severity == "reject":
+                        ledger.stop("rejected", "timing")
+                        child.kill("decided")
+                        return
             # Where the timing stage's wall goes (parts of `timing`, not added to it).
             ledger.clock("timing_warmup", paired.warmup_s)
             ledger.clock("timing_rounds", paired.rounds_s)

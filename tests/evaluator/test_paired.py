@@ -20,6 +20,7 @@ from kloop.evaluator.harness.clock import CallChannel
 from kloop.evaluator.harness.paired import (
     NULLS_PER_ROUND,
     Side,
+    busy_beside,
     own_handshake,
     per_call,
     run_paired,
@@ -292,3 +293,11 @@ def test_the_candidates_process_is_stopped_while_the_baselines_are_timed(tmp_pat
         assert inside == 0
     else:
         assert inside > len(calls)  # 5-20 ms calls, a beat every 0.5 ms
+
+
+def test_found_busy_before_many_baseline_calls_is_more_than_a_stopped_process_can_leave():
+    """One wait per side change is what a process stopped right after queueing work leaves
+    (K14c: 12 of ~150 checks on the H100); a process still launching is found before call after
+    call (K14b without the stop: 200 of 200). At least 3 and 5 % is the line."""
+    assert not busy_beside(0, 200) and not busy_beside(2, 10) and not busy_beside(9, 200)
+    assert busy_beside(3, 20) and busy_beside(10, 200) and busy_beside(200, 200)
