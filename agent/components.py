@@ -7,6 +7,8 @@ a concrete provider or the evaluator.
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from datetime import datetime, timezone
@@ -22,6 +24,8 @@ from kloop.evaluator.common.config import EvalConfig
 from kloop.evaluator.common.result import EvalResult
 from kloop.evaluator.harness.precheck import check_overrides, small_overrides
 from kloop.problems.registry import Problem, ProblemError, ProblemSet, load_problem_set
+
+log = logging.getLogger(__name__)
 
 
 @lru_cache(maxsize=4)
@@ -93,6 +97,31 @@ class LocalEvaluator:
         self._evaluate = _import_evaluate()
         self.configs: dict[str, Any] = problem_configs(base, overrides, problems)
         self.base = base
+
+    def warm_up(self, problems: list[Problem], concurrency: int) -> threading.Thread | None:
+        """On a GPU, the kept baseline workers of the first `concurrency` problems (those the
+        run starts with) started in the background while their first turns ask the model
+        (`evaluator.tools.warmup`, `keep`): each times its baselines, or reads them from the
+        cache `kloop baseline` filled, and compiles them once, instead of under its first
+        candidate's lock hold. A problem's candidate that comes first waits for its worker's
+        start. None on CPU (no kept workers there)."""
+        from kloop.evaluator.procs.devicepool import pool
+        from kloop.evaluator.tools.warmup import warm_up
+
+        if self.base.kept_baselines == 0 or pool(self.base.device) == ["cpu"]:
+            return None
+        jobs = [(p, self.configs.get(p.id, self.base)) for p in problems[:concurrency]]
+
+        def run() -> None:
+            warmed, wall = warm_up(jobs, concurrency, rebuild=False, keep=True,
+                                   catch=(Exception,))
+            failed = [w.problem_id for w in warmed if w.error is not None]
+            log.info("kept baseline workers of %d problem(s) started in %.1f s%s", len(jobs),
+                     wall, f"; failed: {', '.join(failed)}" if failed else "")
+
+        t = threading.Thread(target=run, name="kloop-warm-up", daemon=True)
+        t.start()
+        return t
 
     def evaluate(self, problem: Problem, source: str) -> EvalResult:
         config = self.configs.get(problem.id, self.base)

@@ -189,9 +189,20 @@ def start(cfg: RunConfig) -> tuple[RunSummary, Path]:
     store = RunStore.create(cfg.runs_dir / run_id, cfg)
     console.print(f"run {run_id}: {len(problems)} problem(s), strategy {cfg.strategy.kind}, "
                   f"model {cfg.model.spec} -> {store.root}")
+    _warm_up(evaluator, problems, cfg)
     with guarded(store), Reporter(planned_turns(cfg, len(problems))) as rep:
         summary = Runner(cfg, store, model, evaluator, rep.on_turn, rep.on_episode).run(problems)
     return summary, store.root
+
+
+def _warm_up(evaluator: object, problems: list, cfg: RunConfig) -> None:
+    """First use beside the first turns: this process's evaluator starts the kept baseline
+    workers of the problems the run starts with (`LocalEvaluator.warm_up`; a Ray pool's
+    workers start their own at their first candidates)."""
+    from kloop.agent.components import LocalEvaluator
+
+    if isinstance(evaluator, LocalEvaluator):
+        evaluator.warm_up(problems, cfg.concurrency)
 
 
 def resume(run_dir: Path) -> tuple[RunSummary, Path]:

@@ -26,10 +26,12 @@ as they are), so every candidate but the failures is correct.
 Printed (and written with `--json`), each with its conditions:
 - wall time and candidates per GPU-hour, first use included: a fresh cache (baselines, builds,
   inductor and Triton caches all cold) unless `--cache` names one that earlier parts warmed.
-  First use starts with the warm-up a user runs before an experiment, every problem's baselines
-  as `kloop baseline --concurrency C` times them (`evaluator.tools.warmup`, the same code), on
-  the clock and reported on its own as `warm_up_s`; `--no-warm-up` leaves the baselines to each
-  problem's first candidate instead;
+  First use starts with the warm-up `kloop run` does in its own process: every problem's kept
+  baseline worker started, its baselines timed and compiled once (`evaluator.tools.warmup` with
+  `keep`, the same code; before 2026-12-06 the warm-up timed them as `kloop baseline` does and
+  each problem's first candidate then started its worker, compiling them again under the
+  lock), on the clock and reported on its own as `warm_up_s`; `--no-warm-up` leaves the workers
+  to each problem's first candidate instead;
 - with `--steady`, the same batch again on the now-warm cache with every source changed by a
   comment (so each build is fresh and every problem's baselines are cached): the steady-state
   rate, labelled as such, and the projected wall time of 50 problems x 16 candidates:
@@ -399,8 +401,8 @@ def _print(name: str, s: dict) -> None:
         print(f"  device lock held {s['held_s']:.1f} s in all, {s['busy_s']:.1f} s of it the "
               f"timed and baseline calls' device time")
     if s.get("warm_up_s") is not None:
-        print(f"  of which the warm-up (every problem's baselines, as `kloop baseline` times "
-              f"them): {s['warm_up_s']:.1f} s")
+        print(f"  of which the warm-up (every problem's kept baseline worker started, as "
+              f"`kloop run` starts them): {s['warm_up_s']:.1f} s")
     for kind, p50 in s["build_p50_s"].items():
         print(f"  build p50 {kind}: {p50:.1f} s; paths {s['build_paths'].get(kind)}")
     print(f"  statuses: {s['statuses']}")

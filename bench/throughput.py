@@ -102,9 +102,11 @@ def batch(sizes: str = "examples", cuda_form: str = "torch") -> list[dict]:
 
 def warm_baselines(items: list[dict], device: str, concurrency: int, cache: Path,
                    settings: dict | None = None) -> float:
-    """Steady state before the clock starts: every problem configuration's baselines timed (or
-    found) in the batch's cache by its reference stage alone (`evaluator.tools.warmup`, what
-    `kloop baseline` runs), which also brings the template process up. Judging each reference as
+    """Steady state before the clock starts: every problem configuration's kept baseline worker
+    started in this process (`evaluator.tools.warmup` with `keep`, what `kloop run` does for the
+    problems it starts with), its baselines timed or found in the batch's cache and compiled
+    once; where none may be kept, the baselines timed alone (what `kloop baseline` runs). It
+    also brings the template process up. Judging each reference as
     a candidate as well, as this did before 362da27, added ~100 timed calls per problem under the
     device lock and changed nothing the batch then finds. Returns the seconds it took."""
     from kloop.evaluator.common.config import EvalConfig
@@ -127,7 +129,8 @@ def warm_baselines(items: list[dict], device: str, concurrency: int, cache: Path
                         sorted(ref.stage_seconds.items(), key=lambda kv: -kv[1])[:3])
         print(f"{what}: eager {eager} in {w.seconds:.1f} s ({top})", file=sys.stderr, flush=True)
 
-    return warm_up(jobs, concurrency, rebuild=False, on_done=said, catch=(Exception,))[1]
+    return warm_up(jobs, concurrency, rebuild=False, on_done=said, catch=(Exception,),
+                   keep=True)[1]
 
 
 def seed_baselines(src: Path, dst: Path) -> int:

@@ -321,6 +321,28 @@ class Servers:
             _close(s)
 
 
+def warm(problem, config) -> ReferenceOutput | None:
+    """Start `problem`'s kept worker in this process ahead of its candidates (a run's or a
+    bench's warm-up), left idle for them: its start times the baselines (or reads them from the
+    cache) and compiles them, which each candidate's first use would otherwise do under the
+    lock. Its baselines, or None where none may be kept (then time them without keeping:
+    `pipeline.build_baselines`)."""
+    from kloop.evaluator.harness import budget
+    from kloop.evaluator.harness.state import EvalRun
+
+    run = EvalRun.create(problem, "", config)
+    try:
+        key = server_key(run)
+        s, _started = SERVERS.ensure(run, key)
+        if s is None:
+            return None
+        budget.remember(key, s.reference.eager, "kept_worker")
+        SERVERS.release(s)
+        return s.reference
+    finally:
+        run.cleanup()
+
+
 def _close(s: BaselineServer) -> None:
     try:
         s.close()

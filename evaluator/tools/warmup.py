@@ -32,12 +32,19 @@ class Warmed:
 
 def warm_up(jobs: Sequence[tuple[Problem, EvalConfig]], concurrency: int = 1,
             rebuild: bool = True, on_done: Callable[[Warmed], None] | None = None,
-            catch: tuple[type[BaseException], ...] | None = None) -> tuple[list[Warmed], float]:
+            catch: tuple[type[BaseException], ...] | None = None,
+            keep: bool = False) -> tuple[list[Warmed], float]:
     """Baselines of every (problem, config), `concurrency` problems at once, in the given order
     in the returned list; `on_done` hears of each as it finishes. A reference that fails is a
     `Warmed` with its error (the problem's candidates will fail the same way); `catch` widens
     that to other exceptions (a bench keeps going, a command lets an infrastructure fault
-    surface). Returns the list and the wall seconds of the whole warm-up."""
+    surface). Returns the list and the wall seconds of the whole warm-up.
+
+    `keep` (a warm-up in the process that then judges the candidates, with `rebuild` off):
+    each problem's kept baseline worker is started (`servers.warm`) where one may be kept, so
+    first use is paid once: before, the warm-up timed the baselines and each problem's first
+    candidate then started a worker that compiled them again under the lock (22.5-35.3 s each,
+    the H200, 2026-12-06 at af624e7). Where none may be kept, the baselines are timed only."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     from kloop.evaluator.harness.reference import ReferenceFailure
@@ -48,7 +55,7 @@ def warm_up(jobs: Sequence[tuple[Problem, EvalConfig]], concurrency: int = 1,
         prob, config = job
         t = time.monotonic()
         try:
-            ref, err = _baselines(prob, config, rebuild), None
+            ref, err = _baselines(prob, config, rebuild, keep and not rebuild), None
         except caught as e:
             named = not isinstance(e, ReferenceFailure)  # the reference's own says what failed
             ref, err = None, f"{type(e).__name__}: {e}" if named else str(e)
@@ -63,16 +70,20 @@ def warm_up(jobs: Sequence[tuple[Problem, EvalConfig]], concurrency: int = 1,
     return out, time.monotonic() - t0
 
 
-def _baselines(prob: Problem, config: EvalConfig, rebuild: bool) -> object:
-    """`build_baselines`, in this process's device gate; a reference that ran out of device
-    memory beside another evaluation or a kept baseline worker runs again alone, as an
-    evaluation does (`pipeline.device_half`)."""
+def _baselines(prob: Problem, config: EvalConfig, rebuild: bool, keep: bool) -> object:
+    """A kept worker's start (`keep`) or `build_baselines`, in this process's device gate; a
+    reference that ran out of device memory beside another evaluation or a kept baseline worker
+    runs again alone (timed, not kept), as an evaluation does (`pipeline.device_half`)."""
     from kloop.evaluator.harness.pipeline import alone, beside_others, build_baselines
     from kloop.evaluator.harness.reference import ReferenceFailure
+    from kloop.evaluator.harness.servers import warm
     from kloop.evaluator.procs.devicegate import GATE, out_of_device_memory
 
     with GATE.shared() as hold:
         try:
+            kept = warm(prob, config) if keep else None
+            if kept is not None:
+                return kept
             return build_baselines(prob, config, rebuild=rebuild)
         except ReferenceFailure as e:
             if not (beside_others(hold) and out_of_device_memory(str(e))):

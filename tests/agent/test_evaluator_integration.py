@@ -113,3 +113,44 @@ def test_readme_eval_example_finishes_and_exit_codes_follow_the_verdict(tmp_path
     crash = run_kloop("eval", candidates / "raises.py", "--problem", "L3/1", "--device", "cpu",
                       "--size", "small", "--json")
     assert crash.exit_code == 1 and '"status":"runtime_error"' in crash.stdout
+
+
+def test_a_local_evaluator_on_cpu_starts_no_warm_up():
+    """Kept baseline workers are a GPU's: on CPU, or with none kept, nothing starts."""
+    from kloop.agent.components import LocalEvaluator
+    from kloop.evaluator.common.config import EvalConfig
+    from kloop.problems.registry import get_problem
+
+    probs = [get_problem("L3/1")]
+    assert LocalEvaluator(EvalConfig(device="cpu"), {}, probs).warm_up(probs, 4) is None
+    assert LocalEvaluator(EvalConfig(device="cuda", kept_baselines=0), {}, probs).warm_up(
+        probs, 4) is None
+
+
+@pytest.mark.gpu
+def test_a_runs_warm_up_starts_the_kept_worker_its_first_candidate_uses(tmp_path):
+    """`kloop run` on a GPU: the kept baseline workers of the problems it starts with start
+    beside its first turns, and the first candidate uses its problem's instead of starting one
+    under its own lock hold."""
+    from kloop.agent.components import LocalEvaluator
+    from kloop.evaluator.common.config import EvalConfig
+    from kloop.evaluator.harness.servers import SERVERS
+    from kloop.problems.registry import get_problem
+
+    SERVERS.close_all()
+    prob = get_problem("L3/1")
+    small = {"batch_size": 8, "input_size": 256, "layer_sizes": [256, 256], "output_size": 64}
+    ev = LocalEvaluator(EvalConfig(device="cuda", cache_dir=tmp_path, baselines="eager",
+                                   problem_overrides=small), {}, [prob])
+    started = SERVERS.started
+    t = ev.warm_up([prob], 4)
+    assert t is not None
+    t.join(600)
+    assert SERVERS.started == started + 1 and SERVERS.alive() == 1
+    r = ev.evaluate(prob, prob.path.read_text().replace("class Model(", "class ModelNew("))
+    try:
+        assert r.status == "correct", (r.status, r.error, r.flags)
+        assert "baseline_server_start" not in r.stage_seconds
+        assert SERVERS.started == started + 1
+    finally:
+        SERVERS.close_all()

@@ -212,3 +212,28 @@ def test_left_open_as_many_are_kept_as_the_devices_and_the_hosts_memory_leave_ro
     assert not has_room(AUTO_MAX, 0, (total, total), host)
     assert has_room(ON_GPU - 1, 0, None, host) and not has_room(ON_GPU, 0, None, host)
     assert not has_room(ON_GPU, 0, (total, total), None)
+
+
+def test_a_warm_up_in_the_judging_process_starts_the_kept_workers_its_candidates_use(tmp_path):
+    """`warm_up(keep=True)` (a run's or the bench's warm-up): each problem's kept worker starts
+    there, timing its baselines once, and the problem's first candidate uses it instead of
+    starting one under its own lock hold (first use paid once, not twice)."""
+    from kloop.evaluator.tools.warmup import warm_up
+    from kloop.problems.registry import get_problem
+
+    config = cpu_config(tmp_path / "cache", kept_baselines=2, baselines="eager")
+    started = SERVERS.started
+    warmed, _ = warm_up([(get_problem("L3/1"), config)], rebuild=False, keep=True)
+    assert warmed[0].error is None and warmed[0].reference.eager is not None
+    assert SERVERS.started == started + 1 and SERVERS.alive() == 1
+    first = evaluate("L3/1", _MLP, config)
+    assert first.status == "correct" and _paired_eager(first), (first.status, first.flags)
+    assert "baseline_server_start" not in first.stage_seconds
+    assert SERVERS.started == started + 1
+
+    # Where none may be kept, the warm-up times the baselines without keeping a worker.
+    SERVERS.close_all()
+    none = config.model_copy(update={"kept_baselines": 0})
+    warmed, _ = warm_up([(get_problem("L3/1"), none)], rebuild=False, keep=True)
+    assert warmed[0].error is None and warmed[0].reference.eager is not None
+    assert SERVERS.started == started + 1 and SERVERS.alive() == 0
