@@ -50,11 +50,8 @@ def uuid(device: str) -> str | None:
     return buf.value.decode() or None
 
 
-def sample(device: str) -> GpuSample | None:
-    """`device` as `CUDA_VISIBLE_DEVICES` names it to the children (an index or a UUID)."""
-    lib = _nvml()
-    if lib is None:
-        return None
+def _handle(lib: ctypes.CDLL, device: str) -> ctypes.c_void_p | None:
+    """NVML's handle of `device` (an index or a UUID), None if it names none."""
     handle = ctypes.c_void_p()
     if device.startswith(("GPU-", "MIG-")):
         rc = lib.nvmlDeviceGetHandleByUUID(device.encode(), ctypes.byref(handle))
@@ -62,7 +59,14 @@ def sample(device: str) -> GpuSample | None:
         rc = lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(device)), ctypes.byref(handle))
     else:
         return None
-    if rc != 0:
+    return handle if rc == 0 else None
+
+
+def sample(device: str) -> GpuSample | None:
+    """`device` as `CUDA_VISIBLE_DEVICES` names it to the children (an index or a UUID)."""
+    lib = _nvml()
+    handle = _handle(lib, device) if lib is not None else None
+    if lib is None or handle is None:
         return None
 
     def uint(fn, *args) -> int | None:
@@ -92,16 +96,8 @@ def memory(device: str) -> tuple[int, int] | None:
     """(free, total) bytes of `device`'s memory as NVML counts it (every process's use), None
     without NVML. `device` as in `sample`."""
     lib = _nvml()
-    if lib is None:
-        return None
-    handle = ctypes.c_void_p()
-    if device.startswith(("GPU-", "MIG-")):
-        rc = lib.nvmlDeviceGetHandleByUUID(device.encode(), ctypes.byref(handle))
-    elif device.isdigit():
-        rc = lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(device)), ctypes.byref(handle))
-    else:
-        return None
+    handle = _handle(lib, device) if lib is not None else None
     mem = _Memory()
-    if rc != 0 or lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)) != 0:
+    if lib is None or handle is None or lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)):
         return None
     return int(mem.free), int(mem.total)

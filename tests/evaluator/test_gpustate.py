@@ -76,3 +76,16 @@ def test_a_speedup_on_two_clocks_or_a_throttled_gpu_is_flagged(tmp_path, cand, e
         assert set(ledger.verdict.flags) & {"gpu_clock_differs", "gpu_throttled"} == flags
     finally:
         run.cleanup()
+
+
+@pytest.mark.gpu
+def test_the_devices_memory_as_nvml_counts_it():
+    """What the kept workers' room is judged by (`servers.has_room`): free and total bytes of
+    GPU 0, free never above total; None for a name NVML does not know."""
+    from kloop.evaluator.harness.gpustate import memory
+
+    got = memory("0")
+    assert got is not None
+    free, total = got
+    assert 0 < free <= total and total > 8 << 30
+    assert memory("cuda") is None
