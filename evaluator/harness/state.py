@@ -487,17 +487,18 @@ def verdict_clock(policy: Policy, v: Verdict) -> SpeedupClock | None:
 
 
 def lock_holder_threads(mode: str) -> int | None:
-    """The intra-op CPU threads of a GPU child that runs under the device lock (the candidate
-    child, the reference worker): one per serving core it is moved to there
-    (`harness.cores`), None where there is no such plan. torch's default is every core the
-    process saw at import (16 on the H200 host): a team of 16 made on 2 cores, by an OpenMP
-    runtime that counted 16 free cores when it started (in the template process) and so spins
-    at full count at every barrier. Suspected, not yet shown, as the cause of the ghost trial's
-    1.1-3.3 s under the lock against 0.06-0.33 s alone (its verdict compares outputs on the CPU;
-    bench/diag_ghost.py and bench/experiment.py --trace on the H200, 2026-12-06; `--profile-trials`
-    shows wall against CPU time per trial). Compile children (no lock, the other cores) keep
-    the default."""
-    if mode not in ("candidate", "reference"):
+    """The intra-op CPU threads of the candidate child, which runs under the device lock: one
+    per serving core it is moved to there (`harness.cores`), None where there is no such plan.
+    torch's default is every core the process saw at import (16 on the H200 host): a team of 16
+    on 2 cores, spinning at every barrier. With the default, a custom-kernel candidate's random
+    trials took 2.1-4.6 s under the lock (the ghost trial 1.1-3.3 s; the H200, 653e30f and
+    af624e7); with this, 0.26-1.76 s (the H200 at d08a5c8) and the ghost trial 0.05-0.23 s (the
+    H100 at 177bcbe), 2026-12-06 (its verdict compares outputs on the CPU). The reference worker
+    keeps the default: with one thread per serving
+    core its stage took 0.5-1.1 s longer (its models' construction and inputs are CPU work),
+    the H200 at d08a5c8 against 653e30f, 2026-12-06. Compile children (no lock, the other
+    cores) keep the default too."""
+    if mode != "candidate":
         return None
     quiet = cores.plan()
     return len(quiet.serving) if quiet is not None else None

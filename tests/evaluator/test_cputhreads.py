@@ -51,16 +51,17 @@ def test_every_timed_output_is_judged_on_one_cpu_thread():
 
 
 def test_children_under_the_lock_get_one_intra_op_thread_per_serving_core(monkeypatch):
-    """The candidate child and the reference worker are moved onto the serving cores under the
-    lock: an OpenMP team sized for every core of the host would spin there at every parallel
-    CPU op (the ghost trial's comparisons took seconds on the H200). Compile children run on the
-    other cores and keep torch's default; without a core plan (a small host) nothing is set."""
+    """The candidate child is moved onto the serving cores under the lock: an OpenMP team
+    sized for every core of the host would spin there at every parallel CPU op (the ghost
+    trial's comparisons took seconds on the H200). The reference worker keeps torch's default
+    (its stage, CPU construction, was slower with one thread per core), and so do compile
+    children, on the other cores; without a core plan (a small host) nothing is set."""
     from kloop.evaluator.harness import cores, state
 
     quiet = cores.QuietCores(timer=15, serving=frozenset({13, 14}), rest=frozenset(range(13)))
     monkeypatch.setattr(cores, "plan", lambda: quiet)
     assert state.lock_holder_threads("candidate") == 2
-    assert state.lock_holder_threads("reference") == 2
+    assert state.lock_holder_threads("reference") is None
     assert state.lock_holder_threads("compile") is None
     monkeypatch.setattr(cores, "plan", lambda: None)
     assert state.lock_holder_threads("candidate") is None
