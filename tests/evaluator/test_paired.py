@@ -283,7 +283,10 @@ def test_the_candidates_process_is_stopped_while_the_baselines_are_timed(tmp_pat
             ch.stop()
             p.wait(timeout=30)
             ch.close()
-    assert len(out.sides["eager"].wall_ms) == 8 and not out.quiet_waits_ms  # CPU: no device
+    assert len(out.sides["eager"].wall_ms) == 8
+    # A quiet check before each call of a trusted side (eager, compile, null), none waited: on
+    # CPU the worker answers at once (no device to share).
+    assert out.quiet_checks >= 3 * 8 and not out.quiet_waits_ms
     lines = trace.read_text().split("\n")
     beats = np.array([float(x.split()[1]) for x in lines if x.startswith("beat ")])
     calls = [tuple(map(float, x.split()[1:])) for x in lines if x.startswith("call ")]
