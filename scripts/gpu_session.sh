@@ -54,7 +54,8 @@ for s in "$@"; do
     kb) step kb 240 python3 bench/clock.py --kb --repeats "${KB_REPEATS:-3}" --only "${KB_ONLY:-L3/1,L3/4}" ;;
     clock) step clock 300 python3 bench/clock.py ${CLOCK_QUICK:+--quick} --only "${CLOCK_ONLY:-L3/1-b8,L3/1-b1024,L3/1,L3/4}" ;;
     # Tests that need no GPU, run on the GPU host: a real pool uid and root harness there.
-    host) step host 120 python3 -m pytest -q -rA -p no:cacheprovider ${HOST_TESTS:-tests/evaluator/test_namespaces.py tests/evaluator/test_pinned_outputs.py} ;;
+    host) step host 120 python3 -m pytest -q -rA -p no:cacheprovider ${HOST_TESTS:-tests/evaluator/test_namespaces.py tests/evaluator/test_pinned_outputs.py} \
+              ${HOST_K:+-k "$HOST_K"} ;;  # HOST_TESTS is split by the shell: a -k goes in HOST_K
     record) step record 420 python3 -m kloop.agent.demo.examples record --device cuda \
               --concurrency "${RECORD_CONCURRENCY:-4}"
             tar czf "$OUT/examples.tgz" runs/examples/suite-* agent/demo/suite ;;  # one file back
