@@ -158,7 +158,7 @@ _TABLE = (
              "baseline and raises the speedup (K14b). The candidate's process is stopped "
              "while baselines are served and what it left queued drains before each of their "
              "calls; a device found busy before many of them, or busy for 0.5 s (a process of "
-             "the candidate's outside its group, launching still), leaves no baseline that can "
+             "the candidate's it did not stop, launching still), leaves no baseline that can "
              "be trusted.",
              decided_in="harness"),
     _runtime("implausible_speedup",

@@ -46,6 +46,7 @@ from kloop.evaluator.harness.clock import CallChannel, CallResult, ChannelBroken
 from kloop.evaluator.harness.cputhreads import one_cpu_thread
 from kloop.evaluator.harness.flusher import flusher
 from kloop.evaluator.harness.served import Served
+from kloop.evaluator.procs import procwatch
 
 STOP_UNTRUSTED = True
 """Stop an untrusted side's process group while other sides are served (K14b)."""
@@ -89,7 +90,7 @@ def busy_beside(waits: int, checks: int) -> bool:
     process's leftovers: on at least 3 of their calls and 5 % of them. A stopped process leaves
     what it queued in the moment before the stop, once per side change; an honest one leaves
     nothing (no wait in any honest run on the H100, 2026-12-06), and a process still launching
-    (outside the stopped group) is found before call after call (K14b without the stop: 200 of
+    (one that left the stopped processes) is found before call after call (K14b without the stop: 200 of
     200)."""
     return waits >= max(3, 0.05 * checks)
 
@@ -157,12 +158,14 @@ def _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_
     live = list(sides)
     rng = np.random.default_rng(secrets.randbits(128))
 
-    frozen: set[int] = set()
+    frozen: dict[int, set[int]] = {}
+    """Stopped groups -> the processes outside each that descend from its leader, stopped too."""
 
     def one(side: Side, seed: int) -> CallResult:
         if side.group in frozen:
+            for pid in frozen.pop(side.group):
+                _kill(pid, signal.SIGCONT)
             _signal(side.group, signal.SIGCONT)
-            frozen.discard(side.group)
         if prep:
             side.channel.prep(deadline)
         if side.trusted and QUIET_BEFORE_BASELINES:  # under every policy, flushed L2 or not
@@ -206,21 +209,45 @@ def _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_
             return
         side.channel.rest(deadline)  # the next side may be the other process
         if side.group is not None and STOP_UNTRUSTED:
-            _signal(side.group, signal.SIGSTOP)
-            frozen.add(side.group)
+            frozen[side.group] = _stop(side.group)
 
     try:
         return _rounds(out, live, seeds, warmup_calls, warmup_ms, gpu, rounds, rng,
                        guarded, settle, on_output, checks, drop)
     finally:
-        for group in frozen:  # whatever happened, the processes go on (to end or be judged)
+        for group, outside in frozen.items():  # whatever happened, they go on (to end or be judged)
+            for pid in outside:
+                _kill(pid, signal.SIGCONT)
             _signal(group, signal.SIGCONT)
+
+
+def _stop(group: int) -> set[int]:
+    """Stop the group led by `group` and every process descending from its leader that left it
+    (a child in a session of its own); returns those others. Listed again after the stop: one
+    forked in between has a stopped parent and is listed then."""
+    _signal(group, signal.SIGSTOP)
+    outside: set[int] = set()
+    for _ in range(3):
+        fresh = procwatch.descendants(group) - outside
+        for pid in fresh:
+            _kill(pid, signal.SIGSTOP)
+        outside |= fresh
+        if not fresh:
+            break
+    return outside
 
 
 def _signal(group: int, sig: int) -> None:
     try:
         os.killpg(group, sig)
     except ProcessLookupError:  # gone: nothing of it runs anyway
+        pass
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
         pass
 
 

@@ -134,3 +134,28 @@ class Sampler:
 def start(pid: int, interval_s: float = 0.001) -> Sampler:
     """Start sampling the child `pid` (see module doc); `stop()` returns a `ProcSample`."""
     return Sampler(pid, interval_s)
+
+
+def descendants(root: int) -> set[int]:
+    """Every live process whose chain of parents leads to `root` (not `root` itself), read from
+    the kernel's lists of each thread's children (/proc/PID/task/TID/children). A process that
+    left by a double fork has another parent (the harness, a subreaper) and is not among them."""
+    found: set[int] = set()
+    frontier = [root]
+    while frontier:
+        pid = frontier.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids = [int(x) for x in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            for kid in kids:
+                if kid not in found:
+                    found.add(kid)
+                    frontier.append(kid)
+    return found

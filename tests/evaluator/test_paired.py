@@ -30,12 +30,21 @@ from kloop.evaluator.harness.paired import (
 
 LAYOUT = ServeLayout.of([([16], "torch.float32")])
 
+KID = (
+    "import os, sys, time\n"
+    "log = open(sys.argv[1], 'a', buffering=1)\n"
+    "while os.getppid() == int(sys.argv[2]):\n"
+    "    log.write(f'kid {time.monotonic()}\\n')\n"
+    "    time.sleep(0.0005)\n"
+)
+
 WORKER = textwrap.dedent('''
-    import sys, time
+    import os, sys, time
     import torch
     from kloop.evaluator.common.wire import ServeLayout
     from kloop.evaluator.worker.serve import Server
 
+    KID = sys.argv[6] if len(sys.argv) > 6 else ""
     req, rep, mem = (int(x) for x in sys.argv[1].split(","))
     server = Server(req, rep, mem, ServeLayout.model_validate_json(sys.argv[2]), "cpu")
     sleeps = [float(x) for x in sys.argv[3].split(",")]
@@ -73,6 +82,11 @@ WORKER = textwrap.dedent('''
                 time.sleep(0.0005)
 
         threading.Thread(target=beat, daemon=True).start()
+        # And a child in a session of its own (out of the candidate's process group), beating
+        # until its parent is gone.
+        import subprocess
+        subprocess.Popen([sys.executable, "-c", KID, sys.argv[5], str(os.getpid())],
+                         start_new_session=True)
 
     print("ready", flush=True)
     # As the reference worker's paired serving does: a role that raised is served no more.
@@ -110,7 +124,7 @@ def _worker(name: str, sleeps: list[float], log: list, fail_after: int = 0,
     proc = subprocess.Popen(
         [sys.executable, "-c", WORKER, ",".join(map(str, ch.child_fds())),
          LAYOUT.model_dump_json(), ",".join(map(str, sleeps)), str(fail_after),
-         *([str(trace)] if trace is not None else [])],
+         *([str(trace), KID] if trace is not None else [])],
         pass_fds=ch.child_fds(), stdout=subprocess.PIPE, text=True, start_new_session=True)
     ch.spawned()
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
@@ -263,8 +277,9 @@ def test_only_the_candidates_outputs_are_kept_after_the_clock(paired_run):
 def test_the_candidates_process_is_stopped_while_the_baselines_are_timed(tmp_path, stopped):
     """A thread of the candidate's process that could launch work at any moment (here: a
     heartbeat every half millisecond) runs only while the candidate is served: its process
-    group is stopped before any baseline's call and goes on after. Without the group named
-    (`stopped=False`, the control) the heartbeats land inside the baselines' calls."""
+    group is stopped before any baseline's call and goes on after, and so does a child it
+    started in a session of its own. Without the group named (`stopped=False`, the control)
+    the heartbeats land inside the baselines' calls."""
     trace = tmp_path / "trace.txt"
     log: list = []
     ref, p1 = _worker("ref", [0.020, 0.005], log, trace=trace)
@@ -288,14 +303,16 @@ def test_the_candidates_process_is_stopped_while_the_baselines_are_timed(tmp_pat
     # CPU the worker answers at once (no device to share).
     assert out.quiet_checks >= 3 * 8 and not out.quiet_waits_ms
     lines = trace.read_text().split("\n")
-    beats = np.array([float(x.split()[1]) for x in lines if x.startswith("beat ")])
     calls = [tuple(map(float, x.split()[1:])) for x in lines if x.startswith("call ")]
-    assert len(beats) > 100 and len(calls) >= 8 * 2 + 4  # the rounds' calls and the warm-up's
-    inside = sum(int(((beats > a) & (beats < b)).sum()) for a, b in calls)
-    if stopped:
-        assert inside == 0
-    else:
-        assert inside > len(calls)  # 5-20 ms calls, a beat every 0.5 ms
+    assert len(calls) >= 8 * 2 + 4  # the rounds' calls and the warm-up's
+    for who in ("beat", "kid"):  # the candidate's thread, and its child outside its group
+        beats = np.array([float(x.split()[1]) for x in lines if x.startswith(who + " ")])
+        assert len(beats) > 100, who
+        inside = sum(int(((beats > a) & (beats < b)).sum()) for a, b in calls)
+        if stopped:
+            assert inside == 0, who
+        else:
+            assert inside > len(calls), who  # 5-20 ms calls, a beat every 0.5 ms
 
 
 def test_found_busy_before_many_baseline_calls_is_more_than_a_stopped_process_can_leave():
