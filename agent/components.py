@@ -108,7 +108,10 @@ class LocalEvaluator:
         from kloop.evaluator.procs.devicepool import pool
         from kloop.evaluator.tools.warmup import warm_up
 
-        if self.base.kept_baselines == 0 or pool(self.base.device) == ["cpu"]:
+        try:
+            if self.base.kept_baselines == 0 or pool(self.base.device) == ["cpu"]:
+                return None
+        except RuntimeError:  # no such device: the evaluations say so, as without a warm-up
             return None
         jobs = [(p, self.configs.get(p.id, self.base)) for p in problems[:concurrency]]
 

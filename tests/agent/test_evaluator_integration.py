@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from kloop.agent.cli import app
@@ -125,6 +126,8 @@ def test_a_local_evaluator_on_cpu_starts_no_warm_up():
     assert LocalEvaluator(EvalConfig(device="cpu"), {}, probs).warm_up(probs, 4) is None
     assert LocalEvaluator(EvalConfig(device="cuda", kept_baselines=0), {}, probs).warm_up(
         probs, 4) is None
+    if not torch.cuda.is_available():  # a GPU asked for where there is none: no warm-up either
+        assert LocalEvaluator(EvalConfig(device="cuda"), {}, probs).warm_up(probs, 4) is None
 
 
 @pytest.mark.gpu
