@@ -46,7 +46,7 @@ from kloop.evaluator.harness.clock import CallChannel, CallResult, ChannelBroken
 from kloop.evaluator.harness.cputhreads import one_cpu_thread
 from kloop.evaluator.harness.flusher import flusher
 from kloop.evaluator.harness.served import Served
-from kloop.evaluator.procs import procwatch
+from kloop.evaluator.procs import isolation, procwatch
 
 STOP_UNTRUSTED = True
 """Stop an untrusted side's process group while other sides are served (K14b)."""
@@ -222,13 +222,16 @@ def _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_
 
 
 def _stop(group: int) -> set[int]:
-    """Stop the group led by `group` and every process descending from its leader that left it
-    (a child in a session of its own); returns those others. Listed again after the stop: one
+    """Stop the group led by `group`, every process descending from its leader that left it (a
+    child in a session of its own), and every process that escaped a sandboxed child by a
+    double fork (re-parented to the harness: whose it was cannot be told, and each is killed
+    when its evaluation ends anyway); returns those others. Listed again after the stop: one
     forked in between has a stopped parent and is listed then."""
     _signal(group, signal.SIGSTOP)
     outside: set[int] = set()
-    for _ in range(3):
-        fresh = procwatch.descendants(group) - outside
+    for n in range(3):  # the escaped ones once: a scan of every process (ms)
+        fresh = (procwatch.descendants(group) | set(isolation.escaped() if n == 0 else ())) - \
+            outside
         for pid in fresh:
             _kill(pid, signal.SIGSTOP)
         outside |= fresh

@@ -387,6 +387,18 @@ def _orphans(me_pid: int, me_sid: int, me: dict[str, str]) -> list[tuple[int, st
     return found
 
 
+def escaped() -> list[int]:
+    """Live processes that escaped a sandboxed child and re-parented to the harness (what
+    `reap_orphans` kills when an evaluation ends), to stop while a candidate's baselines are
+    timed (`harness.paired`); none where the harness is not a subreaper (they went to init)."""
+    if _libc() is None or not _hardened:
+        return []
+    me_pid, me_sid = os.getpid(), os.getsid(0)
+    with SPAWN_LOCK:  # a child being created is registered before anyone looks
+        return [pid for pid, state in _orphans(me_pid, me_sid, _status_fields(me_pid))
+                if state != "Z"]
+
+
 def reap_orphans() -> int:
     """SIGKILL every process that escaped a sandboxed child and re-parented to the harness (a
     subreaper), and reap it; repeats while killing uncovers more. Returns how many."""

@@ -6,9 +6,12 @@ candidate do: a "reference" with roles that sleep 20 ms (eager) and 5 ms (compil
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -321,3 +324,66 @@ def test_found_busy_before_many_baseline_calls_is_more_than_a_stopped_process_ca
     call (K14b without the stop: 200 of 200). At least 3 and 5 % is the line."""
     assert not busy_beside(0, 200) and not busy_beside(2, 10) and not busy_beside(9, 200)
     assert busy_beside(3, 20) and busy_beside(10, 200) and busy_beside(200, 200)
+
+
+LEAVES = textwrap.dedent("""
+    import ctypes, os, sys, time
+    ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)  # no_new_privs, as sandboxed
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            print(os.getpid(), flush=True)
+            time.sleep(60)
+        os._exit(0)
+    os.wait()
+    time.sleep(60)
+""")
+
+
+def _state(pid: int) -> str | None:
+    from kloop.evaluator.procs.procwatch import stat_fields
+
+    fields = stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def test_a_process_that_left_by_a_double_fork_is_stopped_with_the_candidates_group():
+    """A candidate's process that forks twice and lets the middle one exit re-parents to the
+    harness (a subreaper) outside the candidate's group and descendants: it is stopped with
+    them, and goes on when they do."""
+    from kloop.evaluator.harness import paired
+    from kloop.evaluator.procs import isolation
+
+    isolation.harden_harness()
+    leader = subprocess.Popen([sys.executable, "-c", LEAVES], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    escapee = None
+    try:
+        escapee = int(leader.stdout.readline())
+        deadline = time.monotonic() + 10
+        while isolation.escaped() == [] and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the middle process is gone and it is ours
+        assert escapee in isolation.escaped()
+        outside = paired._stop(leader.pid)
+        assert escapee in outside
+        for pid in (leader.pid, escapee):
+            deadline = time.monotonic() + 5
+            while _state(pid) != "T" and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert _state(pid) == "T", pid
+        for pid in outside:
+            os.kill(pid, signal.SIGCONT)
+        os.killpg(leader.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 5
+        while _state(escapee) == "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _state(escapee) not in ("T", None)
+    finally:
+        for pid in (escapee, leader.pid):
+            if pid is not None:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        leader.wait(timeout=10)
+        isolation.reap_orphans()
