@@ -158,6 +158,9 @@ class ForkServer:
                 [sys.executable, "-m", "kloop.evaluator.worker.zygote", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True)
+            # Ours, in a session of its own: never an escaped process to sweep or to stop
+            # beside a candidate's baselines (`isolation.escaped`), whatever its privileges.
+            isolation.register(self._proc.pid)
         finally:
             theirs.close()
         ours.settimeout(_START_TIMEOUT_S)
@@ -184,8 +187,10 @@ class ForkServer:
     def _fail(self, why: str) -> None:
         log.warning("%s; children start the plain way from now on", why)
         self._broken = True
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()
+            isolation.unregister(self._proc.pid)
         if self._sock is not None:
             self._sock.close()
 
