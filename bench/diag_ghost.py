@@ -14,9 +14,9 @@ are printed. Diagnostic only: nothing here judges a candidate.
 Alone, the trials took 0.01-0.33 s (the H100, 2026-12-06 at 0cfd6db), the ghost trial 1.1-3.3 s
 in the child under the lock (the H200, af624e7). The suspected difference: a lock holder's
 threads are moved onto two serving cores with torch's default team of one thread per core of
-the host. `--pin` moves this process there too; `--pin --threads 2` is what a lock holder now
-gets (`state.lock_holder_threads`). If `--pin` alone does not reproduce the seconds, the cause
-is elsewhere.
+the host. `--pin` moves this process there too; `--pin --threads 2` is what the candidate
+child now gets (`state.lock_holder_threads`): its trials then took 0.26-1.76 s under the lock
+on the H200 and the ghost trial 0.05-0.23 s on the H100 (2026-12-06).
 """
 
 from __future__ import annotations

@@ -89,9 +89,9 @@ def busy_beside(waits: int, checks: int) -> bool:
     """Whether the trusted sides found other work on the device too often to be a stopped
     process's leftovers: on at least 3 of their calls and 5 % of them. A stopped process leaves
     what it queued in the moment before the stop, once per side change; an honest one leaves
-    nothing (no wait in any honest run on the H100, 2026-12-06), and a process still launching
-    (one that left the stopped processes) is found before call after call (K14b without the stop: 200 of
-    200)."""
+    nothing (no wait in any honest run on the H100 or the H200, 2026-12-06), and a process still
+    launching (one the stop missed) is found before call after call (K14b without the stop: 200
+    of 200 on the H100, 201 of 202 on the H200)."""
     return waits >= max(3, 0.05 * checks)
 
 
@@ -163,9 +163,7 @@ def _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_
 
     def one(side: Side, seed: int) -> CallResult:
         if side.group in frozen:
-            for pid in frozen.pop(side.group):
-                _kill(pid, signal.SIGCONT)
-            _signal(side.group, signal.SIGCONT)
+            _resume(side.group, frozen.pop(side.group))
         if prep:
             side.channel.prep(deadline)
         if side.trusted and QUIET_BEFORE_BASELINES:  # under every policy, flushed L2 or not
@@ -215,10 +213,8 @@ def _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_
         return _rounds(out, live, seeds, warmup_calls, warmup_ms, gpu, rounds, rng,
                        guarded, settle, on_output, checks, drop)
     finally:
-        for group, outside in frozen.items():  # whatever happened, they go on (to end or be judged)
-            for pid in outside:
-                _kill(pid, signal.SIGCONT)
-            _signal(group, signal.SIGCONT)
+        for group, outside in frozen.items():  # whatever happened: to end, or to be judged
+            _resume(group, outside)
 
 
 def _stop(group: int) -> set[int]:
@@ -238,6 +234,13 @@ def _stop(group: int) -> set[int]:
         if not fresh:
             break
     return outside
+
+
+def _resume(group: int, outside: set[int]) -> None:
+    """Undo `_stop`: the processes outside the group, then the group."""
+    for pid in outside:
+        _kill(pid, signal.SIGCONT)
+    _signal(group, signal.SIGCONT)
 
 
 def _signal(group: int, sig: int) -> None:

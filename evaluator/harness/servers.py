@@ -45,9 +45,11 @@ from kloop.evaluator.harness.paired import BASELINE_WARMUP_CALLS
 from kloop.evaluator.procs.devicegate import out_of_device_memory
 
 if TYPE_CHECKING:
+    from kloop.evaluator.common.config import EvalConfig
     from kloop.evaluator.harness.ledger import Ledger
     from kloop.evaluator.harness.reference import ReferenceOutput
     from kloop.evaluator.harness.state import EvalRun
+    from kloop.problems.registry import Problem
 
 log = logging.getLogger(__name__)
 
@@ -321,7 +323,7 @@ class Servers:
             _close(s)
 
 
-def warm(problem, config) -> ReferenceOutput | None:
+def warm(problem: Problem, config: EvalConfig) -> ReferenceOutput | None:
     """Start `problem`'s kept worker in this process ahead of its candidates (a run's or a
     bench's warm-up), left idle for them: its start times the baselines (or reads them from the
     cache) and compiles them, which each candidate's first use would otherwise do under the

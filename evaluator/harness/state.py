@@ -494,10 +494,9 @@ def lock_holder_threads(mode: str) -> int | None:
     trials took 2.1-4.6 s under the lock (the ghost trial 1.1-3.3 s; the H200, 653e30f and
     af624e7); with this, 0.26-1.76 s (the H200 at d08a5c8) and the ghost trial 0.05-0.23 s (the
     H100 at 177bcbe), 2026-12-06 (its verdict compares outputs on the CPU). The reference worker
-    keeps the default: with one thread per serving
-    core its stage took 0.5-1.1 s longer (its models' construction and inputs are CPU work),
-    the H200 at d08a5c8 against 653e30f, 2026-12-06. Compile children (no lock, the other
-    cores) keep the default too."""
+    keeps the default: with one thread per serving core its stage took 0.5-1.1 s longer (its
+    models' construction and inputs are CPU work), the H200 at d08a5c8 against 653e30f,
+    2026-12-06. Compile children (no lock, the other cores) keep the default too."""
     if mode != "candidate":
         return None
     quiet = cores.plan()

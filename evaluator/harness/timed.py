@@ -142,15 +142,10 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
                                            f"baselines' {paired.quiet_checks} calls waited "
                                            f"{sum(w):.1f} ms in all for other work on the "
                                            f"device to end first"))
-                if busy_beside(len(w), paired.quiet_checks):
-                    v = violate(run, "device_busy_beside_baselines",
-                                f"{len(w)} of {paired.quiet_checks} baseline calls found another "
-                                f"process's work on the device first")
-                    ledger.record(*violated(v))
-                    if v.severity == "reject":
-                        ledger.stop("rejected", "timing")
-                        child.kill("decided")
-                        return
+                if busy_beside(len(w), paired.quiet_checks) and _device_busy(
+                        run, ledger, child, f"{len(w)} of {paired.quiet_checks} baseline calls "
+                                            f"found another process's work on the device first"):
+                    return
             # Where the timing stage's wall goes (parts of `timing`, not added to it).
             ledger.clock("timing_warmup", paired.warmup_s)
             ledger.clock("timing_rounds", paired.rounds_s)
@@ -160,11 +155,8 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
                             prep=t.l2_flush, flusher=t.l2_flusher, gpu=t.gpu)
             served = run_plan(child.calls, plan, run.config.timeouts.timing, on_output)
     except DeviceNotQuiet as e:
-        child.kill("decided")
-        v = violate(run, "device_busy_beside_baselines", str(e))
-        ledger.record(*violated(v))
-        if v.severity == "reject":
-            ledger.stop("rejected", "timing")
+        if not _device_busy(run, ledger, child, str(e)):
+            child.kill("decided")  # its rounds stopped short: no timing to record either way
         return
     except ChannelBroken as e:
         child.kill(e.kind)
@@ -205,6 +197,18 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
     ledger.record(Measured(what="timing", stats=timing_stats(
         served, ref.handshake_ms, on_cuda=not run.on_cpu, null_call_ms=ref.null_call_ms,
         calibrated_overhead_ms=ref.calibrated_overhead_ms, event_bound=ref.event_bound_ms)))
+
+
+def _device_busy(run: EvalRun, ledger: Ledger, child: Any, why: str) -> bool:
+    """Record `device_busy_beside_baselines`; True when the policy rejects for it (decided
+    here: the child is ended)."""
+    v = violate(run, "device_busy_beside_baselines", why)
+    ledger.record(*violated(v))
+    if v.severity != "reject":
+        return False
+    ledger.stop("rejected", "timing")
+    child.kill("decided")
+    return True
 
 
 def _sides(run: EvalRun, child: Any, baselines: Any) -> list[Side]:

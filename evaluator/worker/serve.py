@@ -67,7 +67,6 @@ worker (only stored), with launches as fast in both processes. A cold clock is t
 cause (not yet confirmed on the GPU; bench/handshake.py --busy-cycles 0 compares)."""
 
 
-
 QUIET_PROBE_CYCLES = 1_000
 """The quiet check's probe kernel (`Server.quiet`): a microsecond of device work."""
 QUIET_MS = 0.25
@@ -137,8 +136,10 @@ class Server:
                 # The harness turns to the other process of a paired round: wait for the next
                 # request asleep, not spinning on a core the other process may want (the
                 # `prep` that wakes it is off the clock). `_call` waited for its own work; what
-                # was launched since (by another thread) is waited for too before the other
-                # side's call starts (a thread launching after this stays open: K14's README).
+                # was launched since (by another thread) is waited for too. What a thread of an
+                # untrusted process launches after this answer is the harness's to keep out of
+                # the next side's calls: it stops the process, and the trusted worker waits for
+                # a quiet device (`quiet`; harness.paired, K14b/K14c).
                 spin = 0.0
                 self._sync()
                 self.reply(OK)

@@ -50,7 +50,7 @@ def test_every_timed_output_is_judged_on_one_cpu_thread():
     assert after == 2
 
 
-def test_children_under_the_lock_get_one_intra_op_thread_per_serving_core(monkeypatch):
+def test_the_candidate_child_gets_one_intra_op_thread_per_serving_core(monkeypatch):
     """The candidate child is moved onto the serving cores under the lock: an OpenMP team
     sized for every core of the host would spin there at every parallel CPU op (the ghost
     trial's comparisons took seconds on the H200). The reference worker keeps torch's default
