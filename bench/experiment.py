@@ -4,7 +4,7 @@ full sizes, on a fresh cache (first use included), through the scheduler as `klo
     python bench/experiment.py [--device cuda] [--concurrency 8] [--problems all|L3/1,L3/4]
                                [--part K/N] [--kinds reference,cuda_lean,...] [--size full|small]
                                [--cache DIR] [--steady | --steady-only] [--no-warm-up]
-                               [--kept-baselines N]
+                               [--kept-baselines N] [--reference-hold shared|exclusive]
                                [--rows F] [--json F]
     python bench/experiment.py --list
     python bench/experiment.py --combine part1.json part2.json ... [--json F]
@@ -449,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kept-baselines", type=int, metavar="N",
                     help="EvalConfig.kept_baselines (default: the config's, 4 on a GPU; 0: each "
                          "evaluation's own reference worker serves its paired baselines)")
+    ap.add_argument("--reference-hold", choices=("shared", "exclusive"),
+                    help="EvalConfig.reference_hold (default: the config's, shared)")
     ap.add_argument("--rows", type=Path, help="append each finished candidate's row here")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--trace", type=Path, help="append each candidate child's messages (arrival "
@@ -485,11 +487,12 @@ def main(argv: list[str] | None = None) -> int:
     conditions = {"device": args.device, "concurrency": args.concurrency, "size": args.size,
                   "cache": "given" if args.cache else "fresh", "part": args.part,
                   "warm_up": not args.no_warm_up, "gpu": gpu_name(args.device),
-                  "kept_baselines": args.kept_baselines,
+                  "kept_baselines": args.kept_baselines, "reference_hold": args.reference_hold,
                   "problem_ids": problems, "passes": "steady" if args.steady_only else
                   "first+steady" if args.steady else "first",
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     settings = {k: v for k, v in (("kept_baselines", args.kept_baselines),
+                                  ("reference_hold", args.reference_hold),
                                   ("profile_trials", args.profile_trials or None))
                 if v is not None} or None
     partial = _partial_writer(args.json, conditions, items, len(problems))

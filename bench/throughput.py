@@ -59,9 +59,10 @@ MLP_MEDIUM = {"batch_size": 64, "input_size": 4096, "layer_sizes": [4096, 4096],
 STAGES = ["static", "build_wait", "compile", "reference", "device_wait", "load",
           "correctness", "first_trial", "trial_random", "trial_reparam", "probes",
           "trials_judged", "trials_after", "timing", "timing_warmup", "timing_rounds", "timing_calls",
-          "profile", "candidate", "reference_start", "reference_held", "candidate_start",
+          "profile", "candidate", "reference_start", "reference_held", "reference_shared", "candidate_start",
           "candidate_held", "baseline_server_start", "baseline_server_held"]
 """`<mode>_held`: lock taken -> child gone (start-up on the device and exit included);
+`reference_shared`: the same for a reference worker that held it shared (`reference_hold`);
 `baseline_server_*`: a kept baseline worker's start and its lock holds, on the evaluation that
 started it (`evaluator.harness.servers`);
 `<mode>_start`: spawn -> ready, before the lock; `first_trial`: the part of `correctness` up to
@@ -274,8 +275,9 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def lock_held(row: dict) -> float:
-    """Seconds one candidate's evaluation held the device lock (its reference's, its own, and a
-    kept baseline worker's start where it started one)."""
+    """Seconds one candidate's evaluation held the device lock alone (its reference's where it
+    was not shared, its own, and a kept baseline worker's start where it started one); a
+    shared reference hold (`reference_shared`) overlaps others and is not counted."""
     return sum(row["stages"].get(k, 0.0)
                for k in ("reference_held", "candidate_held", "baseline_server_held"))
 

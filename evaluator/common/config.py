@@ -250,6 +250,14 @@ class EvalConfig(BaseModel):
     many as the device's and the host's memory leave room for (30 % of the device's memory and
     16 GiB of the host's kept free, at most 32; 4 where NVML cannot be read), 0 on CPU (no
     compiled baselines there)."""
+    reference_hold: Literal["shared", "exclusive"] = "shared"
+    """How an evaluation's own reference worker holds the device where a kept baseline worker
+    times the baselines (`kept_baselines`): `shared`, beside other such reference workers and
+    never beside a timing or candidate code (`evaluator.procs.devicelock`), making outputs only:
+    the probe trials' expected outputs and every timed call's, served without the clock's
+    preparation, null calls or warm-up. Nothing measured under a shared hold is a number of
+    record: the eager baseline, the handshake and the event bound come from the kept worker's
+    start, measured alone. `exclusive`: alone, as every device child before 2026-12-06."""
     l2_flush: Literal["worker", "trusted"] = "worker"
     """Who flushes the L2 before each timed call: the serving process in its `prep` (a
     candidate's native code could skip it), or also a trusted flusher process of the harness's

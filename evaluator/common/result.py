@@ -443,10 +443,12 @@ class EvalResult(_Record):
 
     @property
     def held_s(self) -> float:
-        """Seconds this evaluation held its device alone (GPU-seconds on a GPU): the device
-        lock's holds of its reference worker, its candidate child (an incumbent's too), a kept
-        baseline worker it started, and its ncu pass (`stage_seconds`). Its wall seconds also
-        count its builds, its processes' starts and its wait for the lock, which depend on
-        what ran beside it."""
-        return sum(v for k, v in self.stage_seconds.items() if k.endswith("_held")) + \
-            self.stage_seconds.get("ncu", 0.0)
+        """Seconds this evaluation held its device (GPU-seconds on a GPU): the device lock's
+        holds of its reference worker, its candidate child (an incumbent's too), a kept
+        baseline worker it started, and its ncu pass (`stage_seconds`). A reference worker's
+        shared hold (`reference_shared`, beside other evaluations' reference workers) counts
+        whole, as if alone: never less than the device gave it. Its wall seconds also count
+        its builds, its processes' starts and its wait for the lock, which depend on what ran
+        beside it."""
+        return sum(v for k, v in self.stage_seconds.items()
+                   if k.endswith(("_held", "_shared"))) + self.stage_seconds.get("ncu", 0.0)

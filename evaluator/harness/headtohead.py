@@ -9,15 +9,21 @@ side, on the same seeds, checked against the same expected outputs. The result's
 (above 1: the challenger is faster).
 
 The incumbent is hostile code like the challenger: its child is contained the same way, and each
-child's directory is covered in the other's mount namespace. It serves no probe trials (it was
+child's directory is covered in the other's mount namespace. Its process lives only inside one
+hold of the device that lasts from its start to the challenger's child's end (`one_hold`): a
+process that waited for its turn off the lock could launch work into another evaluation's
+timing. It serves no probe trials (it was
 judged before), so every one of its timed outputs is checked, and a wrong one voids the
 comparison. Its CUDA builds come from the build store, filed by its own evaluation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
+import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from kloop.evaluator.build import buildstore
@@ -32,10 +38,48 @@ if TYPE_CHECKING:
 STAGES = ["load", "correctness", "timing", "profile", "compile"]
 
 
+@contextlib.contextmanager
+def one_hold(run: EvalRun, ledger: Ledger) -> Iterator[None]:
+    """With an incumbent on a GPU: the device lock held from before the incumbent's child starts
+    to after it is gone, the challenger's children inside (`EvalRun.held_throughout`), timed as
+    `head_to_head_held`. The processes' starts are under it too: the price of never leaving a
+    hostile process alive off the lock."""
+    if run.incumbent is None or run.held_throughout:
+        yield
+        return
+    from kloop.evaluator.procs import board
+
+    t0 = time.monotonic()
+    with board.phase("device_wait"):
+        lock = run.gpu_lock()
+        lock.__enter__()
+    got = time.monotonic()
+    ledger.clock("device_wait", got - t0)
+    run.held_throughout = True
+    try:
+        with board.phase("device"):
+            yield
+    finally:
+        try:
+            end_incumbent(run)
+        finally:
+            run.held_throughout = False
+            ledger.clock("head_to_head_held", time.monotonic() - got)
+            lock.__exit__(None, None, None)
+
+
+def end_incumbent(run: EvalRun) -> None:
+    """The incumbent's child killed and reaped (its device work gone with its process)."""
+    child, run.incumbent_child = run.incumbent_child, None
+    if child is not None:
+        child.kill("decided")
+        child.outcome()
+
+
 def start_incumbent(run: EvalRun, ledger: Ledger, job: CandidateJob, env: dict[str, str]) -> None:
-    """Start the incumbent's child, under the lock for its load and off it once it waits to
-    serve (kept in `run.kept`); `run.incumbent_child` is set when it is ready to serve, and a
-    flag says why not otherwise."""
+    """Start the incumbent's child, under the lock for its load (`one_hold`), waiting to serve
+    in `run.kept`; `run.incumbent_child` is set when it is ready to serve, and a flag says why
+    not otherwise."""
     assert run.incumbent is not None
     inc = run.root / "inc"
     inc.mkdir(exist_ok=True)
@@ -60,5 +104,6 @@ def start_incumbent(run: EvalRun, ledger: Ledger, job: CandidateJob, env: dict[s
                 ledger.record(Flagged(flag=f"head_to_head_unavailable: the incumbent failed to "
                                            f"load ({why})"))
                 child.kill("decided")
+                child.outcome()
                 return
     ledger.record(Flagged(flag="head_to_head_unavailable: the incumbent ended before it served"))

@@ -170,6 +170,10 @@ class Serving:
     """Baseline records (harness-private); None: no cache."""
     key_extra: dict[str, Any]
     rebuild: bool = False
+    outputs_only: bool = False
+    """The eager calls are made for their outputs only (a shared hold, `EvalConfig.
+    reference_hold`): no preparation, null calls or warm-up, and nothing measured is kept
+    (a kept worker's start measured the baselines alone)."""
 
 
 def collect_reference(child: Child, job: ReferenceJob, serving: Serving | None) -> ReferenceOutput:
@@ -235,7 +239,7 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput,
     assert child.calls is not None
     layout = ServeLayout.of(msg.outputs)
     child.calls.set_layout(layout)
-    child.calls.spin = serving.on_cuda
+    child.calls.spin = serving.on_cuda and not serving.outputs_only
     out.layout = layout
     record, path = _cached(serving, out)
     if msg.role in COMPILED and record is not None and record.settled(msg.role):
@@ -258,13 +262,17 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput,
         return True
 
     t = serving.timing
-    plan = CallPlan(
-        seeds=serving.seeds if eager else [secrets.randbits(62) for _ in serving.seeds],
-        warmup_calls=t.warmup_calls, warmup_ms=t.warmup_ms,
-        null_calls=serving.null_calls if eager else 0, prep=t.l2_flush, flusher=t.l2_flusher,
-        gpu=t.gpu)
+    if serving.outputs_only:
+        plan = CallPlan(seeds=serving.seeds, warmup_calls=0, warmup_ms=0.0, prep=False)
+    else:
+        plan = CallPlan(
+            seeds=serving.seeds if eager else [secrets.randbits(62) for _ in serving.seeds],
+            warmup_calls=t.warmup_calls, warmup_ms=t.warmup_ms,
+            null_calls=serving.null_calls if eager else 0, prep=t.l2_flush,
+            flusher=t.l2_flusher, gpu=t.gpu)
     try:
-        served = run_plan(child.calls, plan, serving.budget_s, on_output)
+        served = run_plan(child.calls, plan, serving.budget_s, on_output,
+                          timed=not serving.outputs_only)
     except ChannelBroken as e:
         child.kill(e.kind)
         raise ReferenceFailure(f"the reference worker's {msg.role} calls failed: {e}") from None
@@ -274,6 +282,8 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput,
         out.served_roles[msg.role] = []
     if failed or len(served.wall_ms) < len(plan.seeds):
         return  # the worker reported why (an error for eager, a flag for the others)
+    if serving.outputs_only:
+        return  # its caller takes the numbers from a kept worker's start
     if eager:
         out.null_call_ms = served.null_median_ms()
         out.handshake_ms = served.handshake_ms()

@@ -8,6 +8,7 @@ the reference's output for the same seed off the clock.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import secrets
 import time
@@ -76,10 +77,12 @@ OnOutput = Callable[[int, CallResult], bool]
 """Told each timed call's result (off the clock); returns False to stop calling."""
 
 
-def run_plan(ch: CallChannel, plan: CallPlan, budget_s: float, on_output: OnOutput) -> Served:
+def run_plan(ch: CallChannel, plan: CallPlan, budget_s: float, on_output: OnOutput,
+             timed: bool = True) -> Served:
     """Run the plan; raises `ChannelBroken` (timeout, protocol, closed). `on_output` runs on one
-    CPU thread, whoever calls (`evaluator.harness.cputhreads`)."""
-    with one_cpu_thread(), cores.timing_thread():
+    CPU thread, whoever calls (`evaluator.harness.cputhreads`). `timed`: on the timer core;
+    calls made for their outputs only (a shared hold's) stay off it, where several run at once."""
+    with one_cpu_thread(), cores.timing_thread() if timed else contextlib.nullcontext():
         return _run_plan(ch, plan, budget_s, on_output)
 
 

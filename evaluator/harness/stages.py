@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import logging
 import sys
 import threading
@@ -56,7 +57,7 @@ from kloop.evaluator.harness.outcome import (
     violated,
 )
 from kloop.evaluator.harness.precheck import precheck_source
-from kloop.evaluator.harness.reference import Serving, collect_reference
+from kloop.evaluator.harness.reference import ReferenceOutput, Serving, collect_reference
 from kloop.evaluator.harness.served import null_call_count
 from kloop.evaluator.harness.servers import server_key
 from kloop.evaluator.harness.state import EvalRun, child_failure, cuda_arch_list
@@ -219,10 +220,14 @@ def reference_stage(run: EvalRun, before: Sequence[Finding] = (), job: Reference
         run.plan = budget.plan(run, key)  # before anything reads the timed calls' seeds
         job = reference_job(run)
     serving = serving or reference_serving(run)
+    shared = shared_reference(run, job)
+    if shared:
+        serving = dataclasses.replace(serving, outputs_only=True)
     env = {"TORCHINDUCTOR_CACHE_DIR": str(private_dir(run.config.cache_dir) / "inductor")}
     with ledger.timed("reference"), run.on_device(ledger, "reference", job, run.root / "ref",
                                                   ["reference", "baselines"], env,
-                                                  serves=True, keep=job.paired) as child:
+                                                  serves=True, keep=job.paired,
+                                                  shared=shared) as child:
         try:
             out = collect_reference(child, job, serving)
         finally:
@@ -230,9 +235,11 @@ def reference_stage(run: EvalRun, before: Sequence[Finding] = (), job: Reference
             # candidate's turn to run code) is given back.
             (run.root / "ref" / "job_reference.json").unlink(missing_ok=True)
     run.reference = out
+    if shared:
+        _numbers_of(out, run.server.reference)
     # Trusted and at the full count: the budget's estimate for later evaluations of the problem
     # if none stands yet (a kept worker's is remembered by `_kept_server`, under its own label).
-    if not job.keep_serving and len(serving.seeds) == run.timing_spec(full=True).trials:
+    elif not job.keep_serving and len(serving.seeds) == run.timing_spec(full=True).trials:
         budget.remember(key, out.eager,
                         "earlier_evaluation" if run.plan is not None else "warm_up")
     if out.parked:  # off the lock now, serving nothing until the candidate's timed calls
@@ -250,6 +257,25 @@ def reference_stage(run: EvalRun, before: Sequence[Finding] = (), job: Reference
                            if "compile_ro" in kinds else None),
                   *(Flagged(flag=f) for f in out.flags))
     return ledger.found
+
+
+def shared_reference(run: EvalRun, job: ReferenceJob) -> bool:
+    """Whether the reference worker takes the device shared (`EvalConfig.reference_hold`): only
+    where it makes outputs and nothing else, a kept worker timing the baselines (eager only,
+    ending after its stage, trusted code throughout). On CPU nothing is locked; the worker
+    makes outputs only there too."""
+    return (run.config.reference_hold == "shared"
+            and run.server is not None and not job.paired and not job.keep_serving
+            and job.baselines == ["eager"])
+
+
+def _numbers_of(out: ReferenceOutput, alone: ReferenceOutput) -> None:
+    """A shared hold's worker measured nothing: its eager baseline, handshake and the bounds
+    the rounds use come from the kept worker's start (`alone`: measured alone, at the full
+    count, on the same problem, device and settings)."""
+    for f in ("eager", "handshake_ms", "null_call_ms", "calibrated_overhead_ms",
+              "event_bound_ms"):
+        setattr(out, f, getattr(alone, f))
 
 
 def _kept_server(run: EvalRun, ledger: Ledger, key: str) -> None:
@@ -320,23 +346,12 @@ def candidate_stage(run: EvalRun, before: Sequence[Finding] = ()) -> list[Findin
     ledger = Ledger(run.root, before)
     ledger.record(Entered(stage="load"))
     job = candidate_job(run, ledger, reference_job(run), build_dir(run))
-    if run.incumbent is not None:
-        from kloop.evaluator.harness.headtohead import start_incumbent
+    from kloop.evaluator.harness.headtohead import one_hold, start_incumbent
 
-        start_incumbent(run, ledger, job, _candidate_env(run))
-    ahead = construct_ahead(run, ledger)
-    judged = None
-    if ahead:
-        ahead_job = job.model_copy(update={"construct_ahead": True,
-                                           "ahead_hidden": run.ahead_paths()})
-        judged = _candidate_child(run, ledger, ahead_job)
-        if isinstance(judged, str):
-            ledger.record(Flagged(flag=f"constructed_under_lock: {judged}"))
-            # What the static rules judged, whatever that child left in its dir.
-            write_new(run.root / "cand" / "candidate.py", run.source)
-    if not isinstance(judged, tuple):
-        judged = _candidate_child(run, ledger, job)
-    done, outcome = judged
+    with one_hold(run, ledger):
+        if run.incumbent is not None:
+            start_incumbent(run, ledger, job, _candidate_env(run))
+        done, outcome = _candidate_children(run, ledger, job)
     ledger.mark(None)
     if ledger.verdict.status is None and not done:
         ledger.record(child_failure(outcome, STAGE_OF_CHILD.get(outcome.stage, "load"), run.config))
@@ -346,6 +361,24 @@ def candidate_stage(run: EvalRun, before: Sequence[Finding] = ()) -> list[Findin
         with run.gpu_lock(), ledger.timed("ncu"):
             _ncu_pass(run, ledger, job)
     return ledger.found
+
+
+def _candidate_children(run: EvalRun, ledger: Ledger,
+                        job: CandidateJob) -> tuple[bool, ChildOutcome]:
+    """The candidate child built ahead where it can be, else (or when that one asks to be
+    judged again) one that builds under the lock."""
+    judged = None
+    if construct_ahead(run, ledger):
+        ahead_job = job.model_copy(update={"construct_ahead": True,
+                                           "ahead_hidden": run.ahead_paths()})
+        judged = _candidate_child(run, ledger, ahead_job)
+        if isinstance(judged, str):
+            ledger.record(Flagged(flag=f"constructed_under_lock: {judged}"))
+            # What the static rules judged, whatever that child left in its dir.
+            write_new(run.root / "cand" / "candidate.py", run.source)
+    if not isinstance(judged, tuple):
+        judged = _candidate_child(run, ledger, job)
+    return judged
 
 
 def construct_ahead(run: EvalRun, ledger: Ledger) -> bool:

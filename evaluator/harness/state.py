@@ -149,6 +149,10 @@ class EvalRun:
     incumbent: str | None = None
     """The source timed against this candidate in the same rounds (`evaluator.harness.headtohead`)."""
     incumbent_child: Child | None = None
+    """The incumbent's child while it waits to serve the rounds."""
+    held_throughout: bool = False
+    """The caller holds the device lock for this evaluation's next children
+    (`headtohead.one_hold`): `on_device` takes no hold of its own."""
     server: BaselineServer | None = None
     """The kept baseline worker its paired rounds use (`evaluator.harness.servers`), pinned from
     its reference stage to `cleanup`; None: its own reference worker serves them (parked)."""
@@ -221,18 +225,19 @@ class EvalRun:
         """What a candidate child built ahead must not open before the lock."""
         return gpu_nodes() + list(self.config.hidden_from_builds)
 
-    def gpu_lock(self) -> contextlib.AbstractContextManager[None]:
+    def gpu_lock(self, shared: bool = False) -> contextlib.AbstractContextManager[None]:
         """The device lock of this evaluation's GPU stages (`evaluator.procs.devicelock`), named after
         the physical GPU; its files live in the host's lock dir, whatever the cache dir, closed
-        to candidate code (`isolation.host_lock_dir`)."""
+        to candidate code (`isolation.host_lock_dir`). `shared`: trusted work that is never
+        timed, beside other such work only."""
         from kloop.evaluator.procs.isolation import host_lock_dir
 
-        return device_lock(gpu_lock_name(self.device), host_lock_dir())
+        return device_lock(gpu_lock_name(self.device), host_lock_dir(), shared=shared)
 
     @contextlib.contextmanager
     def on_device(self, ledger: Ledger, mode, job, workdir: Path, stages: list[str],
                   extra_env: dict[str, str] | None = None, serves: bool = False,
-                  keep: bool = False,
+                  keep: bool = False, shared: bool = False,
                   mask: list[Path] | None = None) -> Iterator[Child]:
         """A child that uses the device. Its start and imports run outside the device lock; the
         lock is taken when the child says it is ready (its time limits stand still meanwhile),
@@ -243,8 +248,12 @@ class EvalRun:
         them, never gets `go` (`child.retry`). Its times go to `ledger`.
         `keep`: the child outlives the block (in `kept`, ended at `cleanup` or by its caller)
         and the lock is given back at the block's end: a trusted worker that does no device
-        work until the harness asks it to, under a later hold."""
-        lock = self.gpu_lock()
+        work until the harness asks it to, under a later hold.
+        `shared`: a trusted child that makes outputs only, nothing of it timed (never with
+        `keep`: a shared holder is gone before its share is given back); it keeps the cores it
+        was started on, the serving cores being the timed holder's."""
+        assert not (shared and keep), "a shared holder must be gone when its share ends"
+        lock = contextlib.nullcontext() if self.held_throughout else self.gpu_lock(shared)
         with contextlib.ExitStack() as held:  # outside the child's block: kept till it is gone
             spawned = time.monotonic()
             made = self.spawn(ledger, mode, job, workdir, stages, extra_env, serves=serves,
@@ -261,9 +270,12 @@ class EvalRun:
                     ledger.clock("device_wait", got - t0)
                     # Unwound first (the child is gone, the lock still held): the time this
                     # child kept the device, start-up and exit included, beside its stages.
-                    held.callback(lambda: ledger.clock(f"{mode}_held", time.monotonic() - got))
-                    quiet = cores.plan()  # the lock holder's processes on the serving cores
-                    cores.place(child.proc.pid, quiet.serving if quiet else None)
+                    name = f"{mode}_{'shared' if shared else 'held'}"
+                    if not self.held_throughout:  # else its caller's hold counts it
+                        held.callback(lambda: ledger.clock(name, time.monotonic() - got))
+                    if not shared:  # the lock holder's processes on the serving cores
+                        quiet = cores.plan()
+                        cores.place(child.proc.pid, quiet.serving if quiet else None)
                     if child.ahead and (why := child.grant()) is not None:
                         child.retry = f"the device could not be given to it: {why}"
                         child.kill("retry")

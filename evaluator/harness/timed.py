@@ -173,8 +173,9 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
     finally:
         child.calls.stop()
         if run.incumbent_child is not None:  # its part is over: nothing of it is judged after
-            run.incumbent_child.kill("decided")
-            run.incumbent_child = None
+            from kloop.evaluator.harness.headtohead import end_incumbent
+
+            end_incumbent(run)
         if server is not None:
             server.end(ledger, dropped)
         if parked is not None:

@@ -125,12 +125,13 @@ def _observed(monkeypatch, lock_dir: Path):
         self._observed_child = child
         return child
 
-    def observed_lock(self):
+    def observed_lock(self, shared=False):
         @contextlib.contextmanager
         def held():
-            with device_lock("cuda:9", lock_dir):
+            with device_lock("cuda:9", lock_dir, shared=shared):
                 child = self._observed_child
-                entry = {"mode": child.mode, "ready_at": child.ready_at, "locked": time.monotonic()}
+                entry = {"mode": child.mode, "ready_at": child.ready_at, "locked": time.monotonic(),
+                         "shared": shared}
                 try:
                     yield
                 finally:
@@ -231,3 +232,31 @@ def test_profiled_trials_come_back_as_flags_and_change_no_verdict(tmp_path):
                "cumulative" in f for f in flags), flags[0][:300]
     assert not any(f.startswith("profile trial ") for f in plain.flags)
     assert [t.passed for t in plain.correctness] == [t.passed for t in profiled.correctness]
+
+
+def test_beside_kept_workers_reference_holds_are_shared_and_never_beside_a_candidates(
+        monkeypatch, tmp_path):
+    """Where a kept worker times the baselines, each evaluation's reference worker only makes
+    outputs and takes the device shared (`EvalConfig.reference_hold`); a candidate child's hold
+    (and the kept worker's start, which times) overlaps no other hold."""
+    from eval_helpers import candidate, cpu_config
+
+    from kloop.evaluator.harness.pipeline import evaluate_many
+    from kloop.evaluator.harness.servers import SERVERS
+
+    record = _observed(monkeypatch, tmp_path / "locks")
+    config = cpu_config(tmp_path / "cache", kept_baselines=1, baselines="eager")
+    try:
+        results = evaluate_many([("L3/1", candidate("mlp_torch.py"))] * 3, config,
+                                max_workers=3)
+    finally:
+        SERVERS.close_all()
+    assert [r.status for r in results] == ["correct"] * 3, [r.error for r in results]
+    own = [e for e in record if e["mode"] == "reference" and e["child_gone"]]
+    assert len(own) == 3 and all(e["shared"] for e in own), record
+    alone = [e for e in record if not e["shared"]]
+    assert {e["mode"] for e in alone} == {"candidate", "reference"}, alone  # + the kept worker
+    for a in alone:
+        for b in record:
+            if b is not a:
+                assert b["released"] <= a["locked"] or b["locked"] >= a["released"], (a, b)

@@ -114,3 +114,78 @@ def test_cpu_is_never_locked(tmp_path):
     with device_lock("cpu", locks):
         assert _acquires_in_another_thread("cpu", locks), "a second holder of cpu had to wait"
         _acquires_in_another_process("cpu", locks)
+
+
+def _hold(name: str, lock_dir: Path, shared: bool, seconds: float,
+          spans: dict[str, tuple[float, float]], entered: threading.Event | None = None) -> None:
+    with device_lock("cuda:3", lock_dir, shared=shared):
+        start = time.time()
+        if entered is not None:
+            entered.set()
+        time.sleep(seconds)
+        spans[name] = (start, time.time())
+
+
+def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_shared_holders_overlap_and_never_overlap_an_exclusive_one(tmp_path):
+    locks = tmp_path / "locks"
+    spans: dict[str, tuple[float, float]] = {}
+    first = threading.Event()
+    readers = [threading.Thread(target=_hold, args=(f"r{i}", locks, True, 0.6, spans,
+                                                    first if i == 0 else None))
+               for i in range(3)]
+    for t in readers:
+        t.start()
+    assert first.wait(10)
+    writer = threading.Thread(target=_hold, args=("w", locks, False, 0.3, spans))
+    writer.start()
+    for t in [*readers, writer]:
+        t.join(timeout=30)
+    assert set(spans) == {"r0", "r1", "r2", "w"}, spans
+    # The three shared holders ran at once (each holds 0.6 s; one after another would not
+    # overlap at all), and the exclusive one beside none of them.
+    assert _overlap(spans["r0"], spans["r1"]) and _overlap(spans["r1"], spans["r2"]), spans
+    assert not any(_overlap(spans["w"], spans[r]) for r in ("r0", "r1", "r2")), spans
+
+
+def test_a_waiting_exclusive_holder_goes_before_shared_ones_that_come_after_it(tmp_path):
+    # A shared holder holds; an exclusive one waits for it; a second shared holder arrives: it
+    # must not slip in beside the first (which would keep the exclusive one waiting as long as
+    # shared holders keep coming), but wait until the exclusive one is done.
+    locks = tmp_path / "locks"
+    spans: dict[str, tuple[float, float]] = {}
+    held = threading.Event()
+    r1 = threading.Thread(target=_hold, args=("r1", locks, True, 1.0, spans, held))
+    r1.start()
+    assert held.wait(10)
+    w = threading.Thread(target=_hold, args=("w", locks, False, 0.3, spans))
+    w.start()
+    time.sleep(0.3)  # the exclusive one is waiting now
+    r2 = threading.Thread(target=_hold, args=("r2", locks, True, 0.1, spans))
+    r2.start()
+    for t in (r1, w, r2):
+        t.join(timeout=30)
+    assert set(spans) == {"r1", "w", "r2"}, spans
+    assert spans["w"][0] >= spans["r1"][1], spans
+    assert spans["r2"][0] >= spans["w"][1], spans
+
+
+def test_a_shared_holder_in_another_process_keeps_an_exclusive_one_out(tmp_path):
+    # Shared holds are host-wide like exclusive ones: a process holding it shared blocks
+    # another process's exclusive hold until it dies.
+    lock_dir = tmp_path / "locks"
+    code = _HOLDER.replace('device_lock("cuda:0", Path(lock_dir))',
+                           'device_lock("cuda:0", Path(lock_dir), shared=True)')
+    assert code != _HOLDER
+    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "sh"), str(lock_dir), "60"])
+    deadline = time.time() + 30
+    while not (tmp_path / "sh.in").exists():
+        assert time.time() < deadline and p.poll() is None
+        time.sleep(0.05)
+    assert not _acquires_in_another_thread("cuda:0", lock_dir, within_s=1.0)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    _acquires_in_another_process("cuda:0", lock_dir)

@@ -67,3 +67,52 @@ def test_with_a_kept_baseline_worker_the_incumbent_still_serves_beside_the_chall
         assert SERVERS.started == started + 1
     finally:
         SERVERS.close_all()
+
+
+def test_the_incumbents_process_lives_only_inside_one_hold_of_the_device(mlp, monkeypatch,
+                                                                          tmp_path):
+    """The incumbent is hostile code that waits while the challenger starts: off the lock, a
+    thread of it could launch work into another evaluation's timing. With a real flock lock (as
+    on a GPU), every candidate-mode process (incumbent and challenger) is started after the
+    hold that covers it was taken and is gone before it is given back, and there is one such
+    hold."""
+    import contextlib
+    import time
+
+    from kloop.evaluator.harness.state import EvalRun
+    from kloop.evaluator.procs.devicelock import device_lock
+
+    holds: list[dict] = []
+    children: list = []
+    spawn = EvalRun.spawn
+
+    def recording_spawn(self, ledger, mode, *args, **kwargs):
+        child = spawn(self, ledger, mode, *args, **kwargs)
+        children.append((mode, time.monotonic(), child))
+        return child
+
+    def recording_lock(self, shared=False):
+        @contextlib.contextmanager
+        def held():
+            with device_lock("cuda:9", tmp_path / "locks", shared=shared):
+                entry = {"taken": time.monotonic(), "shared": shared}
+                try:
+                    yield
+                finally:
+                    entry["live"] = [m for m, _, c in children
+                                     if m == "candidate" and c.proc.poll() is None]
+                    entry["released"] = time.monotonic()
+                    holds.append(entry)
+        return held()
+
+    monkeypatch.setattr(EvalRun, "spawn", recording_spawn)
+    monkeypatch.setattr(EvalRun, "gpu_lock", recording_lock)
+    p, src, cfg = mlp
+    r = head_to_head(p, src, _sleepy(src), cfg)
+    assert r.status == "correct" and r.head_to_head is not None and r.head_to_head.ratio
+    cands = [(t, c) for m, t, c in children if m == "candidate"]
+    assert len(cands) == 2, children  # the incumbent's and the challenger's
+    (hold,) = [h for h in holds if any(h["taken"] <= t <= h["released"] for t, _ in cands)]
+    assert all(hold["taken"] <= t <= hold["released"] for t, _ in cands), (hold, cands)
+    assert hold["live"] == [], hold  # both gone before it was given back
+    assert "head_to_head_held" in r.stage_seconds and "candidate_held" not in r.stage_seconds

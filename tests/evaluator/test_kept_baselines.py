@@ -73,6 +73,29 @@ def test_the_least_recently_used_worker_makes_room_and_none_kept_means_the_own_w
     assert SERVERS.started == started + 2 and SERVERS.alive() == 0
 
 
+def test_beside_a_kept_worker_the_reference_makes_outputs_only_and_measures_nothing(tmp_path):
+    """Where a kept worker times the baselines, the evaluation's own reference worker takes the
+    device shared (`EvalConfig.reference_hold`): it makes the outputs every check needs and no
+    number of the result is its own; the unpaired eager baseline is the kept worker's, measured
+    alone at its start. `exclusive` measures its own, as before."""
+    config = cpu_config(tmp_path / "cache", kept_baselines=1, baselines="eager")
+    shared = evaluate("L3/1", _MLP, config)
+    (server,) = SERVERS._servers.values()
+    alone = evaluate("L3/1", _MLP, config.model_copy(update={"reference_hold": "exclusive"}))
+    for r in (shared, alone):
+        assert r.status == "correct", (r.status, r.error, r.flags)
+        assert _paired_eager(r), r.paired
+    assert SERVERS.alive() == 1  # the same worker served both
+    assert "reference_shared" in shared.stage_seconds, shared.stage_seconds
+    assert "reference_held" not in shared.stage_seconds
+    assert shared.held_s >= shared.stage_seconds["reference_shared"]
+    kept_eager = server.reference.eager.median_ms
+    assert shared.paired.unpaired_eager_ms == kept_eager
+    assert "reference_held" in alone.stage_seconds and "reference_shared" not in alone.stage_seconds
+    assert alone.paired.unpaired_eager_ms is not None
+    assert alone.paired.unpaired_eager_ms != kept_eager  # measured by its own worker
+
+
 def test_out_of_memory_beside_a_kept_worker_is_judged_again_alone_without_one(tmp_path):
     """Kept workers hold device memory: a candidate that ran out while one was alive is judged
     again with every idle one closed and none started (the attack that only claims it ran out
