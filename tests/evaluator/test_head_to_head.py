@@ -116,3 +116,23 @@ def test_the_incumbents_process_lives_only_inside_one_hold_of_the_device(mlp, mo
     assert all(hold["taken"] <= t <= hold["released"] for t, _ in cands), (hold, cands)
     assert hold["live"] == [], hold  # both gone before it was given back
     assert "head_to_head_held" in r.stage_seconds and "candidate_held" not in r.stage_seconds
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_head_to_head_runs_in_one_hold_and_reads_the_slower_incumbent_slower():
+    """The same comparison on a GPU (kept baseline worker, shared reference hold, the real
+    device lock): one hold covers both candidate processes, and a 20 ms sleep per call on the
+    incumbent's side reads slower with an interval above 1."""
+    from eval_helpers import MLP_SMALL
+
+    p = get_problem("L3/1")
+    src = reference_as_candidate(p.path.read_text())
+    cfg = EvalConfig(device="cuda", policy="kernelbench", problem_overrides=MLP_SMALL)
+    slow = _sleepy(src).replace("time.sleep(0.05)", "time.sleep(0.02)")
+    r = head_to_head(p, src, slow, cfg)
+    h = r.head_to_head
+    assert r.status == "correct", (r.status, r.error, r.flags)
+    assert h is not None and h.ratio is not None and h.low is not None and h.low > 1.0, h
+    s = r.stage_seconds
+    assert "head_to_head_held" in s and "candidate_held" not in s, s
+    print("head to head", h, s)
