@@ -35,8 +35,8 @@ class Spend(BaseModel):
     """Wall seconds of the evaluator calls (builds, process starts and waits for the device
     included: more of them where more evaluations run at once)."""
     gpu_s: float = 0.0
-    """Seconds the evaluations held the device alone (`EvalResult.held_s`): GPU-seconds on a
-    GPU, the same for one candidate whatever ran beside it."""
+    """Seconds the evaluations held the device (`EvalResult.held_s`, a reference worker's
+    shared hold counted whole): GPU-seconds on a GPU."""
     wall_s: float = 0.0
 
     @property

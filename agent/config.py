@@ -158,7 +158,8 @@ class Limits(_Config):
     """Wall seconds of the evaluator calls (with builds and waits for the device: more where
     more evaluations run at once)."""
     gpu_s: float | None = Field(None, ge=0)
-    """Seconds the evaluations held the device alone (`EvalResult.held_s`): GPU-seconds."""
+    """Seconds the evaluations held the device (`EvalResult.held_s`, a shared reference hold
+    counted whole): GPU-seconds."""
     wall_s: float | None = Field(None, ge=0)
     """Wall-clock seconds."""
 
