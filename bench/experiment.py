@@ -5,6 +5,7 @@ full sizes, on a fresh cache (first use included), through the scheduler as `klo
                                [--part K/N] [--kinds reference,cuda_lean,...] [--size full|small]
                                [--cache DIR] [--steady | --steady-only] [--no-warm-up]
                                [--kept-baselines N] [--reference-hold shared|exclusive]
+                               [--baseline-start-hold exclusive|shared]
                                [--rows F] [--json F]
     python bench/experiment.py --list
     python bench/experiment.py --combine part1.json part2.json ... [--json F]
@@ -451,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
                          "evaluation's own reference worker serves its paired baselines)")
     ap.add_argument("--reference-hold", choices=("shared", "exclusive"),
                     help="EvalConfig.reference_hold (default: the config's, shared)")
+    ap.add_argument("--baseline-start-hold", choices=("exclusive", "shared"),
+                    help="EvalConfig.baseline_start_hold (default: the config's, exclusive)")
     ap.add_argument("--rows", type=Path, help="append each finished candidate's row here")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--trace", type=Path, help="append each candidate child's messages (arrival "
@@ -488,11 +491,13 @@ def main(argv: list[str] | None = None) -> int:
                   "cache": "given" if args.cache else "fresh", "part": args.part,
                   "warm_up": not args.no_warm_up, "gpu": gpu_name(args.device),
                   "kept_baselines": args.kept_baselines, "reference_hold": args.reference_hold,
+                  "baseline_start_hold": args.baseline_start_hold,
                   "problem_ids": problems, "passes": "steady" if args.steady_only else
                   "first+steady" if args.steady else "first",
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     settings = {k: v for k, v in (("kept_baselines", args.kept_baselines),
                                   ("reference_hold", args.reference_hold),
+                                  ("baseline_start_hold", args.baseline_start_hold),
                                   ("profile_trials", args.profile_trials or None))
                 if v is not None} or None
     partial = _partial_writer(args.json, conditions, items, len(problems))

@@ -258,6 +258,14 @@ class EvalConfig(BaseModel):
     preparation, null calls or warm-up. Nothing measured under a shared hold is a number of
     record: the eager baseline, the handshake and the event bound come from the kept worker's
     start, measured alone. `exclusive`: alone, as every device child before 2026-12-06."""
+    baseline_start_hold: Literal["exclusive", "shared"] = "exclusive"
+    """How a kept baseline worker's start holds the device (`evaluator.harness.servers`):
+    `exclusive`, alone from its first device call to its park (its compiles and CUDA graph
+    captures, then its timed calls); `shared`, its roles compiled and warmed beside other
+    trusted work that times nothing (other starts, reference workers making outputs), then its
+    timed calls alone (`servers.time_roles`), so the starts of several problems overlap. On
+    L3/4 a start held the device 11.1 s, about a second of it timed calls (an H100, 2026-12-06).
+    `shared` is not yet measured on a GPU."""
     l2_flush: Literal["worker", "trusted"] = "worker"
     """Who flushes the L2 before each timed call: the serving process in its `prep` (a
     candidate's native code could skip it), or also a trusted flusher process of the harness's

@@ -45,6 +45,7 @@ from kloop.evaluator.harness.clock import CallResult, ChannelBroken
 from kloop.evaluator.harness.expected import ExpectedStore
 from kloop.evaluator.harness.served import (
     CallPlan,
+    Served,
     event_bound_ms,
     overhead_ms,
     run_plan,
@@ -174,6 +175,15 @@ class Serving:
     """The eager calls are made for their outputs only (a shared hold, `EvalConfig.
     reference_hold`): no preparation, null calls or warm-up, and nothing measured is kept
     (a kept worker's start measured the baselines alone)."""
+    warm_only: bool = False
+    """Each role is served `WARM_ONLY_CALLS` calls to compile and warm it, and nothing is
+    measured or stored (a kept worker's start under a shared hold, `EvalConfig.
+    baseline_start_hold`: its timed calls come after, alone, `servers.time_roles`). A compiled
+    role that failed before is skipped as always; one the cache has a timing for is still
+    served, since its compile is what this is for."""
+
+
+WARM_ONLY_CALLS = 2
 
 
 def collect_reference(child: Child, job: ReferenceJob, serving: Serving | None) -> ReferenceOutput:
@@ -217,9 +227,9 @@ def collect_reference(child: Child, job: ReferenceJob, serving: Serving | None) 
         out.wall_s = outcome.wall_s
         if not done or error is not None:
             raise ReferenceFailure(_failure_text(outcome, error), error, outcome.stderr_tail)
-    if serving is not None and out.served_roles:
-        record, path = _cached(serving, out)
-        _store(path, record, out, serving)  # with their flags, which came after their calls
+    if serving is not None and out.served_roles and not serving.warm_only:
+        record, path = cache_record(serving, out)
+        store_record(path, record, out, serving)  # with their flags, which came after their calls
     for t in job.trials:
         out.expected[t.index] = torch.load(t.expected_path, weights_only=True)
         os.unlink(t.expected_path)
@@ -241,8 +251,11 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput,
     child.calls.set_layout(layout)
     child.calls.spin = serving.on_cuda and not serving.outputs_only
     out.layout = layout
-    record, path = _cached(serving, out)
-    if msg.role in COMPILED and record is not None and record.settled(msg.role):
+    record, path = cache_record(serving, out)
+    timed_before = record is not None and msg.role in COMPILED and \
+        getattr(record, COMPILED[msg.role]) is not None
+    if msg.role in COMPILED and record is not None and record.settled(msg.role) and not (
+            serving.warm_only and timed_before):
         setattr(out, COMPILED[msg.role], getattr(record, COMPILED[msg.role]))
         out.flags += record.flags.get(msg.role, [])
         child.send(Control(next="skip"))
@@ -250,7 +263,7 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput,
     child.send(Control(next="serve", data=layout.model_dump_json()))
     eager = msg.role == "eager"
     if eager:
-        out.served = ExpectedStore(len(serving.seeds))
+        out.served = ExpectedStore(0 if serving.warm_only else len(serving.seeds))
     failed: list[int] = []
 
     def on_output(i: int, r: CallResult) -> bool:
@@ -262,7 +275,9 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput,
         return True
 
     t = serving.timing
-    if serving.outputs_only:
+    if serving.warm_only:
+        plan = CallPlan(seeds=[], warmup_calls=WARM_ONLY_CALLS, warmup_ms=0.0, prep=False)
+    elif serving.outputs_only:
         plan = CallPlan(seeds=serving.seeds, warmup_calls=0, warmup_ms=0.0, prep=False)
     else:
         plan = CallPlan(
@@ -282,21 +297,28 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput,
         out.served_roles[msg.role] = []
     if failed or len(served.wall_ms) < len(plan.seeds):
         return  # the worker reported why (an error for eager, a flag for the others)
-    if serving.outputs_only:
-        return  # its caller takes the numbers from a kept worker's start
+    if serving.outputs_only or serving.warm_only:
+        return  # its caller takes the numbers from a kept worker's start, or times them later
+    measured(out, msg.role, served, serving.on_cuda)
     if eager:
+        store_record(path, record, out, serving)  # `kloop baseline` lists what was measured
+
+
+def measured(out: ReferenceOutput, role: str, served: Served, on_cuda: bool) -> None:
+    """`role`'s numbers from its served calls, into `out`: eager first (its null calls give the
+    handshake and the bounds every role's numbers use)."""
+    if role == "eager":
         out.null_call_ms = served.null_median_ms()
         out.handshake_ms = served.handshake_ms()
         out.calibrated_overhead_ms = overhead_ms(served)
         out.event_bound_ms = event_bound_ms(served, out.handshake_ms)
-        out.eager = timing_stats(served, out.handshake_ms, on_cuda=serving.on_cuda,
+        out.eager = timing_stats(served, out.handshake_ms, on_cuda=on_cuda,
                                  null_call_ms=out.null_call_ms,
                                  calibrated_overhead_ms=out.calibrated_overhead_ms,
                                  event_bound=out.event_bound_ms)
-        _store(path, record, out, serving)  # `kloop baseline` lists what was measured
     else:
-        setattr(out, COMPILED[msg.role], timing_stats(
-            served, out.handshake_ms, on_cuda=serving.on_cuda, null_call_ms=out.null_call_ms,
+        setattr(out, COMPILED[role], timing_stats(
+            served, out.handshake_ms, on_cuda=on_cuda, null_call_ms=out.null_call_ms,
             calibrated_overhead_ms=out.calibrated_overhead_ms, event_bound=out.event_bound_ms))
 
 
@@ -310,7 +332,7 @@ def key_fields(serving: Serving, env: EnvInfo) -> dict[str, Any]:
     }
 
 
-def _cached(serving: Serving, out: ReferenceOutput) -> tuple[BaselineRecord | None, Path | None]:
+def cache_record(serving: Serving, out: ReferenceOutput) -> tuple[BaselineRecord | None, Path | None]:
     if serving.cache_dir is None or out.env is None:
         return None, None
     fields = key_fields(serving, out.env)
@@ -324,7 +346,7 @@ def _cached(serving: Serving, out: ReferenceOutput) -> tuple[BaselineRecord | No
         return None, path
 
 
-def _store(path: Path | None, record: BaselineRecord | None, out: ReferenceOutput,
+def store_record(path: Path | None, record: BaselineRecord | None, out: ReferenceOutput,
            serving: Serving) -> None:
     if path is None or out.env is None:
         return

@@ -42,6 +42,8 @@ class CallPlan:
     gpu: str | None = None
     """Read the GPU's clocks and temperature (NVML) around the timed calls: the device as
     `CUDA_VISIBLE_DEVICES` names it (`evaluator.harness.gpustate`)."""
+    role: int = 0
+    """Which of a parked reference worker's models serves the calls (`protocol.ROLES`)."""
 
 
 HANDSHAKE_JITTER_MS = 0.5
@@ -97,7 +99,7 @@ def _run_plan(ch: CallChannel, plan: CallPlan, budget_s: float, on_output: OnOut
             ch.prep(deadline)
         if flush is not None:
             flush()  # after the worker's prep: nothing of the worker's runs between it and the call
-        return ch.call(seed, deadline, null=null)
+        return ch.call(seed, deadline, null=null, role=plan.role)
 
     _warm_up(plan, one, out)
     # No collector pause inside a clock: collect once here, then keep it off while timing.

@@ -42,12 +42,13 @@ from kloop.evaluator.common.protocol import ROLES, Control, FlagMsg, StageMsg
 from kloop.evaluator.common.wire import OK
 from kloop.evaluator.harness.clock import ChannelBroken
 from kloop.evaluator.harness.paired import BASELINE_WARMUP_CALLS
+from kloop.evaluator.harness.served import CallPlan, run_plan
 from kloop.evaluator.procs.devicegate import out_of_device_memory
 
 if TYPE_CHECKING:
     from kloop.evaluator.common.config import EvalConfig
     from kloop.evaluator.harness.ledger import Ledger
-    from kloop.evaluator.harness.reference import ReferenceOutput
+    from kloop.evaluator.harness.reference import ReferenceOutput, Serving
     from kloop.evaluator.harness.state import EvalRun
     from kloop.problems.registry import Problem
 
@@ -133,7 +134,10 @@ class BaselineServer:
     """The roles it serves: eager, and each compiled baseline that has not failed."""
     flags: list[str]
     held_s: float = 0.0
-    """Seconds its start held the device lock (its reference stage and its warm-up calls)."""
+    """Seconds its start held the device lock alone (its reference stage and its warm-up
+    calls, or its timed calls after a shared start)."""
+    shared_s: float = 0.0
+    """Seconds its start held the device shared (`EvalConfig.baseline_start_hold`)."""
     started_at: float = field(default_factory=time.monotonic)
     used_at: float = field(default_factory=time.monotonic)
     pins: int = 0
@@ -371,7 +375,9 @@ def _start(run: EvalRun, key: str) -> BaselineServer:
     try:
         job = reference_job(srun).model_copy(update={
             "trials": [], "served64": [], "fills_path": None, "keep_serving": True})
-        found = reference_stage(srun, (), job, reference_serving(srun))
+        serving = reference_serving(srun)
+        split = config.baseline_start_hold == "shared"
+        found = reference_stage(srun, (), job, serving, warm_only=split)
         ref = srun.reference
         if ref is None or not ref.parked or srun.ref_child is None:
             raise ReferenceFailure("the baseline worker did not park after its roles")
@@ -379,8 +385,13 @@ def _start(run: EvalRun, key: str) -> BaselineServer:
                            flags=[f.flag for f in found if isinstance(f, Flagged)])
         s.held_s = sum(f.seconds for f in found
                        if isinstance(f, Clocked) and f.name == "reference_held")
+        s.shared_s = sum(f.seconds for f in found
+                         if isinstance(f, Clocked) and f.name == "reference_shared")
         t1 = time.monotonic()
-        _warm(s)
+        if split:
+            time_roles(s, serving, job.roles())
+        else:
+            _warm(s)
         s.held_s += time.monotonic() - t1
         if s.broken is not None:
             raise ReferenceFailure(f"the baseline worker broke in its warm-up: {s.broken}")
@@ -388,6 +399,53 @@ def _start(run: EvalRun, key: str) -> BaselineServer:
         srun.cleanup()
         raise
     return s
+
+
+def time_roles(s: BaselineServer, serving: Serving, roles: list[str]) -> None:
+    """A start held shared compiled and warmed its roles and measured nothing: here, alone, one
+    session of timed calls on fresh seeds per role, as `collect_reference` times them (eager
+    first, with the null calls that give the handshake and the bounds), into its reference
+    output and the baseline cache. A compiled role that failed in its start is left out; one
+    the cache has a timing for keeps it (as a start held alone does); one whose call fails here
+    is dropped and flagged (`BaselineServer.end`)."""
+    from kloop.evaluator.harness.reference import COMPILED, cache_record, measured, store_record
+
+    out = s.reference
+    record, path = cache_record(serving, out)
+    t, n = serving.timing, len(serving.seeds)
+    deadline = time.monotonic() + serving.budget_s
+    failed = {r for r in roles if r != "eager" and any(
+        f.startswith(f"baseline_{r}_failed") for f in out.flags)}
+    s.roles = [r for r in roles if r not in failed]
+    dropped: dict[str, str] = {}
+    with s.run.gpu_lock():
+        s.begin()
+        try:
+            for role in list(s.roles):
+                kept = getattr(record, COMPILED[role], None) if role in COMPILED and \
+                    record is not None else None
+                if kept is not None:
+                    setattr(out, COMPILED[role], kept)
+                    continue
+                plan = CallPlan(seeds=[secrets.randbits(62) for _ in range(n)],
+                                warmup_calls=t.warmup_calls, warmup_ms=t.warmup_ms,
+                                null_calls=serving.null_calls if role == "eager" else 0,
+                                prep=t.l2_flush, flusher=t.l2_flusher, gpu=t.gpu,
+                                role=ROLES[role])
+                served = run_plan(s.channel, plan, max(1.0, deadline - time.monotonic()),
+                                  lambda i, r: r.status == OK)
+                if len(served.wall_ms) < n or served.warmup_done < plan.warmup_calls:
+                    dropped[role] = "a call of its start failed"
+                    if role == "eager":
+                        break
+                    continue
+                measured(out, role, served, serving.on_cuda)
+        except ChannelBroken as e:
+            dropped["eager"] = f"the channel broke: {e}"
+        finally:
+            s.end(None, dropped)
+    if "eager" not in dropped:
+        store_record(path, record, out, serving)
 
 
 def _warm(s: BaselineServer) -> None:

@@ -208,7 +208,7 @@ def _build_env(run: EvalRun) -> dict[str, str]:
 
 
 def reference_stage(run: EvalRun, before: Sequence[Finding] = (), job: ReferenceJob | None = None,
-                    serving: Serving | None = None) -> list[Finding]:
+                    serving: Serving | None = None, warm_only: bool = False) -> list[Finding]:
     """Reference worker: probe-trial inputs (to the candidate's dir) and expected outputs (kept
     in the harness's memory only); then its served calls, timed by the harness: the handshake,
     the eager baseline and the expected output of every timed call; the compile baseline."""
@@ -220,9 +220,10 @@ def reference_stage(run: EvalRun, before: Sequence[Finding] = (), job: Reference
         run.plan = budget.plan(run, key)  # before anything reads the timed calls' seeds
         job = reference_job(run)
     serving = serving or reference_serving(run)
-    shared = shared_reference(run, job)
-    if shared:
-        serving = dataclasses.replace(serving, outputs_only=True)
+    outputs_only = shared_reference(run, job)
+    if outputs_only or warm_only:  # nothing of it is timed: the device held shared
+        serving = dataclasses.replace(serving, outputs_only=outputs_only, warm_only=warm_only)
+    shared = outputs_only or warm_only
     env = {"TORCHINDUCTOR_CACHE_DIR": str(private_dir(run.config.cache_dir) / "inductor")}
     with ledger.timed("reference"), run.on_device(ledger, "reference", job, run.root / "ref",
                                                   ["reference", "baselines"], env,
@@ -235,7 +236,8 @@ def reference_stage(run: EvalRun, before: Sequence[Finding] = (), job: Reference
             # candidate's turn to run code) is given back.
             (run.root / "ref" / "job_reference.json").unlink(missing_ok=True)
     run.reference = out
-    if shared:
+    if outputs_only:
+        assert run.server is not None
         _numbers_of(out, run.server.reference)
     # Trusted and at the full count: the budget's estimate for later evaluations of the problem
     # if none stands yet (a kept worker's is remembered by `_kept_server`, under its own label).
@@ -294,6 +296,8 @@ def _kept_server(run: EvalRun, ledger: Ledger, key: str) -> None:
     if started:  # its lock holds are this evaluation's first use (`baseline_server_held`)
         ledger.clock("baseline_server_start", time.monotonic() - t0)
         ledger.clock("baseline_server_held", run.server.held_s)
+        if run.server.shared_s:
+            ledger.clock("baseline_server_shared", run.server.shared_s)
     ledger.record(*(Flagged(flag=f) for f in run.server.flags))
 
 

@@ -249,10 +249,9 @@ class EvalRun:
         `keep`: the child outlives the block (in `kept`, ended at `cleanup` or by its caller)
         and the lock is given back at the block's end: a trusted worker that does no device
         work until the harness asks it to, under a later hold.
-        `shared`: a trusted child that makes outputs only, nothing of it timed (never with
-        `keep`: a shared holder is gone before its share is given back); it keeps the cores it
-        was started on, the serving cores being the timed holder's."""
-        assert not (shared and keep), "a shared holder must be gone when its share ends"
+        `shared`: a trusted child none of whose work under this hold is timed (an outputs-only
+        reference worker; a kept worker's start that compiles, `keep`, parked idle after); it
+        keeps the cores it was started on, the serving cores being the timed holder's."""
         lock = contextlib.nullcontext() if self.held_throughout else self.gpu_lock(shared)
         with contextlib.ExitStack() as held:  # outside the child's block: kept till it is gone
             spawned = time.monotonic()

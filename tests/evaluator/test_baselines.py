@@ -19,8 +19,8 @@ from kloop.evaluator.harness.reference import (
     BaselineRecord,
     ReferenceOutput,
     Serving,
-    _cached,
-    _store,
+    cache_record,
+    store_record,
 )
 from kloop.evaluator.harness.state import EvalRun, result_of
 from kloop.evaluator.procs.isolation import private_dir
@@ -128,21 +128,21 @@ def _serving(cache: Path) -> Serving:
 
 def test_a_record_from_before_reduce_overhead_loads_and_gains_it_when_measured(tmp_path):
     serving = _serving(tmp_path)
-    _, path = _cached(serving, ReferenceOutput(env=ENV))
+    _, path = cache_record(serving, ReferenceOutput(env=ENV))
     assert path is not None
     # A schema-2 record as it was written: no compiled_ro, no flags.
     old = {"schema_version": 2, "key": path.stem, "key_fields": {"policy": "strict"},
            "eager": stats(2.0).model_dump(), "compiled": stats(1.5).model_dump(),
            "env": ENV.model_dump(), "updated_at": "2026-11-30T00:00:00+00:00"}
     path.write_text(json.dumps(old))
-    record, _ = _cached(serving, ReferenceOutput(env=ENV))
+    record, _ = cache_record(serving, ReferenceOutput(env=ENV))
     assert record is not None and record.compiled == stats(1.5) and record.compiled_ro is None
     assert record.settled("compile") and not record.settled("compile_ro")
     # An evaluation that asks for it: eager afresh, compile read, compile_ro served.
     later = ReferenceOutput(env=ENV, eager=stats(2.5), compiled=record.compiled,
                             compiled_ro=stats(1.0),
                             served_roles={"compile_ro": ["baseline_compile_ro_no_cudagraphs: 1"]})
-    _store(path, record, later, serving)
+    store_record(path, record, later, serving)
     new = BaselineRecord.model_validate_json(path.read_text())
     assert (new.eager, new.compiled, new.compiled_ro) == (stats(2.5), stats(1.5), stats(1.0))
     assert new.flags == {"compile_ro": ["baseline_compile_ro_no_cudagraphs: 1"]}
@@ -151,23 +151,23 @@ def test_a_record_from_before_reduce_overhead_loads_and_gains_it_when_measured(t
 
 def test_a_failed_compiled_baseline_is_kept_as_settled_until_served_again(tmp_path):
     serving = _serving(tmp_path)
-    record, path = _cached(serving, ReferenceOutput(env=ENV))
+    record, path = cache_record(serving, ReferenceOutput(env=ENV))
     failed = ["baseline_compile_ro_failed: RuntimeError: capture failed"]
-    _store(path, record, ReferenceOutput(env=ENV, eager=stats(2.0), compiled=stats(1.5),
+    store_record(path, record, ReferenceOutput(env=ENV, eager=stats(2.0), compiled=stats(1.5),
                                          served_roles={"compile": [], "compile_ro": failed}),
            serving)
-    record, _ = _cached(serving, ReferenceOutput(env=ENV))
+    record, _ = cache_record(serving, ReferenceOutput(env=ENV))
     assert record is not None and record.compiled_ro is None
     assert record.settled("compile_ro") and record.flags == {"compile_ro": failed}
     # Another evaluation measures eager again: the failure and the compile baseline stay.
-    _store(path, record, ReferenceOutput(env=ENV, eager=stats(2.2), compiled=stats(1.5)), serving)
-    record, _ = _cached(serving, ReferenceOutput(env=ENV))
+    store_record(path, record, ReferenceOutput(env=ENV, eager=stats(2.2), compiled=stats(1.5)), serving)
+    record, _ = cache_record(serving, ReferenceOutput(env=ENV))
     assert record is not None and record.flags == {"compile_ro": failed}
     assert record.compiled == stats(1.5) and record.eager == stats(2.2)
     # Served again (a rebuild) and measured: the failure is gone.
-    _store(path, record, ReferenceOutput(env=ENV, eager=stats(2.2), compiled_ro=stats(1.1),
+    store_record(path, record, ReferenceOutput(env=ENV, eager=stats(2.2), compiled_ro=stats(1.1),
                                          served_roles={"compile_ro": []}), serving)
-    record, _ = _cached(serving, ReferenceOutput(env=ENV))
+    record, _ = cache_record(serving, ReferenceOutput(env=ENV))
     assert record is not None and record.compiled_ro == stats(1.1) and record.flags == {}
 
 

@@ -133,6 +133,26 @@ def test_on_a_gpu_the_compiled_baselines_compile_once_per_problem(tmp_path):
     print("first", first.stage_seconds, "second", second.stage_seconds)
 
 
+@pytest.mark.gpu
+def test_on_a_gpu_a_start_held_shared_times_all_three_baselines_alone(tmp_path):
+    """`baseline_start_hold: shared` on a GPU: the start compiles torch.compile's two modes
+    under a shared hold, then times every role alone; the evaluation pairs all three with
+    intervals, and its kept worker held the device alone for less than its whole start."""
+    from eval_helpers import MLP_SMALL
+
+    from kloop.evaluator.common.config import EvalConfig
+
+    config = EvalConfig(device="cuda", cache_dir=tmp_path / "cache", problem_overrides=MLP_SMALL,
+                        baseline_start_hold="shared")
+    r = evaluate("L3/1", _MLP, config)
+    assert r.status == "correct", (r.status, r.error, r.flags)
+    assert r.paired is not None and r.paired.baselines == ["eager", "compile", "compile_ro"]
+    assert set(r.speedup_ci) == {"eager", "compile", "compile_ro"}, r.speedup_ci
+    s = r.stage_seconds
+    assert s["baseline_server_shared"] > 0 and s["baseline_server_held"] > 0, s
+    print("shared start", s)
+
+
 def test_the_scheduler_shares_kept_workers_across_evaluations_in_flight(tmp_path):
     """Three evaluations at once over three keys (sizes) with room for two workers: pinned
     workers are never closed under an evaluation, one that finds every slot pinned uses its
@@ -260,3 +280,66 @@ def test_a_warm_up_in_the_judging_process_starts_the_kept_workers_its_candidates
     warmed, _ = warm_up([(get_problem("L3/1"), none)], rebuild=False, keep=True)
     assert warmed[0].error is None and warmed[0].reference.eager is not None
     assert SERVERS.started == started + 1 and SERVERS.alive() == 0
+
+
+def test_a_start_held_shared_compiles_first_and_times_its_roles_alone(tmp_path, monkeypatch):
+    """`baseline_start_hold: shared`: the kept worker's start serves its roles a few calls under
+    a shared hold (nothing measured), parks, then times them alone in one session: the same
+    numbers a start held alone makes (eager at the full count, with its handshake), the same
+    cache record, and the evaluation that started it judged and paired as before. With a real
+    flock lock (as on a GPU): the start's first hold is shared, its timed calls' exclusive."""
+    import contextlib
+
+    from kloop.evaluator.harness.reference import BaselineRecord
+    from kloop.evaluator.harness.state import EvalRun
+    from kloop.evaluator.procs.devicelock import device_lock
+
+    holds: list[bool] = []
+
+    def recording_lock(self, shared=False):
+        @contextlib.contextmanager
+        def held():
+            with device_lock("cuda:9", tmp_path / "locks", shared=shared):
+                holds.append(shared)
+                yield
+        return held()
+
+    monkeypatch.setattr(EvalRun, "gpu_lock", recording_lock)
+    config = cpu_config(tmp_path / "cache", kept_baselines=1, baselines="eager",
+                        baseline_start_hold="shared", cpu_timing_trials=5)
+    r = evaluate("L3/1", _MLP, config)
+    assert r.status == "correct", (r.status, r.error, r.flags)
+    assert _paired_eager(r), r.paired
+    (server,) = SERVERS._servers.values()
+    eager = server.reference.eager
+    assert eager is not None and eager.n_trials == 5 and server.reference.handshake_ms
+    assert server.roles == ["eager"] and server.shared_s > 0 and server.held_s > 0
+    assert r.stage_seconds["baseline_server_shared"] > 0, r.stage_seconds
+    # The start's shared hold, then its timed calls alone; then the evaluation's own reference
+    # (shared, outputs only) and its candidate (alone).
+    assert holds[:2] == [True, False], holds
+    records = list((tmp_path / "cache").rglob("baselines/*.json"))
+    assert len(records) == 1, records
+    rec = BaselineRecord.model_validate_json(records[0].read_text())
+    assert rec.eager is not None and rec.eager.median_ms == eager.median_ms
+
+
+@pytest.mark.slow
+def test_a_start_held_shared_times_a_compiled_role_alone_and_a_cached_one_keeps_its_timing(
+        tmp_path):
+    """The compiled role of a shared start: compiled under the shared hold, timed alone on the
+    eager handshake, paired in the rounds; a second start (the first closed) takes its timing
+    from the cache record, as a start held alone does."""
+    config = cpu_config(tmp_path / "cache", kept_baselines=1, baselines="both",
+                        baseline_start_hold="shared", cpu_timing_trials=3)
+    first = evaluate("L3/1", _MLP, config)
+    assert first.status == "correct", (first.status, first.error, first.flags)
+    assert first.paired is not None and first.paired.baselines == ["eager", "compile"]
+    (server,) = SERVERS._servers.values()
+    compiled = server.reference.compiled
+    assert compiled is not None and compiled.n_trials == 3 and server.roles == ["eager", "compile"]
+    SERVERS.close_all()
+    again = evaluate("L3/1", _MLP, config)
+    assert again.status == "correct" and again.paired.baselines == ["eager", "compile"]
+    (server,) = SERVERS._servers.values()
+    assert server.reference.compiled == compiled  # the cache's, not timed again

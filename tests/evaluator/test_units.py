@@ -238,8 +238,8 @@ def test_a_cached_compile_baseline_survives_a_fresh_eager_measurement(tmp_path):
         BaselineRecord,
         ReferenceOutput,
         Serving,
-        _cached,
-        _store,
+        cache_record,
+        store_record,
     )
 
     def stats(ms: float) -> TimingStats:
@@ -251,12 +251,12 @@ def test_a_cached_compile_baseline_survives_a_fresh_eager_measurement(tmp_path):
                       key_extra={"policy": "strict"})
     env = EnvInfo(python="3", torch="t", device_name="gpu", hostname="h")
     out = ReferenceOutput(env=env, eager=stats(2.0), compiled=stats(1.0))
-    record, path = _cached(serving, out)
-    _store(path, record, out, serving)
+    record, path = cache_record(serving, out)
+    store_record(path, record, out, serving)
     # A later evaluation measures eager afresh before it reaches the compile role.
     later = ReferenceOutput(env=env, eager=stats(2.5))
-    record, path = _cached(serving, later)
+    record, path = cache_record(serving, later)
     assert isinstance(record, BaselineRecord) and record.compiled == stats(1.0)
-    _store(path, record, later, serving)
-    again, _ = _cached(serving, later)
+    store_record(path, record, later, serving)
+    again, _ = cache_record(serving, later)
     assert again is not None and again.compiled == stats(1.0) and again.eager == stats(2.5)
