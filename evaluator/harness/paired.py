@@ -50,6 +50,8 @@ from kloop.evaluator.procs import isolation, procwatch
 
 STOP_UNTRUSTED = True
 """Stop an untrusted side's process group while other sides are served (K14b)."""
+STOP_WAIT_S = 0.05
+"""How long a stop waits for every thread of the stopped processes to be seen stopped."""
 QUIET_BEFORE_BASELINES = True
 """A trusted worker waits for a device free of other processes' work before each call (K14c).
 Both stay on: the exploit suite turns them off only to show what each one stops."""
@@ -233,6 +235,10 @@ def _stop(group: int) -> set[int]:
         outside |= fresh
         if not fresh:
             break
+    # Sent is not taken: a thread running on another core launches on for a moment (a beat of
+    # the test's heartbeat once landed inside a baseline's call on the 2-core CI host). What a
+    # thread still inside a system call queues past this wait, the quiet check finds.
+    procwatch.wait_stopped({group} | outside, STOP_WAIT_S)
     return outside
 
 

@@ -58,6 +58,39 @@ def stat_fields(pid: int) -> list[str] | None:
     return text[text.rfind(")") + 2:].split()
 
 
+def running_threads(pids: set[int]) -> set[int]:
+    """The threads of `pids` that are neither stopped nor gone (state of proc(5) field 3 not
+    `T`, `t`, `Z` or `X`), by thread id."""
+    out: set[int] = set()
+    for pid in pids:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                    text = f.read().decode("ascii", "replace")
+            except OSError:
+                continue
+            state = text[text.rfind(")") + 2:][:1]
+            if state not in ("T", "t", "Z", "X", ""):
+                out.add(int(tid))
+    return out
+
+
+def wait_stopped(pids: set[int], limit_s: float) -> set[int]:
+    """Wait until every thread of `pids` has stopped (a SIGSTOP is sent, not yet taken: a thread
+    running on another core goes on for a moment, one inside a system call until it returns),
+    at most `limit_s`; the threads still running then."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        left = running_threads(pids)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.0001)
+
+
 def _cpu_s(pid: int) -> float | None:
     fields = stat_fields(pid)
     if fields is None:

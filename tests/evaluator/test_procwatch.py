@@ -76,3 +76,28 @@ def test_a_process_can_widen_its_own_affinity_and_the_widest_thread_is_seen():
     proc.stdin.flush()
     proc.wait(timeout=60)
     assert sampler.stop().max_cpus == len(allowed)
+
+
+def test_a_stop_is_waited_for_until_every_thread_has_taken_it():
+    """SIGSTOP is sent, not taken at once: `wait_stopped` returns once every thread of the
+    process shows stopped, and names the ones still running when it gives up."""
+    import signal
+
+    code = ("import threading\n"
+            "def spin():\n"
+            "    while True: pass\n"
+            "for _ in range(3): threading.Thread(target=spin, daemon=True).start()\n"
+            "print('ready', flush=True)\n"
+            "spin()\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        running = procwatch.wait_stopped({p.pid}, 0.05)
+        assert len(running) == 4, running  # not stopped: every spinning thread, after the limit
+        os.kill(p.pid, signal.SIGSTOP)
+        assert procwatch.wait_stopped({p.pid}, 5.0) == set()
+        os.kill(p.pid, signal.SIGCONT)
+        assert len(procwatch.wait_stopped({p.pid}, 0.05)) == 4
+    finally:
+        p.kill()
+        p.wait()
