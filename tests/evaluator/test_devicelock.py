@@ -126,6 +126,24 @@ def _hold(name: str, lock_dir: Path, shared: bool, seconds: float,
         spans[name] = (start, time.time())
 
 
+def _announced(writers: Path, within_s: float = 10.0) -> None:
+    """Wait until an exclusive holder has announced itself (a shared lock on the `.writers`
+    file, which an exclusive attempt then cannot get)."""
+    import fcntl
+
+    deadline = time.time() + within_s
+    while time.time() < deadline:
+        if writers.exists():
+            with open(writers, "a") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(f, fcntl.LOCK_UN)
+                except BlockingIOError:
+                    return
+        time.sleep(0.01)
+    pytest.fail(f"no exclusive holder announced itself on {writers} within {within_s:g} s")
+
+
 def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
@@ -133,13 +151,14 @@ def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
 def test_shared_holders_overlap_and_never_overlap_an_exclusive_one(tmp_path):
     locks = tmp_path / "locks"
     spans: dict[str, tuple[float, float]] = {}
-    first = threading.Event()
-    readers = [threading.Thread(target=_hold, args=(f"r{i}", locks, True, 0.6, spans,
-                                                    first if i == 0 else None))
-               for i in range(3)]
+    entered = [threading.Event() for _ in range(3)]
+    readers = [threading.Thread(target=_hold, args=(f"r{i}", locks, True, 0.6, spans, e))
+               for i, e in enumerate(entered)]
     for t in readers:
         t.start()
-    assert first.wait(10)
+    # All three hold it before the exclusive one asks (one asking earlier goes first: the next
+    # test).
+    assert all(e.wait(10) for e in entered)
     writer = threading.Thread(target=_hold, args=("w", locks, False, 0.3, spans))
     writer.start()
     for t in [*readers, writer]:
@@ -163,7 +182,7 @@ def test_a_waiting_exclusive_holder_goes_before_shared_ones_that_come_after_it(t
     assert held.wait(10)
     w = threading.Thread(target=_hold, args=("w", locks, False, 0.3, spans))
     w.start()
-    time.sleep(0.3)  # the exclusive one is waiting now
+    _announced(locks / "cuda_3.writers")  # the exclusive one is waiting now
     r2 = threading.Thread(target=_hold, args=("r2", locks, True, 0.1, spans))
     r2.start()
     for t in (r1, w, r2):
