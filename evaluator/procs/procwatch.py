@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 
 from pydantic import BaseModel, ConfigDict
 
@@ -58,25 +59,25 @@ def stat_fields(pid: int) -> list[str] | None:
     return text[text.rfind(")") + 2:].split()
 
 
+def _task_files(pid: int, name: str) -> Iterator[tuple[int, str]]:
+    """(thread id, text) of /proc/PID/task/TID/`name` for each thread of `pid` still there."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/{name}", "rb") as f:
+                yield int(tid), f.read().decode("ascii", "replace")
+        except OSError:
+            continue
+
+
 def running_threads(pids: set[int]) -> set[int]:
     """The threads of `pids` that are neither stopped nor gone (state of proc(5) field 3 not
     `T`, `t`, `Z` or `X`), by thread id."""
-    out: set[int] = set()
-    for pid in pids:
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-                    text = f.read().decode("ascii", "replace")
-            except OSError:
-                continue
-            state = text[text.rfind(")") + 2:][:1]
-            if state not in ("T", "t", "Z", "X", ""):
-                out.add(int(tid))
-    return out
+    return {tid for pid in pids for tid, text in _task_files(pid, "stat")
+            if text[text.rfind(")") + 2:][:1] not in ("T", "t", "Z", "X", "")}
 
 
 def wait_stopped(pids: set[int], limit_s: float) -> set[int]:
@@ -177,15 +178,10 @@ def descendants(root: int) -> set[int]:
     frontier = [root]
     while frontier:
         pid = frontier.pop()
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tasks:
+        for _tid, text in _task_files(pid, "children"):
             try:
-                with open(f"/proc/{pid}/task/{tid}/children") as f:
-                    kids = [int(x) for x in f.read().split()]
-            except (OSError, ValueError):
+                kids = [int(x) for x in text.split()]
+            except ValueError:
                 continue
             for kid in kids:
                 if kid not in found:
