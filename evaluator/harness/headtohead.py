@@ -50,22 +50,17 @@ def one_hold(run: EvalRun, ledger: Ledger) -> Iterator[None]:
     from kloop.evaluator.procs import board
 
     t0 = time.monotonic()
-    with board.phase("device_wait"):
-        lock = run.gpu_lock()
-        lock.__enter__()
-    got = time.monotonic()
-    ledger.clock("device_wait", got - t0)
-    run.held_throughout = True
-    try:
+    with contextlib.ExitStack() as held:  # unwound last in, first out
+        with board.phase("device_wait"):
+            held.enter_context(run.gpu_lock())
+        got = time.monotonic()
+        ledger.clock("device_wait", got - t0)
+        held.callback(lambda: ledger.clock("head_to_head_held", time.monotonic() - got))
+        held.callback(end_incumbent, run)  # gone before the lock is given back
+        held.callback(setattr, run, "held_throughout", False)
+        run.held_throughout = True
         with board.phase("device"):
             yield
-    finally:
-        try:
-            end_incumbent(run)
-        finally:
-            run.held_throughout = False
-            ledger.clock("head_to_head_held", time.monotonic() - got)
-            lock.__exit__(None, None, None)
 
 
 def end_incumbent(run: EvalRun) -> None:

@@ -29,6 +29,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from kloop.evaluator.common.protocol import (
+    ROLES,
     Control,
     DoneMsg,
     EnvMsg,
@@ -274,17 +275,12 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput,
             out.served.add(i, r.output)
         return True
 
-    t = serving.timing
     if serving.warm_only:
         plan = CallPlan(seeds=[], warmup_calls=WARM_ONLY_CALLS, warmup_ms=0.0, prep=False)
     elif serving.outputs_only:
         plan = CallPlan(seeds=serving.seeds, warmup_calls=0, warmup_ms=0.0, prep=False)
     else:
-        plan = CallPlan(
-            seeds=serving.seeds if eager else [secrets.randbits(62) for _ in serving.seeds],
-            warmup_calls=t.warmup_calls, warmup_ms=t.warmup_ms,
-            null_calls=serving.null_calls if eager else 0, prep=t.l2_flush,
-            flusher=t.l2_flusher, gpu=t.gpu)
+        plan = timed_plan(serving, msg.role, serving.seeds if eager else None)
     try:
         served = run_plan(child.calls, plan, serving.budget_s, on_output,
                           timed=not serving.outputs_only)
@@ -302,6 +298,19 @@ def _serve(child: Child, msg: ServeMsg, serving: Serving, out: ReferenceOutput,
     measured(out, msg.role, served, serving.on_cuda)
     if eager:
         store_record(path, record, out, serving)  # `kloop baseline` lists what was measured
+
+
+def timed_plan(serving: Serving, role: str, seeds: list[int] | None = None,
+               by_role: bool = False) -> CallPlan:
+    """How `role`'s calls are timed: the timing settings' warm-up and preparation, the null
+    calls (the handshake) with eager's; on `seeds`, or as many fresh ones (a baseline whose
+    outputs nobody reads). `by_role`: the role byte named in each request (a parked worker)."""
+    t = serving.timing
+    return CallPlan(
+        seeds=seeds if seeds is not None else [secrets.randbits(62) for _ in serving.seeds],
+        warmup_calls=t.warmup_calls, warmup_ms=t.warmup_ms,
+        null_calls=serving.null_calls if role == "eager" else 0, prep=t.l2_flush,
+        flusher=t.l2_flusher, gpu=t.gpu, role=ROLES[role] if by_role else 0)
 
 
 def measured(out: ReferenceOutput, role: str, served: Served, on_cuda: bool) -> None:

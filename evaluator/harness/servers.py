@@ -42,7 +42,7 @@ from kloop.evaluator.common.protocol import ROLES, Control, FlagMsg, StageMsg
 from kloop.evaluator.common.wire import OK
 from kloop.evaluator.harness.clock import ChannelBroken
 from kloop.evaluator.harness.paired import BASELINE_WARMUP_CALLS
-from kloop.evaluator.harness.served import CallPlan, run_plan
+from kloop.evaluator.harness.served import run_plan
 from kloop.evaluator.procs.devicegate import out_of_device_memory
 
 if TYPE_CHECKING:
@@ -408,11 +408,17 @@ def time_roles(s: BaselineServer, serving: Serving, roles: list[str]) -> None:
     output and the baseline cache. A compiled role that failed in its start is left out; one
     the cache has a timing for keeps it (as a start held alone does); one whose call fails here
     is dropped and flagged (`BaselineServer.end`)."""
-    from kloop.evaluator.harness.reference import COMPILED, cache_record, measured, store_record
+    from kloop.evaluator.harness.reference import (
+        COMPILED,
+        cache_record,
+        measured,
+        store_record,
+        timed_plan,
+    )
 
     out = s.reference
     record, path = cache_record(serving, out)
-    t, n = serving.timing, len(serving.seeds)
+    n = len(serving.seeds)
     deadline = time.monotonic() + serving.budget_s
     failed = {r for r in roles if r != "eager" and any(
         f.startswith(f"baseline_{r}_failed") for f in out.flags)}
@@ -427,11 +433,7 @@ def time_roles(s: BaselineServer, serving: Serving, roles: list[str]) -> None:
                 if kept is not None:
                     setattr(out, COMPILED[role], kept)
                     continue
-                plan = CallPlan(seeds=[secrets.randbits(62) for _ in range(n)],
-                                warmup_calls=t.warmup_calls, warmup_ms=t.warmup_ms,
-                                null_calls=serving.null_calls if role == "eager" else 0,
-                                prep=t.l2_flush, flusher=t.l2_flusher, gpu=t.gpu,
-                                role=ROLES[role])
+                plan = timed_plan(serving, role, by_role=True)
                 served = run_plan(s.channel, plan, max(1.0, deadline - time.monotonic()),
                                   lambda i, r: r.status == OK)
                 if len(served.wall_ms) < n or served.warmup_done < plan.warmup_calls:

@@ -221,9 +221,9 @@ def reference_stage(run: EvalRun, before: Sequence[Finding] = (), job: Reference
         job = reference_job(run)
     serving = serving or reference_serving(run)
     outputs_only = shared_reference(run, job)
-    if outputs_only or warm_only:  # nothing of it is timed: the device held shared
+    shared = outputs_only or warm_only  # nothing of it is timed: the device held shared
+    if shared:
         serving = dataclasses.replace(serving, outputs_only=outputs_only, warm_only=warm_only)
-    shared = outputs_only or warm_only
     env = {"TORCHINDUCTOR_CACHE_DIR": str(private_dir(run.config.cache_dir) / "inductor")}
     with ledger.timed("reference"), run.on_device(ledger, "reference", job, run.root / "ref",
                                                   ["reference", "baselines"], env,
