@@ -230,6 +230,18 @@ def device_ms(result) -> float:
     return total
 
 
+def _stop_policy(width: float | None) -> str | None:
+    """The strict policy with the sequential rule at `width`, registered in this process (the
+    judging one) as `strict_stop`; None: the default policy."""
+    if width is None:
+        return None
+    from kloop.evaluator.common.config import POLICIES
+
+    POLICIES["strict_stop"] = POLICIES["strict"].model_copy(
+        update={"name": "strict_stop", "timing_stop_width": width})
+    return "strict_stop"
+
+
 def row_of(result) -> dict:
     c, e = result.compile, result.error
     plan = result.paired.plan if result.paired is not None else None
@@ -239,6 +251,14 @@ def row_of(result) -> dict:
             # Timed calls a side and where their count came from (`harness.budget`).
             "timed_calls": plan.calls if plan is not None else None,
             "plan_source": plan.source if plan is not None else None,
+            # Calls a side the rounds made: the plan's, or about half where the sequential rule
+            # stopped them (`Policy.timing_stop_width`).
+            "calls_made": result.timing.n_trials if result.timing is not None else None,
+            "stopped_early": result.paired.stopped_early if result.paired is not None else None,
+            "width_at_check": result.paired.width_at_check if result.paired is not None else None,
+            # Each speedup with its interval: the reference's and the copy kernels' read 1.00.
+            "speedups": {name: [getattr(result, f"speedup_vs_{name}"), ci.low, ci.high]
+                         for name, ci in result.speedup_ci.items()},
             # A failure's first line: a candidate that fails for a reason the batch did not
             # build into it (out of GPU memory beside the others) must be told apart.
             "error": f"{e.type}: {(e.message.splitlines() or [''])[0][:200]}" if e else None}
@@ -453,7 +473,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reference-hold", choices=("shared", "exclusive"),
                     help="EvalConfig.reference_hold (default: the config's, shared)")
     ap.add_argument("--baseline-start-hold", choices=("exclusive", "shared"),
-                    help="EvalConfig.baseline_start_hold (default: the config's, exclusive)")
+                    help="EvalConfig.baseline_start_hold (default: the config's, shared)")
+    ap.add_argument("--stop-width", type=float, metavar="W",
+                    help="the rounds' sequential rule (Policy.timing_stop_width) at W: the strict "
+                         "policy with it, registered as strict_stop (default: off)")
+    ap.add_argument("--compare-stop-width", type=float, metavar="W",
+                    help="after the steady pass, the same batch again (fresh builds) with the "
+                         "sequential rule at W, in the same process: the two steady rates side "
+                         "by side")
     ap.add_argument("--rows", type=Path, help="append each finished candidate's row here")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--trace", type=Path, help="append each candidate child's messages (arrival "
@@ -491,14 +518,15 @@ def main(argv: list[str] | None = None) -> int:
                   "cache": "given" if args.cache else "fresh", "part": args.part,
                   "warm_up": not args.no_warm_up, "gpu": gpu_name(args.device),
                   "kept_baselines": args.kept_baselines, "reference_hold": args.reference_hold,
-                  "baseline_start_hold": args.baseline_start_hold,
+                  "baseline_start_hold": args.baseline_start_hold, "stop_width": args.stop_width,
                   "problem_ids": problems, "passes": "steady" if args.steady_only else
                   "first+steady" if args.steady else "first",
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     settings = {k: v for k, v in (("kept_baselines", args.kept_baselines),
                                   ("reference_hold", args.reference_hold),
                                   ("baseline_start_hold", args.baseline_start_hold),
-                                  ("profile_trials", args.profile_trials or None))
+                                  ("profile_trials", args.profile_trials or None),
+                                  ("policy", _stop_policy(args.stop_width)))
                 if v is not None} or None
     partial = _partial_writer(args.json, conditions, items, len(problems))
     first = None
@@ -531,11 +559,32 @@ def main(argv: list[str] | None = None) -> int:
         report("steady state (baselines and caches warm, builds fresh)", steady_res, len(again))
         steady = summarise(steady_res, again, len(problems))
         _print("steady state (baselines and caches warm, builds fresh)", steady)
+    stop = None
+    if args.compare_stop_width is not None:
+        if steady is None:
+            raise SystemExit("--compare-stop-width needs --steady or --steady-only")
+        # Side by side: the same warm process, kept workers and caches; fresh builds again.
+        third = [{**it, "source": it["source"] + f"\n# stop pass {time.time_ns()}\n"}
+                 for it in items]
+        with_rule = {**(settings or {}), "policy": _stop_policy(args.compare_stop_width)}
+        stop_res = run_batch(third, args.device, args.concurrency, args.rows, with_rule,
+                             ahead=args.ahead, cache_dir=args.cache, row_of=row_of)
+        title = f"steady state, the sequential rule at {args.compare_stop_width:g}"
+        report(title, stop_res, len(third))
+        stop = summarise(stop_res, third, len(problems))
+        _print(title, stop)
+        ratio = stop["per_gpu_hour"] / steady["per_gpu_hour"] if steady["per_gpu_hour"] else None
+        stop["ratio_to_steady"] = ratio
+        print(f"== the sequential rule: {stop['per_gpu_hour']:.0f} against "
+              f"{steady['per_gpu_hour']:.0f} per GPU-hour without it "
+              f"({ratio:.2f}x, same process, one pass each) ==")
     projection = project(first, steady) if first is not None else None
     _print_projection(projection)
     if args.json:
         args.json.write_text(json.dumps({"conditions": conditions, "first_use_included": first,
-                                         "steady_state": steady, "projection": projection},
+                                         "steady_state": steady, "projection": projection,
+                                         "steady_state_stop_rule": stop,
+                                         "compare_stop_width": args.compare_stop_width},
                                         indent=2))
     return 0
 

@@ -43,6 +43,13 @@ class Policy(BaseModel):
     (`evaluator.harness.budget`); its interval says what that costs. None: always the full count."""
     timing_min_trials: int = Field(20, ge=1)
     """The fewest timed calls per side a budget may leave (two per round at ten rounds)."""
+    timing_stop_width: float | None = Field(None, gt=0)
+    """The rounds' sequential rule: after the first half of the rounds, stop once every
+    speedup's interval is narrower than this share of its midpoint ((high - low) / ((high + low)
+    / 2)), on the trusted clock. The timed calls the precision check reads are drawn half from
+    the first half of the rounds and half from the rest (`judge.served64`), so a stop leaves it
+    whole and a kernel cannot lower its precision only late. None: every round runs. Not with
+    an incumbent in the rounds (a head-to-head runs whole)."""
     warmup_calls: int = 3
     warmup_ms: float = 25.0
     """After the warm-up calls, keep calling until this much host time has passed."""
@@ -258,14 +265,16 @@ class EvalConfig(BaseModel):
     preparation, null calls or warm-up. Nothing measured under a shared hold is a number of
     record: the eager baseline, the handshake and the event bound come from the kept worker's
     start, measured alone. `exclusive`: alone, as every device child before 2026-12-06."""
-    baseline_start_hold: Literal["exclusive", "shared"] = "exclusive"
+    baseline_start_hold: Literal["exclusive", "shared"] = "shared"
     """How a kept baseline worker's start holds the device (`evaluator.harness.servers`):
     `exclusive`, alone from its first device call to its park (its compiles and CUDA graph
     captures, then its timed calls); `shared`, its roles compiled and warmed beside other
     trusted work that times nothing (other starts, reference workers making outputs), then its
     timed calls alone (`servers.time_roles`), so the starts of several problems overlap. On
-    L3/4 a start held the device 11.1 s, about a second of it timed calls (an H100, 2026-12-06).
-    `shared` is not yet measured on a GPU."""
+    L3/4 an exclusive start held the device alone 11.1 s, about a second of it timed calls; a
+    shared one 1.3 s (an H100, 2026-12-06). Part 1 of the figure of record (three problems at
+    full size, 8 at once, fresh H100s): the warm-up of its three starts 50.5 s shared against
+    83.2 s exclusive, first use included 131.7 s against 188.9 s (two machines, 2026-12-06)."""
     l2_flush: Literal["worker", "trusted"] = "worker"
     """Who flushes the L2 before each timed call: the serving process in its `prep` (a
     candidate's native code could skip it), or also a trusted flusher process of the harness's

@@ -345,7 +345,14 @@ class PairedSummary(_Record):
     """How the candidate and its baselines were timed side by side."""
 
     rounds: int
+    """Rounds run (every one, unless the sequential rule stopped them: `stopped_early`)."""
     calls_per_round: int
+    stopped_early: bool = False
+    """The sequential rule (`Policy.timing_stop_width`) stopped the rounds after their first
+    half: every interval was narrow by then. Each side then has about half `plan.calls`."""
+    width_at_check: float | None = None
+    """The widest speedup interval at the rule's check, (high - low) over its midpoint: what
+    the rule compared with its width (None: no check was made)."""
     plan: TimingPlan | None = None
     """How many timed calls each side got and why (None: records from before budgets)."""
     handshake_ms: float | None

@@ -65,6 +65,7 @@ from kloop.evaluator.harness.outcome import (
     Verdict,
     violated,
 )
+from kloop.evaluator.harness.paired import first_half
 from kloop.evaluator.harness.precision import precision_check
 from kloop.evaluator.harness.state import EvalRun, derive_seed
 from kloop.evaluator.harness.timed import note_call_problem, timed_calls
@@ -124,8 +125,13 @@ def served64(run: EvalRun) -> list[Served64]:
     if not precision_checked(run):
         return []
     seeds = served_seeds(run)
-    pick = random.Random(derive_seed(run.salt, "precision", 0)).sample(
-        range(len(seeds)), min(PRECISION_CALLS, len(seeds)))
+    rng = random.Random(derive_seed(run.salt, "precision", 0))
+    half = first_half(len(seeds)) if run.policy.timing_stop_width is not None else None
+    if half is None:
+        pick = rng.sample(range(len(seeds)), min(PRECISION_CALLS, len(seeds)))
+    else:  # the sequential rule may stop after the first half: it holds a full check
+        pick = rng.sample(range(half), min(PRECISION_CALLS, half)) + \
+            rng.sample(range(half, len(seeds)), min(PRECISION_CALLS, len(seeds) - half))
     return [Served64(index=i, seed=seeds[i], path=str(run.root / "ref" / f"served64_{i}.pt"))
             for i in sorted(pick)]
 

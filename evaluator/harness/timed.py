@@ -4,6 +4,8 @@ every one timed by the harness's clock (`evaluator.harness.clock`)."""
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kloop.evaluator.common.protocol import ROLES, Control, FlagMsg
@@ -134,7 +136,9 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
                 sides, seeds, warmup_calls=t.warmup_calls,
                 warmup_ms=t.warmup_ms, prep=t.l2_flush, flush_device=t.l2_flusher, gpu=t.gpu,
                 budget_s=run.config.timeouts.timing + run.config.timeouts.baselines,
-                on_output=on_output, checks={"incumbent": incumbent_ok})
+                on_output=on_output, checks={"incumbent": incumbent_ok},
+                stop_check=_narrow(run) if run.policy.timing_stop_width is not None and
+                run.incumbent_child is None else None)
             dropped = paired.dropped
             if paired.quiet_waits_ms:
                 w = paired.quiet_waits_ms
@@ -150,6 +154,8 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
             ledger.clock("timing_warmup", paired.warmup_s)
             ledger.clock("timing_rounds", paired.rounds_s)
             ledger.clock("timing_calls", paired.calls_s)
+            for part, seconds in paired.parts_s.items():
+                ledger.clock(f"timing_{part}", seconds)
         else:
             plan = CallPlan(seeds=seeds, warmup_calls=t.warmup_calls, warmup_ms=t.warmup_ms,
                             prep=t.l2_flush, flusher=t.l2_flusher, gpu=t.gpu)
@@ -171,6 +177,7 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
                 ledger.stop("rejected", "timing")
         return
     finally:
+        ended = time.monotonic()
         child.calls.stop()
         if run.incumbent_child is not None:  # its part is over: nothing of it is judged after
             from kloop.evaluator.harness.headtohead import end_incumbent
@@ -180,14 +187,17 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
             server.end(ledger, dropped)
         if parked is not None:
             release_reference(run, ledger)
+        ledger.clock("timing_end", time.monotonic() - ended)  # sessions closed, workers parked
     if failed:
         # Decided: what the process would do next (profile, hang) changes nothing.
         child.kill("decided")
         return
     if baselines is not None:
         _cpu_use(run, ledger, child, cpu0, paired.busy_ms.get("candidate", 0.0) / 1000.0)
-        _record_paired(run, ledger, paired, len(seeds),
+        t0 = time.monotonic()
+        _record_paired(run, ledger, paired, paired.calls_run,
                        [x.name for x in sides if x.name in _FIELDS])
+        ledger.clock("timing_record", time.monotonic() - t0)  # statistics and intervals
         return
     if len(served.wall_ms) < len(seeds):
         return
@@ -290,6 +300,7 @@ def _record_paired(run: EvalRun, ledger: Ledger, paired: PairedServed, n_seeds: 
     multiple = eager.median_ms / hs if eager is not None and hs else None
     ledger.record(Paired(summary=PairedSummary(
         rounds=paired.n_rounds, calls_per_round=paired.calls_per_round, plan=run.plan,
+        stopped_early=paired.stopped_early, width_at_check=paired.width_at_check,
         handshake_ms=hs,
         baselines=list(measured), resolution_multiple=multiple,
         unpaired_eager_ms=ref.eager.median_ms if ref.eager is not None else None),
@@ -299,6 +310,37 @@ def _record_paired(run: EvalRun, ledger: Ledger, paired: PairedServed, n_seeds: 
             (eager is not None and eager.median_ms < RESOLUTION_MULTIPLE * hs)):
         ledger.record(Flagged(flag=f"below_clock_resolution: a median under {RESOLUTION_MULTIPLE:g}x "
                                    f"the serving overhead of {hs:.3f} ms"))
+
+
+def _narrow(run: EvalRun) -> Callable[[PairedServed], bool]:
+    """The sequential rule's test (`Policy.timing_stop_width`): every baseline the rounds still
+    time has a speedup interval, on the trusted clock and the policy's statistic, narrower than
+    the width's share of its midpoint. Computed as the record computes them, from these rounds'
+    calls net of these rounds' handshakes."""
+    width, stat = run.policy.timing_stop_width, run.policy.speedup_stat
+    assert width is not None and run.reference is not None
+    fallback_hs = run.reference.handshake_ms
+
+    def narrow(paired: PairedServed) -> bool:
+        cand, nulls = paired.sides.get("candidate"), paired.sides.get("null")
+        names = [n for n in paired.sides if n in _FIELDS and n not in paired.dropped]
+        if cand is None or not names:
+            return False
+        hs = nulls.handshake_ms() if nulls is not None else fallback_hs
+        c = per_call(cand, own_handshake(hs, paired.sides.get("candidate_null")), "harness",
+                     None)
+        widths = []
+        for name in names:
+            ci = speedup_interval(c, paired.rounds["candidate"],
+                                  per_call(paired.sides[name], hs, "harness", None),
+                                  paired.rounds[name], stat)
+            if ci is None or ci[0] + ci[1] <= 0:
+                return False
+            widths.append((ci[1] - ci[0]) / ((ci[0] + ci[1]) / 2))
+        paired.width_at_check = max(widths)
+        return paired.width_at_check <= width
+
+    return narrow
 
 
 def _head_to_head(run: EvalRun, paired: PairedServed, c: Any, hs: float | None, clock: str,

@@ -309,7 +309,9 @@ def _render_timing(r: EvalResult, console: Console) -> None:
             f"{name} [{_num(ci.low)}, {_num(ci.high)}]" for name, ci in r.speedup_ci.items()))
     if r.paired is not None:
         calls = r.paired.rounds * r.paired.calls_per_round
-        console.print(f"{calls} timed calls a side in {r.paired.rounds} paired rounds"
+        early = " (the sequential rule stopped after the first half: every interval was " \
+            "narrow)" if r.paired.stopped_early else ""
+        console.print(f"{calls} timed calls a side in {r.paired.rounds} paired rounds{early}"
                       f"{_plan_note(r.paired.plan)}")
 
 

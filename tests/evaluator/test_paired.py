@@ -24,6 +24,7 @@ from kloop.evaluator.harness.paired import (
     NULLS_PER_ROUND,
     Side,
     busy_beside,
+    first_half,
     own_handshake,
     per_call,
     run_paired,
@@ -134,7 +135,7 @@ def _worker(name: str, sleeps: list[float], log: list, fail_after: int = 0,
     return ch, proc
 
 
-def _run(fail_after: int = 0, rounds: int = 6, n: int = 12):
+def _run(fail_after: int = 0, rounds: int = 6, n: int = 12, stop_check=None):
     log: list = []
     ref, p1 = _worker("ref", [0.020, 0.005], log, fail_after)
     cand, p2 = _worker("cand", [0.010], log)
@@ -150,7 +151,7 @@ def _run(fail_after: int = 0, rounds: int = 6, n: int = 12):
     try:
         out = run_paired(sides, seeds, warmup_calls=1, warmup_ms=0.0, prep=True,
                          flush_device=None, gpu=None, budget_s=120.0, on_output=on_output,
-                         rounds=rounds)
+                         rounds=rounds, stop_check=stop_check)
     finally:
         for ch, p in ((ref, p1), (cand, p2)):
             ch.stop()
@@ -267,6 +268,48 @@ def test_the_warm_up_and_the_rounds_report_their_wall_and_the_calls_share_of_it(
     assert out.calls_s <= out.rounds_s
     # Warm-up: one candidate call, two on each baseline.
     assert 0.010 + 2 * (0.020 + 0.005) <= out.warmup_s < out.rounds_s
+
+
+def test_the_rounds_wall_outside_the_calls_is_split_by_part(paired_run):
+    """Where the harness's own work between calls goes: the worker's `prep` before every call,
+    the quiet check before a trusted side's, the candidate's outputs judged, the side changes."""
+    out, _, _, _ = paired_run
+    assert set(out.parts_s) == {"prep", "quiet", "judge", "switch"}
+    assert all(v > 0 for v in out.parts_s.values()), out.parts_s
+    assert sum(out.parts_s.values()) + out.calls_s <= out.rounds_s + out.warmup_s
+
+
+@pytest.mark.parametrize("stop", [True, False])
+def test_the_sequential_rule_is_asked_once_after_the_first_half_and_a_yes_ends_the_rounds(stop):
+    asked: list[tuple[int, dict[str, int]]] = []
+
+    def check(out):
+        asked.append((out.n_rounds, {k: len(v.wall_ms) for k, v in out.sides.items()}))
+        return stop
+
+    out, log, judged, seeds = _run(rounds=6, n=12, stop_check=check)
+    assert len(asked) == 1  # once, with three rounds of six done: two calls a side each
+    assert {k: n for k, n in asked[0][1].items() if not k.endswith("null")} == \
+        {"candidate": 6, "eager": 6, "compile": 6}
+    assert first_half(12, 6) == 6
+    if stop:
+        assert out.stopped_early and out.n_rounds == 3 and out.calls_run == 6
+        assert judged == list(range(6))  # every call made was checked; the rest never made
+        assert not [e for e in log if e[1] in seeds[6:]]
+        for name in ("candidate", "eager", "compile"):
+            assert out.rounds[name] == [0, 0, 1, 1, 2, 2]
+    else:
+        assert not out.stopped_early and out.n_rounds == 6 and out.calls_run == 12
+        assert judged == list(range(12))
+
+
+def test_the_rule_has_no_check_with_fewer_than_four_rounds():
+    assert first_half(3) is None and first_half(100, 3) is None
+    assert first_half(4) == 2 and first_half(100) == 50 and first_half(20) == 10
+    assert first_half(5) == 2  # two of five rounds, one call each
+    asked = []
+    out, _, judged, _ = _run(rounds=3, n=6, stop_check=lambda o: asked.append(1) or True)
+    assert not asked and not out.stopped_early and judged == list(range(6))
 
 
 def test_only_the_candidates_outputs_are_kept_after_the_clock(paired_run):
