@@ -169,7 +169,8 @@ def tight_budget(monkeypatch):
     from kloop.evaluator.harness import budget
 
     p = POLICIES["strict"].model_copy(update={"name": "budget_test", "timing_budget_ms": 1e-6,
-                                              "timing_min_trials": 4})
+                                              "timing_min_trials": 4,
+                                              "timing_stop_width": None})
     monkeypatch.setitem(POLICIES, p.name, p)
     budget.forget_all()
     yield p

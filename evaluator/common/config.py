@@ -107,7 +107,9 @@ POLICIES: dict[str, Policy] = {
             "the whole sequence matters, float64 precision check, runtime "
             "anti-cheat rules and input mutation rejected; median for speedups over paired rounds "
             "of 100 timed calls a side, fewer (20 at least) for a model whose calls exceed "
-            "250 ms of device time a side.",
+            "250 ms of device time a side, stopped after half the rounds where every speedup's "
+            "interval is within 2 % of its midpoint by then.",
+            timing_stop_width=0.02,
         ),
         # KernelBench main: same tolerances and trial counts, PyTorch's default backend flags,
         # the mean of 100 L2-flushed trials on one input set. Process isolation stays: it

@@ -206,8 +206,10 @@ class CallChannel:
         np.copyto(self._copy, self._lines.reshape(-1))
         return Output(self.layout, self._copy)
 
-    def prep(self, deadline: float) -> None:
-        self._send(OP_PREP, 0)
+    def prep(self, deadline: float, light: bool = False) -> None:
+        """Off the clock, before a call: the worker collects, keeps the device busy a moment
+        and flushes the L2 (`serve.Server`); `light` (before a null call): collects only."""
+        self._send(OP_PREP, 1 if light else 0)
         self._wait(deadline)
 
     def quiet(self, deadline: float) -> float | None:

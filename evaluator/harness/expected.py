@@ -97,4 +97,13 @@ def _close(e: torch.Tensor, g: torch.Tensor, tol: float) -> bool:
     if type(g) is not torch.Tensor or g.shape != e.shape or g.dtype != e.dtype or tol < 0:
         return False
     wide = torch.float64 if e.dtype == torch.float64 else torch.float32
-    return bool(torch.isclose(g.to(wide), e.to(wide), rtol=tol, atol=tol).all())
+    e, g = e.to(wide), g.to(wide)
+    # A few in-place passes first (torch.isclose takes about ten: 6 ms against 1.8 ms for a
+    # 4 MB output on one thread, which L3/1's rounds paid 50 times a candidate). Their yes is
+    # isclose's: every |g - e| is finite (the bound is capped below infinity, and NaN compares
+    # false) and within tol + tol*|e|. Anything else (a wrong element, NaN, equal infinities,
+    # which isclose calls close) is decided by isclose itself.
+    bound = e.abs().mul_(tol).add_(tol).clamp_(max=torch.finfo(wide).max)
+    if bool(torch.sub(g, e).abs_().le_(bound).all()):
+        return True
+    return bool(torch.isclose(g, e, rtol=tol, atol=tol).all())

@@ -155,12 +155,18 @@ def split_rounds(n_calls: int, rounds: int = ROUNDS) -> list[list[int]]:
     return [list(chunk) for chunk in np.array_split(np.arange(n_calls), r) if len(chunk)]
 
 
+RULE_MIN_ROUNDS = 10
+"""The sequential rule checks only rounds of at least this many (ten: the default's, at ten
+timed calls a side or more): its first half must give a bootstrap over five rounds, and the
+CPU's five timed calls (five rounds of one) save nothing worth a narrower interval."""
+
+
 def first_half(n_calls: int, rounds: int = ROUNDS) -> int | None:
     """How many timed calls come before the sequential rule's check (the calls `0 ..
     first_half - 1`: the first `len(rounds) // 2` rounds); None where there is no check (fewer
-    than four rounds)."""
+    than `RULE_MIN_ROUNDS` rounds)."""
     chunks = split_rounds(n_calls, rounds)
-    if len(chunks) < 4:
+    if len(chunks) < RULE_MIN_ROUNDS:
         return None
     return sum(len(c) for c in chunks[:len(chunks) // 2])
 
@@ -198,7 +204,7 @@ def _run(sides, seeds, warmup_calls, warmup_ms, prep, flush_device, gpu, budget_
             _resume(side.group, frozen.pop(side.group))
             t = out.add("switch", t)
         if prep:
-            side.channel.prep(deadline)
+            side.channel.prep(deadline, light=side.null)
             t = out.add("prep", t)
         if side.trusted and QUIET_BEFORE_BASELINES:  # under every policy, flushed L2 or not
             waited = side.channel.quiet(deadline)

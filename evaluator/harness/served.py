@@ -96,7 +96,7 @@ def _run_plan(ch: CallChannel, plan: CallPlan, budget_s: float, on_output: OnOut
 
     def one(seed: int, null: bool = False) -> CallResult:
         if plan.prep:
-            ch.prep(deadline)
+            ch.prep(deadline, light=null)
         if flush is not None:
             flush()  # after the worker's prep: nothing of the worker's runs between it and the call
         return ch.call(seed, deadline, null=null, role=plan.role)

@@ -57,14 +57,18 @@ from kloop.evaluator.common.wire import (
 )
 
 _MIN_FLUSH_BYTES = 256 << 20
-PREP_BUSY_CYCLES = 2_000_000
-"""`prep` keeps the GPU busy for this many SM cycles (1 ms at the H200's boost clock, longer
-while it ramps) before it flushes the L2, so that every timed call starts on a warm clock. An
-idle H200 reads 345 MHz (nvidia-smi on the device, GPU_VALIDATION.md 2026-12-01), and between
-two timed calls the harness is busy judging the last output: the candidate's calls (compared
-there) ran 2-7 % slower, a launch-bound one 4x, than the same code's calls in the reference
-worker (only stored), with launches as fast in both processes. A cold clock is the suspected
-cause (not yet confirmed on the GPU; bench/handshake.py --busy-cycles 0 compares)."""
+PREP_BUSY_CYCLES = 200_000
+"""`prep` keeps the GPU busy for this many SM cycles (0.1 ms at an H100's or H200's boost
+clock) before it flushes the L2, so that no timed call starts on an idle device. It was 2 M
+cycles (1 ms) against a cold clock between calls (an idle H200 reads 345 MHz, GPU_VALIDATION.md
+2026-12-01), but the busy phase changed nothing measurable (matmul events 0.38-0.42 ms with it
+and without, the H200, 2026-12-01 at 9be831f), while `prep` became most of the rounds' own
+work: 0.93-1.02 s of a small model's 1.1-1.6 s of rounds, against 0.22-0.56 s inside its calls
+(L3/4 and the GPU tests' MLP, an H100, 2026-12-06, `stage_seconds.timing_prep`). The L2 flush
+(256 MB zeroed) keeps the device busy too."""
+LIGHT = 1
+"""`prep`'s argument for a null call: no busy phase and no L2 flush (a null call touches no
+model memory; it measures the channel), the collection and the synchronise only."""
 
 
 QUIET_PROBE_CYCLES = 1_000
@@ -146,7 +150,7 @@ class Server:
                 continue
             if op == OP_PREP:
                 gc.collect(1)  # off the clock: the young cycles of the last call
-                if self.flush is not None:
+                if self.flush is not None and seed != LIGHT:
                     torch.cuda._sleep(self.busy_cycles)
                     self.flush.zero_()
                 self._sync()

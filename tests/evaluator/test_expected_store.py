@@ -146,3 +146,30 @@ def test_a_sampled_store_reads_only_its_positions_of_a_served_output(monkeypatch
     # Tensors and served outputs get the same answers from one store.
     assert ref.passes(0, [big.clone(), small.clone()], 1e-4)
     assert not ref.passes(0, [bad_big, small.clone()], 1e-4)
+
+
+def test_the_quick_test_answers_as_torch_isclose_on_every_edge():
+    """`_close` answers yes from a few in-place passes and leaves every no to `torch.isclose`:
+    its answers must be isclose's on the edges (NaN, equal and unequal infinities, a finite
+    value against an infinite one, values near the float's limit, the tolerance's border)."""
+    from kloop.evaluator.harness.expected import _close
+
+    inf, nan, big = float("inf"), float("nan"), torch.finfo(torch.float32).max
+    tol = 1e-4
+    edges = [0.0, 1.0, -1.0, 1e-4, 2e-4, inf, -inf, nan, big, -big, 1e30, 3e38]
+    rng = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64, torch.float16):
+        for a in edges:
+            for b in edges:
+                e = torch.tensor([1.0, a, 2.0], dtype=dtype)
+                g = torch.tensor([1.0, b, 2.0], dtype=dtype)
+                wide = torch.float64 if dtype == torch.float64 else torch.float32
+                want = bool(torch.isclose(g.to(wide), e.to(wide), rtol=tol, atol=tol).all())
+                assert _close(e, g, tol) == want, (dtype, a, b)
+        # The border: an error just inside and just outside tol + tol*|e|.
+        e = torch.randn(1000, generator=rng, dtype=torch.float64).to(dtype)
+        for k in (0.5, 0.99, 1.01, 2.0):
+            g = (e.double() + k * (tol + tol * e.double().abs())).to(dtype)
+            wide = torch.float64 if dtype == torch.float64 else torch.float32
+            want = bool(torch.isclose(g.to(wide), e.to(wide), rtol=tol, atol=tol).all())
+            assert _close(e, g, tol) == want, (dtype, k)

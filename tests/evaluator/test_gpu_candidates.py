@@ -11,6 +11,7 @@ from eval_helpers import MLP_SMALL, candidate
 
 from kloop.evaluator.common.config import POLICIES, EvalConfig, StageTimeouts
 from kloop.evaluator.harness import budget
+from kloop.evaluator.harness.paired import first_half
 from kloop.evaluator.harness.pipeline import evaluate, evaluate_many
 
 pytestmark = pytest.mark.gpu
@@ -40,9 +41,11 @@ def _assert_correct_and_timed(r):
     assert r.stage_reached == "done"
     t = r.timing
     assert t is not None and t.clock == "harness" and t.comparable
-    # 100 calls a side, or as many as the budget gave a slow model (`harness.budget`).
+    # 100 calls a side, or as many as the budget gave a slow model (`harness.budget`); half of
+    # them where the sequential rule stopped the rounds (`Policy.timing_stop_width`).
     plan = r.paired.plan
-    assert t.n_trials == plan.calls and plan.full == 100, plan
+    made = first_half(plan.calls) if r.paired.stopped_early else plan.calls
+    assert t.n_trials == made and plan.full == 100, (plan, r.paired)
     assert plan.calls == budget.calls_for(100, POLICIES[r.policy], plan.eager_ms), plan
     assert t.handshake_ms is not None and 0 < t.handshake_ms < 5.0, t
     assert t.worker_event_median_ms is not None

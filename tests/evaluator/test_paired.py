@@ -281,35 +281,34 @@ def test_the_rounds_wall_outside_the_calls_is_split_by_part(paired_run):
 
 @pytest.mark.parametrize("stop", [True, False])
 def test_the_sequential_rule_is_asked_once_after_the_first_half_and_a_yes_ends_the_rounds(stop):
-    asked: list[tuple[int, dict[str, int]]] = []
+    asked: list[dict[str, int]] = []
 
     def check(out):
-        asked.append((out.n_rounds, {k: len(v.wall_ms) for k, v in out.sides.items()}))
+        asked.append({k: len(v.wall_ms) for k, v in out.sides.items()})
         return stop
 
-    out, log, judged, seeds = _run(rounds=6, n=12, stop_check=check)
-    assert len(asked) == 1  # once, with three rounds of six done: two calls a side each
-    assert {k: n for k, n in asked[0][1].items() if not k.endswith("null")} == \
-        {"candidate": 6, "eager": 6, "compile": 6}
-    assert first_half(12, 6) == 6
+    out, log, judged, seeds = _run(rounds=10, n=10, stop_check=check)
+    assert len(asked) == 1  # once, with five rounds of ten done: five calls a side
+    assert {k: n for k, n in asked[0].items() if not k.endswith("null")} == \
+        {"candidate": 5, "eager": 5, "compile": 5}
     if stop:
-        assert out.stopped_early and out.n_rounds == 3 and out.calls_run == 6
-        assert judged == list(range(6))  # every call made was checked; the rest never made
-        assert not [e for e in log if e[1] in seeds[6:]]
+        assert out.stopped_early and out.n_rounds == 5 and out.calls_run == 5
+        assert judged == list(range(5))  # every call made was checked; the rest never made
+        assert not [e for e in log if e[1] in seeds[5:]]
         for name in ("candidate", "eager", "compile"):
-            assert out.rounds[name] == [0, 0, 1, 1, 2, 2]
+            assert out.rounds[name] == [0, 1, 2, 3, 4]
     else:
-        assert not out.stopped_early and out.n_rounds == 6 and out.calls_run == 12
-        assert judged == list(range(12))
+        assert not out.stopped_early and out.n_rounds == 10 and out.calls_run == 10
+        assert judged == list(range(10))
 
 
-def test_the_rule_has_no_check_with_fewer_than_four_rounds():
-    assert first_half(3) is None and first_half(100, 3) is None
-    assert first_half(4) == 2 and first_half(100) == 50 and first_half(20) == 10
-    assert first_half(5) == 2  # two of five rounds, one call each
+def test_the_rule_has_no_check_with_fewer_than_ten_rounds():
+    assert first_half(9) is None and first_half(100, 9) is None and first_half(5) is None
+    assert first_half(10) == 5 and first_half(100) == 50 and first_half(20) == 10
+    assert first_half(25) == 15  # five rounds of 3, then five of 2
     asked = []
-    out, _, judged, _ = _run(rounds=3, n=6, stop_check=lambda o: asked.append(1) or True)
-    assert not asked and not out.stopped_early and judged == list(range(6))
+    out, _, judged, _ = _run(rounds=6, n=12, stop_check=lambda o: asked.append(1) or True)
+    assert not asked and not out.stopped_early and judged == list(range(12))
 
 
 def test_only_the_candidates_outputs_are_kept_after_the_clock(paired_run):
