@@ -254,12 +254,15 @@ def test_a_row_keeps_a_failures_first_line_even_when_it_has_no_message():
 
     def result(message: str):
         return SimpleNamespace(compile=None, backend="torch", timing=None, eager=None, paired=None,
-                               compiled=None, compiled_ro=None,
+                               compiled=None, compiled_ro=None, speedup_ci={},
                                error=ErrorInfo(type="OutOfMemoryError", message=message))
 
     assert experiment.row_of(result("CUDA out of memory.\nTried to allocate 8 GiB"))["error"] == \
         "OutOfMemoryError: CUDA out of memory."
-    assert experiment.row_of(result(""))["error"] == "OutOfMemoryError: "
+    row = experiment.row_of(result(""))
+    assert row["error"] == "OutOfMemoryError: "
+    # A failure made no timed call and was never stopped by the sequential rule.
+    assert row["calls_made"] is None and row["stopped_early"] is None and row["speedups"] == {}
 
 
 @pytest.mark.slow
