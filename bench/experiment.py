@@ -9,6 +9,7 @@ full sizes, on a fresh cache (first use included), through the scheduler as `klo
                                [--rows F] [--json F]
     python bench/experiment.py --list
     python bench/experiment.py --combine part1.json part2.json ... [--json F]
+    python bench/experiment.py --old-root CHECKOUT [--old-kinds reference,triton] [--problems ...]
 
 The batch is made here, never read from a model's replies, so it is the same on every machine.
 For each problem, one candidate of each kind:
@@ -58,6 +59,13 @@ the fresh machine, then `--steady-only` on the cache it left, which first makes 
 clock, what the first pass left in its process (one reference candidate per problem: the kept
 baseline workers and the timing budget's estimates); `--combine` joins the two files of the
 same problems into one part.
+
+`--old-root CHECKOUT` measures the old path instead, as a ratio: the batch's `--old-kinds`
+candidates (default: the reference and the Triton copy of each problem) judged through another
+checkout's evaluator (the old path of record is 69bdd97, `git worktree add .old-path 69bdd97`;
+a checkout from before one import name runs through its own `evaluator` package) and then
+through this one, each in a fresh process on a fresh cache with its first use on the clock
+(this checkout's warm-up included), one after the other in one call.
 The old path as a ratio: `bench/throughput.py --kloop-root` runs a batch through another checkout.
 """
 
@@ -481,6 +489,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="after the steady pass, the same batch again (fresh builds) with the "
                          "sequential rule at W, in the same process: the two steady rates side "
                          "by side")
+    ap.add_argument("--old-root", type=Path, metavar="CHECKOUT",
+                    help="only the old path's ratio: a subset through CHECKOUT's evaluator, then "
+                         "through this one, each first use included")
+    ap.add_argument("--old-kinds", default="reference,triton",
+                    help="with --old-root: the kinds of the subset")
     ap.add_argument("--rows", type=Path, help="append each finished candidate's row here")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--trace", type=Path, help="append each candidate child's messages (arrival "
@@ -509,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.steady_only and args.steady:
         raise SystemExit("--steady-only replaces --steady (it runs the steady pass alone)")
     problems = problems_of(args.problems, args.part)
+    if args.old_root is not None:
+        return old_path(args, problems)
     items = batch(problems, kinds, args.size)
     if args.list:
         for it in items:
@@ -586,6 +601,48 @@ def main(argv: list[str] | None = None) -> int:
                                          "steady_state_stop_rule": stop,
                                          "compare_stop_width": args.compare_stop_width},
                                         indent=2))
+    return 0
+
+
+def old_path(args: argparse.Namespace, problems: list[str]) -> int:
+    """The old path's ratio (`--old-root`): the same subset through the other checkout and
+    through this one, each in a process of its own on a fresh cache, first use included."""
+    import tempfile
+
+    from throughput import inner_run, old_api
+
+    kinds = args.old_kinds.split(",")
+    if unknown := sorted(set(kinds) - set(KINDS)):
+        raise SystemExit(f"--old-kinds: unknown {unknown}; known: {', '.join(KINDS)}")
+    items = batch(problems, kinds, args.size)
+    figures: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="kloop-old-path-") as tmp:
+        path = Path(tmp) / "batch.json"
+        path.write_text(json.dumps(items))
+        for name, root, extra in (("old", args.old_root, ()),
+                                  ("this", REPO, ("--warm-baselines",))):
+            p = inner_run(root, path, args.device, args.concurrency, *extra)
+            if p.returncode != 0:
+                print(f"{name} path ({root}): failed ({p.returncode}); its output is above")
+                return 1
+            res = json.loads(p.stdout.strip().splitlines()[-1])
+            figures[name] = summarise(res, items, len(problems))
+            figures[name]["root"] = str(root.resolve())
+            figures[name]["layout"] = "old (top-level evaluator)" if old_api(root.resolve()) \
+                else "kloop"
+            _print(f"{name} path ({root}), first use included", figures[name])
+    ratio = figures["this"]["per_gpu_hour"] / figures["old"]["per_gpu_hour"] \
+        if figures["old"]["per_gpu_hour"] else None
+    print(f"== this checkout / the old path: {ratio:.2f}x candidates per GPU-hour "
+          f"({len(items)} candidates on {len(problems)} problems, {args.size} sizes, "
+          f"{args.concurrency} at once, each first use included, one after the other) ==")
+    if args.json:
+        args.json.write_text(json.dumps({"conditions": {
+            "device": args.device, "concurrency": args.concurrency, "size": args.size,
+            "problem_ids": problems, "kinds": kinds, "gpu": gpu_name(args.device),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+            "old_path": figures["old"], "this_checkout": figures["this"], "ratio": ratio},
+            indent=2))
     return 0
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -48,6 +49,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -151,6 +153,46 @@ def seed_baselines(src: Path, dst: Path) -> int:
     return len(records)
 
 
+@dataclasses.dataclass(frozen=True)
+class Api:
+    """The evaluator a batch runs through, and the checkout it was imported from."""
+
+    config: type
+    evaluate: Callable
+    scheduler: type | None
+    root: Path
+
+
+OLD_API = False
+"""Set by `--inner --old-api`: the checkout predates one import name (2026-12-05, 6421523;
+69bdd97, the old path of record, is one) and has its evaluator as the top-level package
+`evaluator` (`evaluator.config`, `evaluator.pipeline`), with no scheduler."""
+
+
+def evaluator_api() -> Api:
+    """This layout's evaluator (`kloop.evaluator`), or an old checkout's (`OLD_API`)."""
+    if OLD_API:
+        import evaluator.config as config  # type: ignore[import-not-found]
+        import evaluator.pipeline as pipeline  # type: ignore[import-not-found]
+
+        return Api(config.EvalConfig, pipeline.evaluate, None,
+                   Path(config.__file__).resolve().parents[1])
+    import kloop.evaluator as package
+    from kloop.evaluator.common.config import EvalConfig
+    from kloop.evaluator.harness.pipeline import evaluate
+
+    try:
+        from kloop.evaluator.procs.scheduler import Scheduler
+    except ImportError:  # a checkout from before the scheduler
+        Scheduler = None  # noqa: N806
+    return Api(EvalConfig, evaluate, Scheduler, Path(package.__file__).resolve().parents[1])
+
+
+def old_api(root: Path) -> bool:
+    """Whether checkout `root` has the old layout (no `evaluator/common/config.py`)."""
+    return not (root / "evaluator" / "common" / "config.py").is_file()
+
+
 def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path | None = None,
               settings: dict | None = None, warm: bool = False, ahead: int | None = None,
               baselines_from: Path | None = None, cache_dir: Path | None = None,
@@ -163,7 +205,7 @@ def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path 
     `cache_dir`: the evaluator's cache (default: a fresh one, gone after); `row_of(result)`:
     more fields for each finished row; `on_row(res)`: told after each finished row what
     `run_batch` would return if the batch ended there (`wall_s`: the last row's finish)."""
-    from kloop.evaluator.common.config import EvalConfig
+    EvalConfig = evaluator_api().config  # noqa: N806
 
     with contextlib.ExitStack() as stack:
         cache = str(cache_dir) if cache_dir is not None else stack.enter_context(
@@ -212,21 +254,31 @@ def run_batch(items: list[dict], device: str, concurrency: int, rows_file: Path 
                 "started_at": started_at, "warm_s": warm_s}
 
 
+def inner_run(root: Path, batch_file: Path, device: str, concurrency: int,
+              *extra: str) -> subprocess.CompletedProcess:
+    """This script's `--inner` run of a batch file with the evaluator of checkout `root`, in a
+    process of its own (its result on stdout's last line; progress on stderr); a root of the old
+    layout is run through its own API (`old_api`)."""
+    root = root.resolve()
+    return subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--inner", str(batch_file), "--device",
+         device, "--concurrency", str(concurrency), "--root", str(root),
+         *(["--old-api"] if old_api(root) else []), *extra],
+        stdout=subprocess.PIPE, text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+
+
 @contextlib.contextmanager
 def _pool(concurrency: int, ahead: int | None):
     """`submit(problem, source, config) -> Future`: the evaluator's scheduler where this checkout
     has one, else (`--kloop-root` of an older commit) `concurrency` threads calling `evaluate`."""
-    try:
-        from kloop.evaluator.procs.scheduler import Scheduler
-    except ImportError:
+    api = evaluator_api()
+    if api.scheduler is None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from kloop.evaluator.harness.pipeline import evaluate
-
         with ThreadPoolExecutor(concurrency) as pool:
-            yield lambda *a: pool.submit(evaluate, *a)
+            yield lambda *a: pool.submit(api.evaluate, *a)
         return
-    with Scheduler(concurrency, ahead) as sched:
+    with api.scheduler(concurrency, ahead) as sched:
         yield sched.submit
 
 
@@ -354,6 +406,8 @@ def main() -> int:
                          "compiles no torch.compile baselines")
     ap.add_argument("--settings", default="{}", help=argparse.SUPPRESS)
     ap.add_argument("--inner", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--old-api", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--root", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--warm-into", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--baselines-from", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--baselines-cache", type=Path, metavar="DIR",
@@ -362,7 +416,14 @@ def main() -> int:
     ap.add_argument("--warm-only", action="store_true",
                     help="with --baselines-cache: warm it, then stop (no batch)")
     args = ap.parse_args()
-    if args.inner:  # run a batch file with whatever evaluator comes first on sys.path
+    if args.inner:  # run a batch file with the evaluator of checkout --root
+        global OLD_API
+        OLD_API = args.old_api
+        if args.root is not None and (got := evaluator_api().root) != args.root.resolve():
+            # Never a figure of another checkout's code under this one's name (an installed
+            # kloop comes after PYTHONPATH, but an editable finder comes first).
+            print(f"the evaluator was imported from {got}, not from {args.root}", file=sys.stderr)
+            return 2
         if args.trace:
             import logging
 
@@ -418,11 +479,7 @@ def main() -> int:
         def inner(root: Path, *extra: str) -> subprocess.CompletedProcess:
             """This script's `--inner` run of the batch with the evaluator of checkout `root`
             (its result on stdout's last line; progress on stderr)."""
-            return subprocess.run(
-                [sys.executable, __file__, "--inner", str(path), "--device", args.device,
-                 "--concurrency", str(args.concurrency), *extra],
-                stdout=subprocess.PIPE, text=True, cwd=root,
-                env={**os.environ, "PYTHONPATH": str(root)})
+            return inner_run(root, path, args.device, args.concurrency, *extra)
 
         shared = None
         if args.warm_only and not (args.baselines_cache and args.warm_baselines):

@@ -64,6 +64,12 @@ for s in "$@"; do
     experiment) step experiment 560 python3 bench/experiment.py --concurrency "${EXPERIMENT_CONCURRENCY:-8}" \
                   ${EXPERIMENT_PART:+--part "$EXPERIMENT_PART"} --cache .bench-experiment \
                   --rows "$OUT/experiment-rows.jsonl" --json "$OUT/experiment.json" ${EXPERIMENT_ARGS:-} ;;
+    # The old path's ratio: a subset judged through 69bdd97's evaluator and then through this
+    # checkout, each in a fresh process on a fresh cache, first use included. Carry .old-path
+    # (`git worktree add .old-path 69bdd97` here; 2.6 MB).
+    old-path) step old-path 500 python3 bench/experiment.py --old-root .old-path \
+                --problems "${OLD_PROBLEMS:-L3/1,L3/18,L3/35}" --concurrency "${EXPERIMENT_CONCURRENCY:-8}" \
+                --json "$OUT/old-path.json" ;;
     # Where a candidate's lock hold goes (stage_seconds timing_warmup/_rounds/_calls), one at a
     # time on a fresh cache: the 92b4b81 diagnostic, to compare after a change.
     breakdown) step breakdown 420 python3 bench/experiment.py --concurrency 1 --no-warm-up \

@@ -16,9 +16,11 @@ def _bench(name: str):
     """A bench script as a module (each takes its own folder off sys.path when imported: it holds
     bench/evaluator.py; `main` puts it back for its own imports)."""
     import importlib.util
+    import sys
 
     spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # what a dataclass of the module looks itself up in
     spec.loader.exec_module(module)
     return module
 
@@ -283,3 +285,43 @@ def test_a_steady_only_pass_runs_on_the_first_passs_cache_after_priming_off_the_
     assert both["steady_state"] == s and both["projection"] is not None
     with pytest.raises(SystemExit, match="replaces --steady"):
         experiment.main([*args, "--cache", str(cache), "--steady-only", "--steady"])
+
+
+_OLD_CONFIG = '''
+class EvalConfig:
+    def __init__(self, **fields):
+        self.fields = fields
+'''
+_OLD_PIPELINE = '''
+from pathlib import Path
+from types import SimpleNamespace
+
+def evaluate(problem, source, config):
+    # Says which checkout judged it: the old path's own code, never this one's.
+    return SimpleNamespace(status="old:" + Path(__file__).parents[1].name, flags=[],
+                           stage_seconds={"candidate": 0.01})
+'''
+
+
+def test_the_old_path_runs_through_the_old_checkouts_own_evaluator(tmp_path):
+    """`--old-root` of a checkout from before one import name (its evaluator the top-level
+    package `evaluator`, as at 69bdd97) runs the batch through that checkout's `evaluator.config`
+    and `evaluator.pipeline`, in a process whose PYTHONPATH is that checkout; this checkout's own
+    layout is told apart from it. (A stand-in old checkout: the real 69bdd97 needs a GPU to be
+    a figure.)"""
+    throughput = _bench("throughput")
+    old = tmp_path / "oldcheckout"
+    (old / "evaluator").mkdir(parents=True)
+    (old / "evaluator" / "__init__.py").write_text("")
+    (old / "evaluator" / "config.py").write_text(_OLD_CONFIG)
+    (old / "evaluator" / "pipeline.py").write_text(_OLD_PIPELINE)
+    assert throughput.old_api(old) and not throughput.old_api(REPO)
+    items = [{"label": f"L3/{k} reference", "problem": f"L3/{k}", "kind": "reference",
+              "source": "x = 1\n", "overrides": {}} for k in (1, 4)]
+    batch_file = tmp_path / "batch.json"
+    batch_file.write_text(json.dumps(items))
+    p = throughput.inner_run(old, batch_file, "cpu", 2)
+    assert p.returncode == 0
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    assert [r["status"] for r in res["rows"]] == ["old:oldcheckout"] * 2
+    assert [r["label"] for r in res["rows"]] == ["L3/1 reference", "L3/4 reference"]
