@@ -583,7 +583,8 @@ def main(argv: list[str] | None = None) -> int:
                  for it in items]
         with_rule = {**(settings or {}), "policy": _stop_policy(args.compare_stop_width)}
         stop_res = run_batch(third, args.device, args.concurrency, args.rows, with_rule,
-                             ahead=args.ahead, cache_dir=args.cache, row_of=row_of)
+                             ahead=args.ahead, cache_dir=args.cache, row_of=row_of,
+                             on_row=partial("steady_state_stop_rule", first, steady))
         title = f"steady state, the sequential rule at {args.compare_stop_width:g}"
         report(title, stop_res, len(third))
         stop = summarise(stop_res, third, len(problems))
@@ -698,13 +699,14 @@ def _partial_writer(path: Path | None, conditions: dict, items: list[dict], prob
     the figures of what it finished (its wall up to the last of them), which `--combine`
     refuses; the finished run writes the whole file over it."""
 
-    def for_pass(name: str, first: dict | None = None):
+    def for_pass(name: str, first: dict | None = None, steady: dict | None = None):
         def write(res: dict) -> None:
             if path is None:
                 return
-            doc = {"conditions": conditions, "first_use_included": first, "steady_state": None,
-                   "projection": None, name: summarise(res, items, problems),
+            doc = {"conditions": conditions, "first_use_included": first, "steady_state": steady,
+                   "projection": None,
                    "partial": {"pass": name, "finished": len(res["rows"]), "of": len(items)}}
+            doc[name] = summarise(res, items, problems)
             tmp = path.with_suffix(path.suffix + ".tmp")
             tmp.write_text(json.dumps(doc, indent=2))
             tmp.replace(path)

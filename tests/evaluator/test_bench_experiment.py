@@ -274,13 +274,21 @@ def test_a_steady_only_pass_runs_on_the_first_passs_cache_after_priming_off_the_
     assert experiment.main([*args, "--cache", str(cache), "--json", str(tmp_path / "a.json")]) == 0
     rows = tmp_path / "rows.jsonl"
     assert experiment.main([*args, "--cache", str(cache), "--steady-only", "--rows", str(rows),
-                            "--json", str(tmp_path / "b.json")]) == 0
+                            "--json", str(tmp_path / "b.json"),
+                            "--compare-stop-width", "0.02"]) == 0
     first, steady = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
     assert first["steady_state"] is None and steady["first_use_included"] is None
     assert steady["conditions"]["passes"] == "steady" and steady["conditions"]["primed_s"] > 0
     s = steady["steady_state"]
     assert s["statuses"] == {"correct": 1, "incorrect": 1} and s["warm_up_s"] is None, s
-    assert len(rows.read_text().splitlines()) == 2  # the primer's candidate is not a row
+    # Then the same batch with the sequential rule, in the same process (on CPU its five timed
+    # calls are too few rounds for the rule to look: plumbing only).
+    rule = steady["steady_state_stop_rule"]
+    assert rule["statuses"] == {"correct": 1, "incorrect": 1} and rule["ratio_to_steady"] > 0
+    assert steady["compare_stop_width"] == 0.02
+    made = [json.loads(x) for x in rows.read_text().splitlines()]
+    assert len(made) == 4  # two a pass; the primer's candidate is not a row
+    assert [r["stopped_early"] for r in made if r["status"] == "correct"] == [False, False]
     both = experiment.combine([first, steady])
     assert both["steady_state"] == s and both["projection"] is not None
     with pytest.raises(SystemExit, match="replaces --steady"):

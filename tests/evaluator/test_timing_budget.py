@@ -108,8 +108,11 @@ def test_on_a_gpu_a_slow_full_size_problem_gets_fewer_calls_with_an_interval(tmp
     assert r.status == "correct", (r.status, r.error, r.flags)
     plan = r.paired.plan
     assert plan.source == "kept_worker" and plan.eager_ms is not None and plan.eager_ms > 8.4
-    # Twenty calls a side, or ten where the sequential rule stopped after the first half.
+    # Twenty calls a side, or ten where the sequential rule stopped after the first half (it
+    # looked once: ten rounds; its reading is kept either way).
     assert _timed_calls(r) == (10 if r.paired.stopped_early else 20) and plan.calls == 20
+    w = r.paired.width_at_check
+    assert w is not None and (w <= 0.02) == r.paired.stopped_early, r.paired
     ci = r.speedup_ci["eager"]
     assert ci.low <= 1.0 <= ci.high or 0.97 < r.speedup_vs_eager < 1.03, (r.speedup_vs_eager, ci)
     kb = evaluate("L3/11", src, config.model_copy(update={"policy": "kernelbench"}))
