@@ -106,7 +106,11 @@ def stage_times(device: str, problems: set[str] | None = None) -> None:
                       f"total {total:6.1f}")
                 FIGURES.setdefault("stages", []).append(
                     {"problem": problem, "candidate": name, "cache": label, "status": r.status,
-                     "stages": dict(r.stage_seconds), "total_s": total})
+                     "stages": dict(r.stage_seconds), "total_s": total,
+                     # How many timed calls a side were made, and whether the sequential rule
+                     # stopped the rounds at half (its widest interval then).
+                     "timed_calls": r.timing.n_trials if r.timing is not None else None,
+                     "paired": r.paired.model_dump() if r.paired is not None else None})
                 _saved()
 
 
