@@ -163,6 +163,8 @@ class Api:
     root: Path
 
 
+OLD_PACKAGE = "evaluator"
+"""The old layout's top-level package name."""
 OLD_API = False
 """Set by `--inner --old-api`: the checkout predates one import name (2026-12-05, 6421523;
 69bdd97, the old path of record, is one) and has its evaluator as the top-level package
@@ -172,9 +174,12 @@ OLD_API = False
 def evaluator_api() -> Api:
     """This layout's evaluator (`kloop.evaluator`), or an old checkout's (`OLD_API`)."""
     if OLD_API:
-        import evaluator.config as config  # type: ignore[import-not-found]
-        import evaluator.pipeline as pipeline  # type: ignore[import-not-found]
+        # Another checkout's package, by name, in a process whose PYTHONPATH is that checkout
+        # (checked against `--root`): never this clone's modules under a second name.
+        import importlib
 
+        config = importlib.import_module(f"{OLD_PACKAGE}.config")
+        pipeline = importlib.import_module(f"{OLD_PACKAGE}.pipeline")
         return Api(config.EvalConfig, pipeline.evaluate, None,
                    Path(config.__file__).resolve().parents[1])
     import kloop.evaluator as package

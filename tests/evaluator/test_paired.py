@@ -279,27 +279,23 @@ def test_the_rounds_wall_outside_the_calls_is_split_by_part(paired_run):
     assert sum(out.parts_s.values()) + out.calls_s <= out.rounds_s + out.warmup_s
 
 
-@pytest.mark.parametrize("stop", [True, False])
-def test_the_sequential_rule_is_asked_once_after_the_first_half_and_a_yes_ends_the_rounds(stop):
+def test_the_sequential_rule_is_asked_once_after_the_first_half_and_a_yes_ends_the_rounds():
+    """(A no runs every round: `test_sequential_rule.py`, end to end.)"""
     asked: list[dict[str, int]] = []
 
     def check(out):
         asked.append({k: len(v.wall_ms) for k, v in out.sides.items()})
-        return stop
+        return True
 
     out, log, judged, seeds = _run(rounds=10, n=10, stop_check=check)
     assert len(asked) == 1  # once, with five rounds of ten done: five calls a side
     assert {k: n for k, n in asked[0].items() if not k.endswith("null")} == \
         {"candidate": 5, "eager": 5, "compile": 5}
-    if stop:
-        assert out.stopped_early and out.n_rounds == 5 and out.calls_run == 5
-        assert judged == list(range(5))  # every call made was checked; the rest never made
-        assert not [e for e in log if e[1] in seeds[5:]]
-        for name in ("candidate", "eager", "compile"):
-            assert out.rounds[name] == [0, 1, 2, 3, 4]
-    else:
-        assert not out.stopped_early and out.n_rounds == 10 and out.calls_run == 10
-        assert judged == list(range(10))
+    assert out.stopped_early and out.n_rounds == 5 and out.calls_run == 5
+    assert judged == list(range(5))  # every call made was checked; the rest never made
+    assert not [e for e in log if e[1] in seeds[5:]]
+    for name in ("candidate", "eager", "compile"):
+        assert out.rounds[name] == [0, 1, 2, 3, 4]
 
 
 def test_the_rule_has_no_check_with_fewer_than_ten_rounds():
