@@ -16,6 +16,9 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 OP_PREP, OP_CALL, OP_NULL, OP_STOP, OP_REST, OP_QUIET = 1, 2, 3, 4, 5, 6
+PREP_LIGHT = 1
+"""`OP_PREP`'s argument (in the seed field) before a null call: collect and synchronise only, no
+busy phase and no L2 flush (a null call touches no model memory; it measures the channel)."""
 REQUEST = struct.Struct("<BB6xQ")
 """op, role, seed."""
 REPLY = struct.Struct("<B7xd")

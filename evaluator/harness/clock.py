@@ -46,6 +46,7 @@ from kloop.evaluator.common.wire import (
     OP_QUIET,
     OP_REST,
     OP_STOP,
+    PREP_LIGHT,
     REPLY,
     REQUEST,
     SPIN_S,
@@ -209,7 +210,7 @@ class CallChannel:
     def prep(self, deadline: float, light: bool = False) -> None:
         """Off the clock, before a call: the worker collects, keeps the device busy a moment
         and flushes the L2 (`serve.Server`); `light` (before a null call): collects only."""
-        self._send(OP_PREP, 1 if light else 0)
+        self._send(OP_PREP, PREP_LIGHT if light else 0)
         self._wait(deadline)
 
     def quiet(self, deadline: float) -> float | None:

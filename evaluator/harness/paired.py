@@ -161,14 +161,18 @@ timed calls a side or more): its first half must give a bootstrap over five roun
 CPU's five timed calls (five rounds of one) save nothing worth a narrower interval."""
 
 
+def check_round(chunks: list[list[int]]) -> int | None:
+    """How many of these rounds run before the sequential rule's check: the first half; None
+    where there is no check (fewer than `RULE_MIN_ROUNDS` rounds)."""
+    return len(chunks) // 2 if len(chunks) >= RULE_MIN_ROUNDS else None
+
+
 def first_half(n_calls: int, rounds: int = ROUNDS) -> int | None:
     """How many timed calls come before the sequential rule's check (the calls `0 ..
-    first_half - 1`: the first `len(rounds) // 2` rounds); None where there is no check (fewer
-    than `RULE_MIN_ROUNDS` rounds)."""
+    first_half - 1`); None where there is no check."""
     chunks = split_rounds(n_calls, rounds)
-    if len(chunks) < RULE_MIN_ROUNDS:
-        return None
-    return sum(len(c) for c in chunks[:len(chunks) // 2])
+    k = check_round(chunks)
+    return None if k is None else sum(len(c) for c in chunks[:k])
 
 
 def run_paired(sides: list[Side], seeds: list[int], *, warmup_calls: int, warmup_ms: float,
@@ -315,8 +319,7 @@ def _rounds(out, live, seeds, warmup_calls, warmup_ms, gpu, rounds, rng, guarded
     chunks = split_rounds(len(seeds), rounds)
     out.n_rounds, out.calls_per_round = len(chunks), max(len(c) for c in chunks)
     out.calls_run = len(seeds)
-    half = first_half(len(seeds), rounds) if stop_check is not None else None
-    check_after = None if half is None else len(chunks) // 2
+    check_after = check_round(chunks) if stop_check is not None else None
     t0 = time.monotonic()
     try:
         if gpu is not None:

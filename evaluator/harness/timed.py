@@ -259,9 +259,8 @@ def _record_paired(run: EvalRun, ledger: Ledger, paired: PairedServed, n_seeds: 
     nulls = paired.sides.get("null")
     if cand is None or len(cand.wall_ms) < n_seeds:
         return
-    hs = nulls.handshake_ms() if nulls is not None else ref.handshake_ms
+    hs, hs_cand = _handshakes(paired, ref.handshake_ms)
     null_ms = nulls.null_median_ms() if nulls is not None else ref.null_call_ms
-    hs_cand = own_handshake(hs, paired.sides.get("candidate_null"))
     on_cuda = not run.on_cpu
 
     def stats(name: str, handshake: float | None) -> TimingStats | None:
@@ -286,14 +285,11 @@ def _record_paired(run: EvalRun, ledger: Ledger, paired: PairedServed, n_seeds: 
     clock = speedup_clock(run.policy, timing, measured.get("eager")) or "harness"
     stat = run.policy.speedup_stat
     c = per_call(cand, hs_cand, clock, ref.event_bound_ms)
-    intervals = {}
-    for name in measured:
-        b = paired.sides[name]
-        ci = speedup_interval(c, paired.rounds["candidate"], per_call(b, hs, clock,
-                              ref.event_bound_ms), paired.rounds[name], stat)
-        if ci is not None:
-            rounds = len(set(paired.rounds["candidate"]) & set(paired.rounds[name]))
-            intervals[name] = SpeedupInterval(low=ci[0], high=ci[1], level=0.95, rounds=rounds)
+    intervals = {
+        name: SpeedupInterval(low=lo, high=hi, level=0.95, rounds=len(
+            set(paired.rounds["candidate"]) & set(paired.rounds[name])))
+        for name, (lo, hi) in _intervals(paired, list(measured), c, hs, clock,
+                                         ref.event_bound_ms, stat).items()}
     if run.incumbent is not None:
         ledger.record(Compared(head_to_head=_head_to_head(run, paired, c, hs, clock, stat)))
     eager = measured.get("eager")
@@ -322,25 +318,43 @@ def _narrow(run: EvalRun) -> Callable[[PairedServed], bool]:
     fallback_hs = run.reference.handshake_ms
 
     def narrow(paired: PairedServed) -> bool:
-        cand, nulls = paired.sides.get("candidate"), paired.sides.get("null")
+        cand = paired.sides.get("candidate")
         names = [n for n in paired.sides if n in _FIELDS and n not in paired.dropped]
         if cand is None or not names:
             return False
-        hs = nulls.handshake_ms() if nulls is not None else fallback_hs
-        c = per_call(cand, own_handshake(hs, paired.sides.get("candidate_null")), "harness",
-                     None)
-        widths = []
-        for name in names:
-            ci = speedup_interval(c, paired.rounds["candidate"],
-                                  per_call(paired.sides[name], hs, "harness", None),
-                                  paired.rounds[name], stat)
-            if ci is None or ci[0] + ci[1] <= 0:
-                return False
-            widths.append((ci[1] - ci[0]) / ((ci[0] + ci[1]) / 2))
-        paired.width_at_check = max(widths)
+        hs, hs_cand = _handshakes(paired, fallback_hs)
+        cis = _intervals(paired, names, per_call(cand, hs_cand, "harness", None), hs, "harness",
+                         None, stat)
+        if len(cis) < len(names) or any(lo + hi <= 0 for lo, hi in cis.values()):
+            return False
+        paired.width_at_check = max((hi - lo) / ((hi + lo) / 2) for lo, hi in cis.values())
         return paired.width_at_check <= width
 
     return narrow
+
+
+def _handshakes(paired: PairedServed, fallback_ms: float | None) -> tuple[float | None,
+                                                                         float | None]:
+    """What the rounds' calls are net of: a baseline's, the reference worker's fastest null call
+    of these rounds (its start's where it made none); the candidate's, the fastest of that and
+    its own process's (`own_handshake`)."""
+    nulls = paired.sides.get("null")
+    hs = nulls.handshake_ms() if nulls is not None else fallback_ms
+    return hs, own_handshake(hs, paired.sides.get("candidate_null"))
+
+
+def _intervals(paired: PairedServed, names: list[str], cand_ms: Any, hs: float | None,
+               clock: str, bound_ms: float | None, stat: str) -> dict[str, tuple[float, float]]:
+    """Each named baseline's speedup interval over the rounds both it and the candidate ran
+    (`cand_ms`: the candidate's calls on `clock`); a baseline without one is left out."""
+    out = {}
+    for name in names:
+        ci = speedup_interval(cand_ms, paired.rounds["candidate"],
+                              per_call(paired.sides[name], hs, clock, bound_ms),
+                              paired.rounds[name], stat)
+        if ci is not None:
+            out[name] = ci
+    return out
 
 
 def _head_to_head(run: EvalRun, paired: PairedServed, c: Any, hs: float | None, clock: str,

@@ -48,6 +48,7 @@ from kloop.evaluator.common.wire import (
     OP_QUIET,
     OP_REST,
     OP_STOP,
+    PREP_LIGHT,
     RAISED,
     REPLY,
     REQUEST,
@@ -66,11 +67,6 @@ and without, the H200, 2026-12-01 at 9be831f), while `prep` became most of the r
 work: 0.93-1.02 s of a small model's 1.1-1.6 s of rounds, against 0.22-0.56 s inside its calls
 (L3/4 and the GPU tests' MLP, an H100, 2026-12-06, `stage_seconds.timing_prep`). The L2 flush
 (256 MB zeroed) keeps the device busy too."""
-LIGHT = 1
-"""`prep`'s argument for a null call: no busy phase and no L2 flush (a null call touches no
-model memory; it measures the channel), the collection and the synchronise only."""
-
-
 QUIET_PROBE_CYCLES = 1_000
 """The quiet check's probe kernel (`Server.quiet`): a microsecond of device work."""
 QUIET_MS = 0.25
@@ -150,7 +146,7 @@ class Server:
                 continue
             if op == OP_PREP:
                 gc.collect(1)  # off the clock: the young cycles of the last call
-                if self.flush is not None and seed != LIGHT:
+                if self.flush is not None and seed != PREP_LIGHT:
                     torch.cuda._sleep(self.busy_cycles)
                     self.flush.zero_()
                 self._sync()
