@@ -268,7 +268,12 @@ def test_a_row_keeps_a_failures_first_line_even_when_it_has_no_message():
 
 
 @pytest.mark.slow
-def test_a_steady_only_pass_runs_on_the_first_passs_cache_after_priming_off_the_clock(tmp_path):
+def test_a_steady_only_pass_runs_on_the_first_passs_cache_after_priming_off_the_clock(
+        tmp_path, monkeypatch):
+    from kloop.evaluator.common.config import POLICIES
+
+    # `--compare-stop-width` registers `strict_stop` in this process: gone after the test.
+    monkeypatch.setitem(POLICIES, "strict_stop", POLICIES["strict"])
     cache, args = tmp_path / "cache", ["--device", "cpu", "--problems", "L3/1", "--size", "small",
                                        "--kinds", "reference,wrong", "--concurrency", "2"]
     assert experiment.main([*args, "--cache", str(cache), "--json", str(tmp_path / "a.json")]) == 0
