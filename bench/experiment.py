@@ -482,6 +482,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="EvalConfig.reference_hold (default: the config's, shared)")
     ap.add_argument("--baseline-start-hold", choices=("exclusive", "shared"),
                     help="EvalConfig.baseline_start_hold (default: the config's, shared)")
+    ap.add_argument("--candidate-hold", choices=("untimed_shared", "exclusive"),
+                    help="EvalConfig.candidate_hold (default: the config's, untimed_shared)")
+    ap.add_argument("--compare-candidate-hold", choices=("untimed_shared", "exclusive"),
+                    metavar="MODE", help="after the steady pass, the same batch again (fresh "
+                    "builds) with EvalConfig.candidate_hold at MODE, in the same process")
     ap.add_argument("--stop-width", type=float, metavar="W",
                     help="the rounds' sequential rule (Policy.timing_stop_width) at W: the strict "
                          "policy with it, registered as strict_stop (default: off)")
@@ -534,12 +539,14 @@ def main(argv: list[str] | None = None) -> int:
                   "warm_up": not args.no_warm_up, "gpu": gpu_name(args.device),
                   "kept_baselines": args.kept_baselines, "reference_hold": args.reference_hold,
                   "baseline_start_hold": args.baseline_start_hold, "stop_width": args.stop_width,
+                  "candidate_hold": args.candidate_hold,
                   "problem_ids": problems, "passes": "steady" if args.steady_only else
                   "first+steady" if args.steady else "first",
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     settings = {k: v for k, v in (("kept_baselines", args.kept_baselines),
                                   ("reference_hold", args.reference_hold),
                                   ("baseline_start_hold", args.baseline_start_hold),
+                                  ("candidate_hold", args.candidate_hold),
                                   ("profile_trials", args.profile_trials or None),
                                   ("policy", _stop_policy(args.stop_width)))
                 if v is not None} or None
@@ -574,35 +581,55 @@ def main(argv: list[str] | None = None) -> int:
         report("steady state (baselines and caches warm, builds fresh)", steady_res, len(again))
         steady = summarise(steady_res, again, len(problems))
         _print("steady state (baselines and caches warm, builds fresh)", steady)
-    stop = None
+    stop = hold = None
     if args.compare_stop_width is not None:
-        if steady is None:
-            raise SystemExit("--compare-stop-width needs --steady or --steady-only")
-        # Side by side: the same warm process, kept workers and caches; fresh builds again.
-        third = [{**it, "source": it["source"] + f"\n# stop pass {time.time_ns()}\n"}
-                 for it in items]
-        with_rule = {**(settings or {}), "policy": _stop_policy(args.compare_stop_width)}
-        stop_res = run_batch(third, args.device, args.concurrency, args.rows, with_rule,
-                             ahead=args.ahead, cache_dir=args.cache, row_of=row_of,
-                             on_row=partial("steady_state_stop_rule", first, steady))
-        title = f"steady state, the sequential rule at {args.compare_stop_width:g}"
-        report(title, stop_res, len(third))
-        stop = summarise(stop_res, third, len(problems))
-        _print(title, stop)
-        ratio = stop["per_gpu_hour"] / steady["per_gpu_hour"] if steady["per_gpu_hour"] else None
-        stop["ratio_to_steady"] = ratio
-        print(f"== the sequential rule: {stop['per_gpu_hour']:.0f} against "
-              f"{steady['per_gpu_hour']:.0f} per GPU-hour without it "
-              f"({ratio:.2f}x, same process, one pass each) ==")
+        stop = _compare_pass(
+            args, items, len(problems), settings, partial, first, steady, "stop",
+            {"policy": _stop_policy(args.compare_stop_width)}, "steady_state_stop_rule",
+            f"the sequential rule at {args.compare_stop_width:g}")
+    if args.compare_candidate_hold is not None:
+        hold = _compare_pass(
+            args, items, len(problems), settings, partial, first, steady, "hold",
+            {"candidate_hold": args.compare_candidate_hold}, "steady_state_candidate_hold",
+            f"candidate_hold {args.compare_candidate_hold}")
     projection = project(first, steady) if first is not None else None
     _print_projection(projection)
     if args.json:
         args.json.write_text(json.dumps({"conditions": conditions, "first_use_included": first,
                                          "steady_state": steady, "projection": projection,
                                          "steady_state_stop_rule": stop,
-                                         "compare_stop_width": args.compare_stop_width},
+                                         "compare_stop_width": args.compare_stop_width,
+                                         "steady_state_candidate_hold": hold,
+                                         "compare_candidate_hold":
+                                             args.compare_candidate_hold},
                                         indent=2))
     return 0
+
+
+def _compare_pass(args: argparse.Namespace, items: list[dict], n_problems: int,
+                  settings: dict | None, partial, first: dict | None, steady: dict | None,
+                  tag: str, change: dict, key: str, what: str) -> dict:
+    """After the steady pass, the same batch again (fresh builds) with `change` to its
+    settings, in the same warm process, kept workers and caches: the two steady rates side by
+    side, one pass each."""
+    from throughput import report, run_batch
+
+    if steady is None:
+        raise SystemExit(f"comparing {what} needs --steady or --steady-only")
+    again = [{**it, "source": it["source"] + f"\n# {tag} pass {time.time_ns()}\n"}
+             for it in items]
+    res = run_batch(again, args.device, args.concurrency, args.rows,
+                    {**(settings or {}), **change}, ahead=args.ahead, cache_dir=args.cache,
+                    row_of=row_of, on_row=partial(key, first, steady))
+    title = f"steady state, {what}"
+    report(title, res, len(again))
+    out = summarise(res, again, n_problems)
+    _print(title, out)
+    ratio = out["per_gpu_hour"] / steady["per_gpu_hour"] if steady["per_gpu_hour"] else None
+    out["ratio_to_steady"] = ratio
+    print(f"== {what}: {out['per_gpu_hour']:.0f} against {steady['per_gpu_hour']:.0f} per "
+          f"GPU-hour in the steady pass ({ratio:.2f}x, same process, one pass each) ==")
+    return out
 
 
 def old_path(args: argparse.Namespace, problems: list[str]) -> int:

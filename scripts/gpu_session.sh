@@ -49,6 +49,9 @@ for s in "$@"; do
                   --kinds "${DIAG_KINDS:-reference,triton,cuda_lean}" --out "$OUT/diag-ghost.jsonl" ;;
     diag-threads) step diag-threads 300 python3 bench/diag_threads.py \
                 --only "${DIAG_ONLY:-L3/1-b8,L3/1-b1024,L3/4}" --repeats "${DIAG_REPEATS:-1}" ;;
+    # Where a reference worker's shared hold goes, piece by piece, alone (bench/diag_reference.py).
+    diag-reference) step diag-reference 120 python3 bench/diag_reference.py \
+                      --only "${DIAG_PROBLEMS:-L3/1,L3/18,L3/35,L3/31,L3/13}" --json "$OUT/diag-reference.json" ;;
     first-trial) step first-trial 90 python3 bench/first_trial.py --repeats "${DIAG_REPEATS:-1}" ;;
     cupti) step cupti 120 python3 bench/cupti.py ;;
     kb) step kb 240 python3 bench/clock.py --kb --repeats "${KB_REPEATS:-3}" --only "${KB_ONLY:-L3/1,L3/4}" ;;

@@ -63,6 +63,7 @@ from kloop.evaluator.harness.servers import server_key
 from kloop.evaluator.harness.state import EvalRun, child_failure, cuda_arch_list
 from kloop.evaluator.procs import board
 from kloop.evaluator.procs.buildslots import build_slot, default_slots
+from kloop.evaluator.procs.devicelock import HoldKind
 from kloop.evaluator.procs.isolation import identity_env, private_dir, write_new
 from kloop.evaluator.procs.sandbox import Child, ChildOutcome, child_env
 
@@ -221,14 +222,16 @@ def reference_stage(run: EvalRun, before: Sequence[Finding] = (), job: Reference
         job = reference_job(run)
     serving = serving or reference_serving(run)
     outputs_only = shared_reference(run, job)
-    shared = outputs_only or warm_only  # nothing of it is timed: the device held shared
-    if shared:
+    # Nothing of it is timed: the device held shared. A start compiles (torch.compile times
+    # kernel choices as it does), so it never runs beside candidate code; outputs may.
+    hold: HoldKind = "shared_trusted" if warm_only else "shared" if outputs_only else "exclusive"
+    if hold != "exclusive":
         serving = dataclasses.replace(serving, outputs_only=outputs_only, warm_only=warm_only)
     env = {"TORCHINDUCTOR_CACHE_DIR": str(private_dir(run.config.cache_dir) / "inductor")}
     with ledger.timed("reference"), run.on_device(ledger, "reference", job, run.root / "ref",
                                                   ["reference", "baselines"], env,
                                                   serves=True, keep=job.paired,
-                                                  shared=shared) as child:
+                                                  hold=hold) as child:
         try:
             out = collect_reference(child, job, serving)
         finally:
@@ -407,7 +410,9 @@ def _candidate_child(run: EvalRun, ledger: Ledger,
     with ledger.timed("candidate"), run.on_device(
             ledger, "candidate", job, run.root / "cand",
             ["load", "correctness", "timing", "profile", "compile"], _candidate_env(run),
-            serves=True, mask=[run.root / "inc"] if run.incumbent is not None else None) as child:
+            serves=True, mask=[run.root / "inc"] if run.incumbent is not None else None,
+            hold="candidate" if run.config.candidate_hold == "untimed_shared" else "exclusive"
+    ) as child:
         if job.construct_ahead and (why := _retry(child)) is not None:
             child.kill("retry")
             return why

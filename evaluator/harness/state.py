@@ -42,7 +42,7 @@ from kloop.evaluator.harness.ledger import Ledger
 from kloop.evaluator.harness.outcome import Decided, Flagged, Verdict
 from kloop.evaluator.harness.reference import ReferenceOutput
 from kloop.evaluator.procs import board, devicepool, isolation, uidpool
-from kloop.evaluator.procs.devicelock import device_lock
+from kloop.evaluator.procs.devicelock import DeviceHold, HoldKind, device_lock
 from kloop.evaluator.procs.forkserver import Confinement, gpu_nodes
 from kloop.evaluator.procs.isolation import SandboxPlan
 from kloop.evaluator.procs.sandbox import Child, ChildOutcome, DiskLimit, child_env, visible_device
@@ -150,6 +150,9 @@ class EvalRun:
     """The source timed against this candidate in the same rounds (`evaluator.harness.headtohead`)."""
     incumbent_child: Child | None = None
     """The incumbent's child while it waits to serve the rounds."""
+    device_hold: DeviceHold | None = None
+    """The candidate child's hold while it is not alone yet (`EvalConfig.candidate_hold`):
+    `alone_for_timing` makes it alone before the timed calls."""
     held_throughout: bool = False
     """The caller holds the device lock for this evaluation's next children
     (`headtohead.one_hold`): `on_device` takes no hold of its own."""
@@ -225,34 +228,45 @@ class EvalRun:
         """What a candidate child built ahead must not open before the lock."""
         return gpu_nodes() + list(self.config.hidden_from_builds)
 
-    def gpu_lock(self, shared: bool = False) -> contextlib.AbstractContextManager[None]:
+    def gpu_lock(self, kind: HoldKind = "exclusive"
+                 ) -> contextlib.AbstractContextManager[DeviceHold]:
         """The device lock of this evaluation's GPU stages (`evaluator.procs.devicelock`), named after
         the physical GPU; its files live in the host's lock dir, whatever the cache dir, closed
-        to candidate code (`isolation.host_lock_dir`). `shared`: trusted work that is never
-        timed, beside other such work only."""
+        to candidate code (`isolation.host_lock_dir`). `kind`: as `devicelock.HoldKind` says."""
         from kloop.evaluator.procs.isolation import host_lock_dir
 
-        return device_lock(gpu_lock_name(self.device), host_lock_dir(), shared=shared)
+        return device_lock(gpu_lock_name(self.device), host_lock_dir(), kind)
+
+    def alone_for_timing(self, ledger: Ledger) -> None:
+        """Before the first timed call: this evaluation's candidate hold made alone (the
+        shared holders beside its untimed start gone, no new one let in); the wait is clocked
+        (`timing_alone_wait`). A no-op where the hold is alone already."""
+        hold = self.device_hold
+        if hold is not None and not hold.alone:
+            ledger.clock("timing_alone_wait", hold.upgrade())
 
     @contextlib.contextmanager
     def on_device(self, ledger: Ledger, mode, job, workdir: Path, stages: list[str],
                   extra_env: dict[str, str] | None = None, serves: bool = False,
-                  keep: bool = False, shared: bool = False,
+                  keep: bool = False, hold: HoldKind = "exclusive",
                   mask: list[Path] | None = None) -> Iterator[Child]:
         """A child that uses the device. Its start and imports run outside the device lock; the
         lock is taken when the child says it is ready (its time limits stand still meanwhile),
         and given back only once the child is gone: the device work of two children never
-        overlaps, and no process start holds the device. A candidate child built ahead
-        (`CandidateJob.construct_ahead`) gets its device nodes and its CPU priority back once the
-        lock is held (`Child.grant`); one that asked to be judged again, or could not be given
-        them, never gets `go` (`child.retry`). Its times go to `ledger`.
+        overlaps where either is timed, and no process start holds the device. A candidate
+        child built ahead (`CandidateJob.construct_ahead`) gets its device nodes and its CPU
+        priority back once the lock is held (`Child.grant`); one that asked to be judged again,
+        or could not be given them, never gets `go` (`child.retry`). Its times go to `ledger`.
         `keep`: the child outlives the block (in `kept`, ended at `cleanup` or by its caller)
         and the lock is given back at the block's end: a trusted worker that does no device
         work until the harness asks it to, under a later hold.
-        `shared`: a trusted child none of whose work under this hold is timed (an outputs-only
-        reference worker; a kept worker's start that compiles, `keep`, parked idle after); it
-        keeps the cores it was started on, the serving cores being the timed holder's."""
-        lock = contextlib.nullcontext() if self.held_throughout else self.gpu_lock(shared)
+        `hold`: `shared`/`shared_trusted`, a trusted child none of whose work under this hold
+        is timed (an outputs-only reference worker; a kept worker's start that compiles, `keep`,
+        parked idle after); it keeps the cores it was started on, the serving cores being the
+        timed holder's. `candidate`: shared with outputs-only workers until `alone_for_timing`
+        (kept in `device_hold` meanwhile)."""
+        shared = hold in ("shared", "shared_trusted")
+        lock = contextlib.nullcontext() if self.held_throughout else self.gpu_lock(hold)
         with contextlib.ExitStack() as held:  # outside the child's block: kept till it is gone
             spawned = time.monotonic()
             made = self.spawn(ledger, mode, job, workdir, stages, extra_env, serves=serves,
@@ -263,7 +277,10 @@ class EvalRun:
                     t0 = time.monotonic()
                     ledger.clock(f"{mode}_start", t0 - spawned)
                     with child.paused(), board.phase("device_wait"):
-                        held.enter_context(lock)
+                        got_hold = held.enter_context(lock)
+                    if hold == "candidate" and isinstance(got_hold, DeviceHold):
+                        self.device_hold = got_hold
+                        held.callback(setattr, self, "device_hold", None)
                     held.enter_context(board.phase("device"))
                     got = time.monotonic()
                     ledger.clock("device_wait", got - t0)

@@ -73,6 +73,9 @@ def timed_calls(run: EvalRun, ledger: Ledger, child: Any, seeds: list[int]) -> N
                                              message="the reference served no calls")))
         return
     layout, store = ref.layout, ref.served
+    # Its trials may have run beside other evaluations' outputs-only reference workers; from
+    # the first timed call on, nothing else holds the device (`EvalConfig.candidate_hold`).
+    run.alone_for_timing(ledger)
     child.calls.set_layout(layout)
     child.calls.spin = not run.on_cpu
     child.send(Control(next="serve", data=layout.model_dump_json()))

@@ -125,15 +125,22 @@ def _observed(monkeypatch, lock_dir: Path):
         self._observed_child = child
         return child
 
-    def observed_lock(self, shared=False):
+    def observed_lock(self, kind="exclusive"):
         @contextlib.contextmanager
         def held():
-            with device_lock("cuda:9", lock_dir, shared=shared):
+            with device_lock("cuda:9", lock_dir, kind) as hold:
                 child = self._observed_child
                 entry = {"mode": child.mode, "ready_at": child.ready_at, "locked": time.monotonic(),
-                         "shared": shared}
+                         "shared": kind != "exclusive", "kind": kind}
+                upgrade = hold.upgrade
+
+                def upgraded():
+                    waited = upgrade()
+                    entry["alone_at"] = time.monotonic()
+                    return waited
+                hold.upgrade = upgraded
                 try:
-                    yield
+                    yield hold
                 finally:
                     entry["released"] = time.monotonic()
                     entry["child_gone"] = child.proc.poll() is not None
@@ -234,18 +241,39 @@ def test_profiled_trials_come_back_as_flags_and_change_no_verdict(tmp_path):
     assert [t.passed for t in plain.correctness] == [t.passed for t in profiled.correctness]
 
 
-def test_beside_kept_workers_reference_holds_are_shared_and_never_beside_a_candidates(
+def test_beside_kept_workers_reference_holds_are_shared_and_never_beside_a_candidates_timing(
         monkeypatch, tmp_path):
     """Where a kept worker times the baselines, each evaluation's reference worker only makes
     outputs and takes the device shared (`EvalConfig.reference_hold`); a candidate child's hold
-    (and the kept worker's start, which times) overlaps no other hold."""
-    from eval_helpers import candidate, cpu_config
+    (`EvalConfig.candidate_hold`) overlaps no other candidate's, no exclusive hold and no kept
+    worker's start, and no hold at all from its first timed call (`alone_at`) to its end."""
+    from eval_helpers import cpu_config
+
+    _holds_of_three(monkeypatch, tmp_path, cpu_config(tmp_path / "cache", kept_baselines=1,
+                                                      baselines="eager"))
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_outputs_only_workers_share_only_a_candidates_untimed_start(
+        monkeypatch, tmp_path):
+    """The same on a GPU, the default config (all three baselines, a kept worker per
+    problem), three candidates of a small L3/1 at once: real reference workers beside real
+    candidate trials, every timed call alone."""
+    from eval_helpers import MLP_SMALL
+
+    from kloop.evaluator.common.config import EvalConfig
+
+    _holds_of_three(monkeypatch, tmp_path, EvalConfig(device="cuda", cache_dir=tmp_path / "cache",
+                                                      problem_overrides=MLP_SMALL))
+
+
+def _holds_of_three(monkeypatch, tmp_path, config) -> None:
+    from eval_helpers import candidate
 
     from kloop.evaluator.harness.pipeline import evaluate_many
     from kloop.evaluator.harness.servers import SERVERS
 
     record = _observed(monkeypatch, tmp_path / "locks")
-    config = cpu_config(tmp_path / "cache", kept_baselines=1, baselines="eager")
     try:
         results = evaluate_many([("L3/1", candidate("mlp_torch.py"))] * 3, config,
                                 max_workers=3)
@@ -253,10 +281,19 @@ def test_beside_kept_workers_reference_holds_are_shared_and_never_beside_a_candi
         SERVERS.close_all()
     assert [r.status for r in results] == ["correct"] * 3, [r.error for r in results]
     own = [e for e in record if e["mode"] == "reference" and e["child_gone"]]
-    assert len(own) == 3 and all(e["shared"] for e in own), record
-    alone = [e for e in record if not e["shared"]]
-    assert {e["mode"] for e in alone} == {"candidate", "reference"}, alone  # + the kept worker
-    for a in alone:
+    assert len(own) == 3 and all(e["kind"] == "shared" for e in own), record
+    cands = [e for e in record if e["mode"] == "candidate"]
+    assert len(cands) == 3 and all(e["kind"] == "candidate" and "alone_at" in e
+                                   for e in cands), cands
+    assert all(r.stage_seconds.get("timing_alone_wait") is not None for r in results)
+
+    def apart(a, b, since="locked"):
+        return b["released"] <= a[since] or b["locked"] >= a["released"]
+    for a in record:
         for b in record:
-            if b is not a:
-                assert b["released"] <= a["locked"] or b["locked"] >= a["released"], (a, b)
+            if b is a:
+                continue
+            if a["kind"] == "exclusive" or (a["kind"] == "candidate" and b["kind"] != "shared"):
+                assert apart(a, b), (a, b)
+            if a["kind"] == "candidate":  # outputs-only workers beside its trials at most
+                assert apart(a, b, "alone_at"), (a, b)

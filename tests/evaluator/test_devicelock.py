@@ -1,6 +1,6 @@
 """The device lock's rules (`evaluator.procs.devicelock`), on CPU (it only looks at the device name):
-one holder at a time per device, across processes and among the threads of one process, and a
-holder that dies gives the lock back."""
+one holder at a time per device (beside it only the kinds of hold the module lets share), across
+processes and among the threads of one process, and a holder that dies gives the lock back."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def test_cpu_is_never_locked(tmp_path):
 
 def _hold(name: str, lock_dir: Path, shared: bool, seconds: float,
           spans: dict[str, tuple[float, float]], entered: threading.Event | None = None) -> None:
-    with device_lock("cuda:3", lock_dir, shared=shared):
+    with device_lock("cuda:3", lock_dir, "shared" if shared else "exclusive"):
         start = time.time()
         if entered is not None:
             entered.set()
@@ -197,7 +197,7 @@ def test_a_shared_holder_in_another_process_keeps_an_exclusive_one_out(tmp_path)
     # another process's exclusive hold until it dies.
     lock_dir = tmp_path / "locks"
     code = _HOLDER.replace('device_lock("cuda:0", Path(lock_dir))',
-                           'device_lock("cuda:0", Path(lock_dir), shared=True)')
+                           'device_lock("cuda:0", Path(lock_dir), "shared")')
     assert code != _HOLDER
     p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "sh"), str(lock_dir), "60"])
     deadline = time.time() + 30
@@ -208,3 +208,93 @@ def test_a_shared_holder_in_another_process_keeps_an_exclusive_one_out(tmp_path)
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     _acquires_in_another_process("cuda:0", lock_dir)
+
+
+def _kind_hold(kind: str, lock_dir: Path, seconds: float, spans: dict,
+               entered: threading.Event | None = None, upgrade_after: float | None = None,
+               name: str | None = None) -> None:
+    """Hold `cuda:4` as `kind` for `seconds`; a candidate upgrades after `upgrade_after` s and
+    records when it was alone (`<name>.alone`)."""
+    name = name or kind
+    with device_lock("cuda:4", lock_dir, kind) as hold:
+        start = time.time()
+        if entered is not None:
+            entered.set()
+        if upgrade_after is not None:
+            time.sleep(upgrade_after)
+            hold.upgrade()
+            assert hold.alone
+            spans[f"{name}.alone"] = time.time()
+        time.sleep(seconds)
+        spans[name] = (start, time.time())
+
+
+def test_outputs_only_workers_run_beside_a_candidates_trials_never_beside_its_timed_calls(
+        tmp_path):
+    # A candidate holds the device for its untimed start; an outputs-only reference worker
+    # comes in beside it; the candidate's upgrade (before its first timed call) waits until
+    # that worker is gone, and a worker that comes after the upgrade waits for the candidate's
+    # end. The candidate never lets go of its hold in between.
+    locks = tmp_path / "locks"
+    spans: dict = {}
+    in_cand = threading.Event()
+    cand = threading.Thread(target=_kind_hold, args=("candidate", locks, 0.8, spans, in_cand,
+                                                      0.3))
+    cand.start()
+    assert in_cand.wait(10)
+    in_r1 = threading.Event()
+    r1 = threading.Thread(target=_kind_hold, args=("shared", locks, 1.0, spans, in_r1),
+                          kwargs={"name": "r1"})
+    r1.start()
+    assert in_r1.wait(5), "an outputs-only worker waited for a candidate's untimed start"
+    cand.join(timeout=30)
+    r1.join(timeout=30)
+    # It waited for the worker to end (which also says the worker ran inside its hold).
+    assert spans["candidate.alone"] >= spans["r1"][1], spans
+    # After an upgrade, a new worker waits for the candidate's end.
+    spans2: dict = {}
+    up = threading.Event()
+    cand2 = threading.Thread(target=_kind_hold, args=("candidate", locks, 0.8, spans2, up, 0.0))
+    cand2.start()
+    assert up.wait(10)
+    time.sleep(0.1)  # upgraded (nothing else holds it)
+    r2 = threading.Thread(target=_kind_hold, args=("shared", locks, 0.1, spans2),
+                          kwargs={"name": "r2"})
+    r2.start()
+    for t in (cand2, r2):
+        t.join(timeout=30)
+    assert spans2["r2"][0] >= spans2["candidate"][1], spans2
+
+
+@pytest.mark.parametrize("other", ["shared_trusted", "exclusive", "candidate"])
+def test_a_candidates_untimed_start_is_never_beside_trusted_starts_timings_or_candidates(
+        tmp_path, other):
+    # A kept worker's start compiles (torch.compile times kernel choices), an exclusive holder
+    # times, another candidate runs hostile code: none of them shares the device with a
+    # candidate, even before its upgrade; both orders.
+    locks = tmp_path / "locks"
+    for first, second in (("candidate", other), (other, "candidate")):
+        spans: dict = {}
+        held = threading.Event()
+        a = threading.Thread(target=_kind_hold, args=(first, locks, 0.6, spans, held),
+                             kwargs={"name": "a"})
+        a.start()
+        assert held.wait(10)
+        b = threading.Thread(target=_kind_hold, args=(second, locks, 0.1, spans),
+                             kwargs={"name": "b"})
+        b.start()
+        for t in (a, b):
+            t.join(timeout=30)
+        assert spans["b"][0] >= spans["a"][1], (first, second, spans)
+
+
+def test_a_candidates_upgrade_is_a_no_op_on_cpu_and_for_exclusive_and_trusted_holds(tmp_path):
+    for device, kind in (("cpu", "candidate"), ("cuda:6", "exclusive"),
+                         ("cuda:6", "shared"), ("cuda:6", "shared_trusted")):
+        with device_lock(device, tmp_path / "locks", kind) as hold:
+            assert hold.upgrade() == 0.0
+            assert hold.alone == (device == "cpu" or kind == "exclusive"), (device, kind)
+    # A candidate alone on a GPU becomes alone at once.
+    with device_lock("cuda:6", tmp_path / "locks", "candidate") as hold:
+        assert not hold.alone
+        assert hold.upgrade() < 1.0 and hold.alone

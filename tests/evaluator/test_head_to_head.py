@@ -91,13 +91,13 @@ def test_the_incumbents_process_lives_only_inside_one_hold_of_the_device(mlp, mo
         children.append((mode, time.monotonic(), child))
         return child
 
-    def recording_lock(self, shared=False):
+    def recording_lock(self, kind="exclusive"):
         @contextlib.contextmanager
         def held():
-            with device_lock("cuda:9", tmp_path / "locks", shared=shared):
-                entry = {"taken": time.monotonic(), "shared": shared}
+            with device_lock("cuda:9", tmp_path / "locks", kind) as hold:
+                entry = {"taken": time.monotonic(), "shared": kind != "exclusive"}
                 try:
-                    yield
+                    yield hold
                 finally:
                     entry["live"] = [m for m, _, c in children
                                      if m == "candidate" and c.proc.poll() is None]

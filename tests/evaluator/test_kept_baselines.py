@@ -296,12 +296,12 @@ def test_a_start_held_shared_compiles_first_and_times_its_roles_alone(tmp_path, 
 
     holds: list[bool] = []
 
-    def recording_lock(self, shared=False):
+    def recording_lock(self, kind="exclusive"):
         @contextlib.contextmanager
         def held():
-            with device_lock("cuda:9", tmp_path / "locks", shared=shared):
-                holds.append(shared)
-                yield
+            with device_lock("cuda:9", tmp_path / "locks", kind) as hold:
+                holds.append(kind != "exclusive")
+                yield hold
         return held()
 
     monkeypatch.setattr(EvalRun, "gpu_lock", recording_lock)
