@@ -483,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-start-hold", choices=("exclusive", "shared"),
                     help="EvalConfig.baseline_start_hold (default: the config's, shared)")
     ap.add_argument("--candidate-hold", choices=("untimed_shared", "exclusive"),
-                    help="EvalConfig.candidate_hold (default: the config's, untimed_shared)")
+                    help="EvalConfig.candidate_hold (default: the config's, exclusive)")
     ap.add_argument("--compare-candidate-hold", choices=("untimed_shared", "exclusive"),
                     metavar="MODE", help="after the steady pass, the same batch again (fresh "
                     "builds) with EvalConfig.candidate_hold at MODE, in the same process")

@@ -277,17 +277,18 @@ class EvalConfig(BaseModel):
     shared one 1.3 s (an H100, 2026-12-06). Part 1 of the figure of record (three problems at
     full size, 8 at once, fresh H100s): the warm-up of its three starts 50.5 s shared against
     83.2 s exclusive, first use included 131.7 s against 188.9 s (two machines, 2026-12-06)."""
-    candidate_hold: Literal["untimed_shared", "exclusive"] = "untimed_shared"
-    """How a candidate child holds the device (`evaluator.procs.devicelock`): `untimed_shared`,
-    its load and correctness trials beside other evaluations' outputs-only reference workers
-    (`reference_hold`: trusted, timing nothing; never beside a kept worker's start or another
-    candidate), then alone from its first timed call to its end, its process never without a
-    hold in between; `exclusive`, alone from its first device work, as before 2026-12-06. The
-    reference workers' outputs otherwise ran in gaps between candidates' holds in which nothing
-    was timed: 19 s of part 1's 69 s steady pass (three problems at full size, 8 at once, an
-    H100, 2026-12-06 at 1ec59dd). What a candidate could do to a worker beside it is only
-    to make it run out of memory or run slowly; neither changes a number (it is judged again
-    alone, or times nothing)."""
+    candidate_hold: Literal["exclusive", "untimed_shared"] = "exclusive"
+    """How a candidate child holds the device (`evaluator.procs.devicelock`): `exclusive`, alone
+    from its first device work to its end; `untimed_shared`, its load and correctness trials
+    beside other evaluations' outputs-only reference workers (`reference_hold`: trusted, timing
+    nothing; never beside a kept worker's start or another candidate), then alone from its
+    first timed call to its end, its process never without a hold in between. The reference
+    workers' outputs otherwise run in gaps between candidates' holds in which nothing is
+    timed: 19 s of part 1's 69 s steady pass (three problems at full size, 8 at once, an H100,
+    2026-12-06 at 1ec59dd). What a candidate can do to a worker beside it is make it run out of
+    device memory (judged again alone: a cost) or run slowly (it times nothing): no number
+    changes. Off by default until it is measured and tested on a GPU (CPU-tested only,
+    2026-12-06; `bench/experiment.py --compare-candidate-hold untimed_shared`)."""
     l2_flush: Literal["worker", "trusted"] = "worker"
     """Who flushes the L2 before each timed call: the serving process in its `prep` (a
     candidate's native code could skip it), or also a trusted flusher process of the harness's

@@ -281,7 +281,7 @@ def test_a_steady_only_pass_runs_on_the_first_passs_cache_after_priming_off_the_
     assert experiment.main([*args, "--cache", str(cache), "--steady-only", "--rows", str(rows),
                             "--json", str(tmp_path / "b.json"),
                             "--compare-stop-width", "0.02",
-                            "--compare-candidate-hold", "exclusive"]) == 0
+                            "--compare-candidate-hold", "untimed_shared"]) == 0
     first, steady = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
     assert first["steady_state"] is None and steady["first_use_included"] is None
     assert steady["conditions"]["passes"] == "steady" and steady["conditions"]["primed_s"] > 0
@@ -295,7 +295,7 @@ def test_a_steady_only_pass_runs_on_the_first_passs_cache_after_priming_off_the_
     # And with the other candidate hold (on CPU nothing is locked: plumbing only).
     hold = steady["steady_state_candidate_hold"]
     assert hold["statuses"] == {"correct": 1, "incorrect": 1} and hold["ratio_to_steady"] > 0
-    assert steady["compare_candidate_hold"] == "exclusive"
+    assert steady["compare_candidate_hold"] == "untimed_shared"
     made = [json.loads(x) for x in rows.read_text().splitlines()]
     assert len(made) == 6  # two a pass; the primer's candidate is not a row
     assert [r["stopped_early"] for r in made if r["status"] == "correct"] == [False] * 3

@@ -245,12 +245,13 @@ def test_beside_kept_workers_reference_holds_are_shared_and_never_beside_a_candi
         monkeypatch, tmp_path):
     """Where a kept worker times the baselines, each evaluation's reference worker only makes
     outputs and takes the device shared (`EvalConfig.reference_hold`); a candidate child's hold
-    (`EvalConfig.candidate_hold`) overlaps no other candidate's, no exclusive hold and no kept
+    (`EvalConfig.candidate_hold: untimed_shared`) overlaps no other candidate's, no exclusive hold and no kept
     worker's start, and no hold at all from its first timed call (`alone_at`) to its end."""
     from eval_helpers import cpu_config
 
     _holds_of_three(monkeypatch, tmp_path, cpu_config(tmp_path / "cache", kept_baselines=1,
-                                                      baselines="eager"))
+                                                      baselines="eager",
+                                                      candidate_hold="untimed_shared"))
 
 
 @pytest.mark.gpu
@@ -264,7 +265,8 @@ def test_on_a_gpu_outputs_only_workers_share_only_a_candidates_untimed_start(
     from kloop.evaluator.common.config import EvalConfig
 
     _holds_of_three(monkeypatch, tmp_path, EvalConfig(device="cuda", cache_dir=tmp_path / "cache",
-                                                      problem_overrides=MLP_SMALL))
+                                                      problem_overrides=MLP_SMALL,
+                                                      candidate_hold="untimed_shared"))
 
 
 def _holds_of_three(monkeypatch, tmp_path, config) -> None:
