@@ -334,7 +334,9 @@ def _pct(values: list[float], q: float) -> float:
 def lock_held(row: dict) -> float:
     """Seconds one candidate's evaluation held the device lock alone (its reference's where it
     was not shared, its own, and a kept baseline worker's start where it started one); a
-    shared reference hold (`reference_shared`) overlaps others and is not counted."""
+    shared reference hold (`reference_shared`) overlaps others and is not counted. A candidate's
+    hold under `candidate_hold: untimed_shared` lets outputs-only workers beside its untimed
+    start but no other candidate: it is counted whole, the queue all the same."""
     return sum(row["stages"].get(k, 0.0)
                for k in ("reference_held", "candidate_held", "baseline_server_held"))
 
