@@ -72,6 +72,13 @@ def pytest_collection_modifyitems(config, items):
         group = _xdist_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    # Ray's address `auto` connects to any cluster it finds on the host, so a test that needs
+    # none runs in the cluster tests' worker, where the cluster is up only during their module.
+    cluster = next((_xdist_group(i) for i in items if "cluster" in getattr(i, "fixturenames", ())
+                    and i.module.__name__.endswith("test_ray_executor")), None)
+    for item in items:
+        if cluster is not None and item.get_closest_marker("no_ray_cluster"):
+            item.add_marker(pytest.mark.xdist_group(cluster))
     has_cuda = _has_cuda()
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device (run `make test-gpu` on a GPU machine)")
     skip_api = pytest.mark.skip(reason="calls a real LLM API; pass --run-api")

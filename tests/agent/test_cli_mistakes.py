@@ -98,6 +98,7 @@ def test_every_command_fails_with_one_line(tmp_path, source_run, monkeypatch):
         assert sorted(p.name for p in tmp_path.iterdir()) == before, f"kloop {shown} left files"
 
 
+@pytest.mark.no_ray_cluster  # another test's cluster up on the host would be found by `auto`
 def test_ray_executor_without_a_cluster_is_one_line(tmp_path):
     pytest.importorskip("ray")
     script = tmp_path / "replies.yaml"
