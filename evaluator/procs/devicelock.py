@@ -56,9 +56,9 @@ class DeviceHold:
     def __init__(self, kind: HoldKind, writers: IO | None = None, readers: IO | None = None):
         self.kind = kind
         self._writers, self._readers = writers, readers
-        self.alone = kind == "exclusive"
+        self.alone = kind == "exclusive" or writers is None
         """No other process holds the device in any way (an exclusive hold, or an upgraded
-        candidate's); on CPU, where nothing is locked, as it would be on a GPU."""
+        candidate's); on CPU (no lock files: nothing is locked), as it would be on a GPU."""
 
     def upgrade(self) -> float:
         """A candidate's hold made alone: waits for the shared holders beside it to end, keeping
@@ -67,9 +67,8 @@ class DeviceHold:
         if self.alone or self.kind != "candidate":
             return 0.0
         t0 = time.monotonic()
-        if self._writers is not None and self._readers is not None:
-            fcntl.flock(self._writers, fcntl.LOCK_SH)  # no new holder passes the gate
-            fcntl.flock(self._readers, fcntl.LOCK_EX)  # the shared holders beside it are gone
+        fcntl.flock(self._writers, fcntl.LOCK_SH)  # no new holder passes the gate
+        fcntl.flock(self._readers, fcntl.LOCK_EX)  # the shared holders beside it are gone
         self.alone = True
         return time.monotonic() - t0
 
@@ -86,9 +85,7 @@ def device_lock(device: str, lock_dir: Path, kind: HoldKind = "exclusive"
     """Hold `device` as `kind` says among every process and thread that names the same
     `lock_dir`."""
     if device == "cpu":
-        hold = DeviceHold(kind)
-        hold.alone = True
-        yield hold
+        yield DeviceHold(kind)
         return
     lock_dir.mkdir(parents=True, exist_ok=True)
     base = lock_dir / device.replace(":", "_")
