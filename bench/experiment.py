@@ -53,7 +53,10 @@ each part prints its own figures, and the first part's first use is the one a us
 a part its call's limit cuts still brings back the figures of what it finished (never combined).
 Parts may also run on machines of their own, in different sessions (a device call's machine is
 bare): `--combine` adds up their `--json` files into one figure (candidates, wall and busy
-seconds summed, so every part's first use is charged; build p50 over all parts' builds).
+seconds summed, so every part's first use is charged; build p50 over all parts' builds). Each part
+records a digest of the judging code (`evaluator/`, `problems/`, `kloop/`) and its settings;
+`--combine` refuses parts that differ in either, so a figure spread over sessions is one
+evaluator's.
 A part too long for one call runs in two calls of one machine: its first pass (no `--steady`) on
 the fresh machine, then `--steady-only` on the cache it left, which first makes again, off the
 clock, what the first pass left in its process (one reference candidate per problem: the kept
@@ -84,6 +87,23 @@ HERE = Path(__file__).resolve().parent
 # This directory holds bench/evaluator.py, which would shadow the `evaluator` package.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path[:0] = [str(REPO)]
+
+# What judges a candidate: parts run at different commits may be added up only where this code
+# is the same (bench and docs may change between the calls of a figure spread over sessions).
+JUDGING_CODE = ("evaluator", "problems", "kloop")
+
+
+def judging_digest(root: Path = REPO) -> str:
+    """A digest of the judging code's files (names and bytes), caches left out."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for top in JUDGING_CODE:
+        for f in sorted((root / top).rglob("*")):
+            if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
+                h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
 
 KINDS = ("reference", "cuda_lean", "cuda_torch", "triton", "syntax", "wrong")
 PROJECTED_PROBLEMS, PROJECTED_PER_PROBLEM = 50, 16
@@ -335,16 +355,22 @@ def combine(parts: list[dict]) -> dict:
     of its own: candidates, problems, wall and busy seconds are added, so the rate is what one
     machine running the parts one after another would give, every part's first use included
     (a single run pays a machine's own start-up once: the sum overstates it, never hides it).
-    Parts must share device, size and concurrency, and no problem may be in two of them."""
+    Parts must share device, GPU, size, concurrency, the evaluator's settings and the judging
+    code (`judging_digest`: parts of one figure may come from different sessions, but never from
+    different evaluators), and no problem may be in two of them."""
     if not parts:
         raise ValueError("no parts to combine")
     if cut := [p["conditions"].get("part") for p in parts if p.get("partial")]:
         raise ValueError(f"parts cut before they finished (partial): {cut}; run them again")
-    keys = ("device", "gpu", "size", "concurrency", "warm_up")
+    keys = ("device", "gpu", "size", "concurrency", "warm_up", "judging_code", "kept_baselines",
+            "reference_hold", "baseline_start_hold", "stop_width", "candidate_hold")
+    if any("judging_code" not in p["conditions"] for p in parts):
+        raise ValueError("a part without its judging code's digest: rerun it with this bench")
     first_c = parts[0]["conditions"]
     for p in parts[1:]:
-        if any(p["conditions"].get(k) != first_c.get(k) for k in keys):
-            raise ValueError(f"parts differ in {', '.join(keys)}: {first_c} vs {p['conditions']}")
+        if differ := [k for k in keys if p["conditions"].get(k) != first_c.get(k)]:
+            raise ValueError("parts differ in " + ", ".join(
+                f"{k} ({first_c.get(k)} vs {p['conditions'].get(k)})" for k in differ))
     if any("problem_ids" not in p["conditions"] for p in parts):
         raise ValueError("a part without its problem ids: rerun it with this bench")
     parts = _halves_joined(parts)
@@ -539,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
                   "warm_up": not args.no_warm_up, "gpu": gpu_name(args.device),
                   "kept_baselines": args.kept_baselines, "reference_hold": args.reference_hold,
                   "baseline_start_hold": args.baseline_start_hold, "stop_width": args.stop_width,
-                  "candidate_hold": args.candidate_hold,
+                  "candidate_hold": args.candidate_hold, "judging_code": judging_digest(),
                   "problem_ids": problems, "passes": "steady" if args.steady_only else
                   "first+steady" if args.steady else "first",
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -89,7 +89,8 @@ def _part(label: str, ids: list[str], wall: float, steady_wall: float | None, bu
         return experiment._figures(3 * len(ids), len(ids), w, w / 4, {"cuda_torch": builds},
                                    paths, {"correct": 2 * len(ids), "compile_error": len(ids)})
     return {"conditions": {"device": "cuda", "size": "full", "concurrency": 8, "gpu": "NVIDIA H100 80GB HBM3", "part": label,
-                           "problem_ids": ids, "started": "t", **conditions},
+                           "problem_ids": ids, "started": "t", "judging_code": "d1",
+                           **conditions},
             "first_use_included": figures(wall),
             "steady_state": figures(steady_wall) if steady_wall else None}
 
@@ -137,6 +138,9 @@ def test_a_part_run_in_two_calls_is_one_part():
     (_part("1/3", ["L3/3"], 80.0, 10.0, [1.0]), "more than one part: L3/3"),
     (_part("2/2", ["L3/2"], 80.0, 10.0, [1.0], warm_up=False), "parts differ"),
     (_part("2/2", ["L3/2"], 80.0, 10.0, [1.0], gpu="NVIDIA H200"), "parts differ"),
+    (_part("2/2", ["L3/2"], 80.0, 10.0, [1.0], judging_code="d2"), r"judging_code \(d1 vs d2\)"),
+    (_part("2/2", ["L3/2"], 80.0, 10.0, [1.0], candidate_hold="untimed_shared"),
+     "parts differ in candidate_hold"),
 ])
 def test_parts_that_do_not_add_up_are_refused(other, why):
     with pytest.raises(ValueError, match=why):
@@ -240,6 +244,31 @@ def test_cv_is_the_spread_over_the_mean_and_needs_two_values():
     assert repeat.cv([1.0]) is None
     assert repeat.cv([1.0, 1.0, 1.0]) == 0.0
     assert repeat.cv([0.9, 1.1]) == pytest.approx(0.1414213 / 1.0 * 100, rel=1e-5)
+
+
+def test_a_part_without_its_judging_codes_digest_is_refused():
+    old = _part("2/2", ["L3/2"], 80.0, 10.0, [1.0])
+    del old["conditions"]["judging_code"]
+    with pytest.raises(ValueError, match="judging code's digest"):
+        experiment.combine([_part("1/2", ["L3/1"], 100.0, 20.0, [9.0]), old])
+
+
+def test_the_judging_digest_follows_the_evaluators_files_and_ignores_caches(tmp_path):
+    for top in experiment.JUDGING_CODE:
+        (tmp_path / top).mkdir()
+        (tmp_path / top / "a.py").write_text("x = 1\n")
+    before = experiment.judging_digest(tmp_path)
+    (tmp_path / "evaluator" / "__pycache__").mkdir()
+    (tmp_path / "evaluator" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0")
+    (tmp_path / "bench.py").write_text("not judging code\n")
+    assert experiment.judging_digest(tmp_path) == before
+    (tmp_path / "evaluator" / "a.py").write_text("x = 2\n")
+    changed = experiment.judging_digest(tmp_path)
+    assert changed != before
+    # A file moved from one place to another is another evaluator.
+    (tmp_path / "evaluator" / "a.py").write_text("x = 1\n")
+    (tmp_path / "problems" / "a.py").rename(tmp_path / "problems" / "b.py")
+    assert experiment.judging_digest(tmp_path) not in (before, changed)
 
 
 def test_a_part_that_does_not_say_its_problems_is_refused():
