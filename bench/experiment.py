@@ -59,9 +59,11 @@ records a digest of the judging code (`evaluator/`, `problems/`, `kloop/`) and i
 evaluator's.
 A part too long for one call runs in two calls of one machine: its first pass (no `--steady`) on
 the fresh machine, then `--steady-only` on the cache it left, which first makes again, off the
-clock, what the first pass left in its process (one reference candidate per problem: the kept
-baseline workers and the timing budget's estimates); `--combine` joins the two files of the
-same problems into one part.
+clock, what the first pass left in its process (`primer_of`: one reference candidate per
+problem, for the kept baseline workers and the timing budget's estimates, and the first
+problem's candidates of each kind that builds, so that on an empty cache the machine's first
+builds are not in the steady pass); `--combine` joins the two files of the same problems into
+one part.
 
 `--old-root CHECKOUT` measures the old path instead, as a ratio: the batch's `--old-kinds`
 candidates (default: the reference and the Triton copy of each problem) judged through another
@@ -91,6 +93,18 @@ sys.path[:0] = [str(REPO)]
 # What judges a candidate: parts run at different commits may be added up only where this code
 # is the same (bench and docs may change between the calls of a figure spread over sessions).
 JUDGING_CODE = ("evaluator", "problems", "kloop")
+
+
+def primer_of(items: list[dict]) -> list[dict]:
+    """What `--steady-only` runs off the clock first: one reference candidate per problem (its
+    kept baseline worker and the timing budget's estimates, as a first pass leaves them), and the
+    first problem's candidates of every kind that builds (the machine's first CUDA builds of each
+    form and its first Triton compile: the precompiled headers and the compilers' own first use,
+    which a first pass would have paid, never the steady pass)."""
+    first = items[0]["problem"] if items else None
+    builds = {"cuda_lean", "cuda_torch", "triton"}
+    return [it for it in items if it["kind"] == "reference"
+            or (it["problem"] == first and it["kind"] in builds)]
 
 
 def judging_digest(root: Path = REPO) -> str:
@@ -306,7 +320,9 @@ def summarise(res: dict, items: list[dict], problems: int) -> dict:
 
     rows = res["rows"]
     kind_of = {it["label"]: it["kind"] for it in items}
-    busy_ms = sum(r.get("device_ms", 0.0) for r in rows)
+    # Rows made without `row_of` (the old path's inner runs) carry no device time: not measured,
+    # never 0 %.
+    busy_ms = sum(r["device_ms"] for r in rows) if all("device_ms" in r for r in rows) else None
     builds: dict[str, list[float]] = {}
     paths: dict[str, dict[str, int]] = {}
     for r in rows:
@@ -322,11 +338,12 @@ def summarise(res: dict, items: list[dict], problems: int) -> dict:
     # The device lock is the queue at full sizes: what the candidates held it for, beside the
     # device time of their timed calls (`busy_s`), says how much of a hold is the harness's.
     held = sum(lock_held(r) for r in rows)
-    return _figures(len(rows), problems, res["wall_s"] + (warm or 0.0), busy_ms / 1000.0, builds,
+    return _figures(len(rows), problems, res["wall_s"] + (warm or 0.0),
+                    None if busy_ms is None else busy_ms / 1000.0, builds,
                     paths, statuses, warm, held)
 
 
-def _figures(candidates: int, problems: int, wall_s: float, busy_s: float,
+def _figures(candidates: int, problems: int, wall_s: float, busy_s: float | None,
              builds: dict[str, list[float]], paths: dict[str, dict[str, int]],
              statuses: dict[str, int], warm_up_s: float | None = None,
              held_s: float | None = None) -> dict:
@@ -336,7 +353,8 @@ def _figures(candidates: int, problems: int, wall_s: float, busy_s: float,
     return {"candidates": candidates, "problems": problems, "wall_s": wall_s,
             "warm_up_s": warm_up_s, "held_s": held_s,
             "per_gpu_hour": candidates / wall_s * 3600 if wall_s else None,
-            "busy_s": busy_s, "gpu_busy_real_work": busy_s / wall_s if wall_s else None,
+            "busy_s": busy_s,
+            "gpu_busy_real_work": busy_s / wall_s if wall_s and busy_s is not None else None,
             "build_s": builds,
             "build_p50_s": {k: statistics.median(v) for k, v in builds.items()},
             "build_paths": paths, "statuses": statuses}
@@ -397,7 +415,8 @@ def combine(parts: list[dict]) -> dict:
         held = [g.get("held_s") for g in got]
         passes[name] = _figures(sum(g["candidates"] for g in got),
                                 sum(g["problems"] for g in got), sum(g["wall_s"] for g in got),
-                                sum(g["busy_s"] for g in got), builds, paths,
+                                None if any(g["busy_s"] is None for g in got)
+                                else sum(g["busy_s"] for g in got), builds, paths,
                                 _add([g["statuses"] for g in got]),
                                 None if None in warm else sum(warm),
                                 None if None in held else sum(held))
@@ -453,7 +472,8 @@ def _print(name: str, s: dict) -> None:
           f"{'-' if busy is None else f'{busy:.0%}'} (device time of timed and baseline calls "
           "over wall) ==")
     if s.get("held_s") is not None:
-        print(f"  device lock held {s['held_s']:.1f} s in all, {s['busy_s']:.1f} s of it the "
+        busy_s = "-" if s["busy_s"] is None else f"{s['busy_s']:.1f}"
+        print(f"  device lock held {s['held_s']:.1f} s in all, {busy_s} s of it the "
               f"timed and baseline calls' device time")
     if s.get("warm_up_s") is not None:
         print(f"  of which the warm-up (every problem's kept baseline worker started, as "
@@ -583,7 +603,8 @@ def main(argv: list[str] | None = None) -> int:
         # timing budget's estimates) is made again by one reference candidate per problem,
         # on the first pass's cache; the steady pass then starts where it would have.
         primer = [{**it, "source": it["source"] + f"\n# primer {time.time_ns()}\n"}
-                  for it in items if it["kind"] == "reference"]
+                  for it in primer_of(items)]
+        conditions["primer"] = [it["label"] for it in primer]
         t0 = time.monotonic()
         run_batch(primer, args.device, args.concurrency, None, settings, ahead=args.ahead,
                   cache_dir=args.cache, row_of=row_of, warm=not args.no_warm_up)

@@ -79,6 +79,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if cluster is not None and item.get_closest_marker("no_ray_cluster"):
             item.add_marker(pytest.mark.xdist_group(cluster))
+    # The longest work first (tests marked slow, and the groups, each of which one worker runs
+    # whole): xdist hands out work in collection order, and a minute-long build or cluster left to
+    # the end runs on one worker while the other has nothing left (the suite's tail on CI's 2
+    # cores). A stable sort: within each class the order is pytest's.
+    items.sort(key=lambda i: not (i.get_closest_marker("slow") or i.get_closest_marker("xdist_group")))
     has_cuda = _has_cuda()
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device (run `make test-gpu` on a GPU machine)")
     skip_api = pytest.mark.skip(reason="calls a real LLM API; pass --run-api")

@@ -5,6 +5,7 @@ candidates are only compile-checked without a GPU, so the CPU run leaves them ou
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -246,6 +247,29 @@ def test_cv_is_the_spread_over_the_mean_and_needs_two_values():
     assert repeat.cv([0.9, 1.1]) == pytest.approx(0.1414213 / 1.0 * 100, rel=1e-5)
 
 
+def test_the_primer_warms_each_problems_baselines_and_the_first_build_of_each_kind():
+    items = experiment.batch(["L3/1", "L3/4"], list(experiment.KINDS), "small")
+    labels = [it["label"] for it in experiment.primer_of(items)]
+    assert labels == ["L3/1 reference", "L3/1 cuda_lean", "L3/1 cuda_torch", "L3/1 triton",
+                      "L3/4 reference"]
+    assert experiment.primer_of([]) == []
+
+
+def test_rows_without_device_time_leave_busy_unmeasured_never_zero(monkeypatch):
+    """The old path's inner runs make rows without the device time of their timed calls: the
+    figure is not measured, never 0 %; where every row has it, it is their sum over the wall."""
+    # summarise imports `throughput` (bench/throughput.py, put on the path by `main`).
+    monkeypatch.setitem(sys.modules, "throughput", _bench("throughput"))
+    items = [{"label": "L3/1 reference", "kind": "reference"}]
+    row = {"label": "L3/1 reference", "status": "correct", "stages": {"candidate_held": 2.0}}
+    bare = experiment.summarise({"rows": [row], "wall_s": 10.0}, items, 1)
+    assert bare["busy_s"] is None and bare["gpu_busy_real_work"] is None
+    assert bare["held_s"] == 2.0 and bare["per_gpu_hour"] == 360.0
+    timed = experiment.summarise({"rows": [{**row, "device_ms": 2500.0}], "wall_s": 10.0},
+                                 items, 1)
+    assert timed["busy_s"] == 2.5 and timed["gpu_busy_real_work"] == 0.25
+
+
 def test_a_part_without_its_judging_codes_digest_is_refused():
     old = _part("2/2", ["L3/2"], 80.0, 10.0, [1.0])
     del old["conditions"]["judging_code"]
@@ -314,6 +338,7 @@ def test_a_steady_only_pass_runs_on_the_first_passs_cache_after_priming_off_the_
     first, steady = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
     assert first["steady_state"] is None and steady["first_use_included"] is None
     assert steady["conditions"]["passes"] == "steady" and steady["conditions"]["primed_s"] > 0
+    assert steady["conditions"]["primer"] == ["L3/1 reference"]
     s = steady["steady_state"]
     assert s["statuses"] == {"correct": 1, "incorrect": 1} and s["warm_up_s"] is None, s
     # Then the same batch with the sequential rule, in the same process (on CPU its five timed
