@@ -287,8 +287,12 @@ class EvalConfig(BaseModel):
     timed: 19 s of part 1's 69 s steady pass (three problems at full size, 8 at once, an H100,
     2026-12-06 at 1ec59dd). What a candidate can do to a worker beside it is make it run out of
     device memory (judged again alone: a cost) or run slowly (it times nothing): no number
-    changes. Off by default until it is measured and tested on a GPU (CPU-tested only,
-    2026-12-06; `bench/experiment.py --compare-candidate-hold untimed_shared`)."""
+    changes. Off by default: on the same warm batch side by side (one pass each, an H100,
+    2026-12-06) it gave 766 against 703 candidates per GPU-hour, but the exclusive pass carried
+    the machine's first CUDA builds and the candidates' holds grew (p90 9.8 against 7.4 s) by
+    about what the filled gaps gave back; the GPU lock test and every exploit reached passed
+    with it on. To turn on once it wins in both orders (`bench/experiment.py
+    --compare-candidate-hold`)."""
     l2_flush: Literal["worker", "trusted"] = "worker"
     """Who flushes the L2 before each timed call: the serving process in its `prep` (a
     candidate's native code could skip it), or also a trusted flusher process of the harness's
