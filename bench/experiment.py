@@ -57,7 +57,9 @@ seconds summed, so every part's first use is charged; build p50 over all parts' 
 records a digest of the judging code (`evaluator/`, `problems/`, `kloop/`) and its settings;
 `--combine` refuses parts that differ in either, so a figure spread over sessions is one
 evaluator's.
-A part too long for one call runs in two calls of one machine: its first pass (no `--steady`) on
+On a multi-GPU machine `scripts/parts_on_gpus.sh` (step `experiment-gpus`) runs several parts at
+once, one per GPU, each with a fresh cache of its own; each records `host_parts`, how many ran
+beside it on the host. A part too long for one call runs in two calls of one machine: its first pass (no `--steady`) on
 the fresh machine, then `--steady-only` on the cache it left, which first makes again, off the
 clock, what the first pass left in its process (`primer_of`: one reference candidate per
 problem, for the kept baseline workers and the timing budget's estimates, and the first
@@ -421,7 +423,10 @@ def combine(parts: list[dict]) -> dict:
                                 None if None in warm else sum(warm),
                                 None if None in held else sum(held))
     first, steady = passes["first_use_included"], passes["steady_state"]
+    # Parts run alone on a machine and parts run beside others on one host (one GPU each)
+    # add up alike; each part's company is kept with the figure.
     return {"conditions": {**{k: first_c.get(k) for k in keys}, "parts": labels,
+                           "host_parts": [p["conditions"].get("host_parts", 1) for p in parts],
                            "problem_ids": ids,
                            "started": [p["conditions"].get("started") for p in parts]},
             "first_use_included": first, "steady_state": steady,
@@ -509,6 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--ahead", type=int)
+    ap.add_argument("--host-parts", type=int, default=1, metavar="N",
+                    help="how many parts run at once on this host, one per GPU "
+                         "(scripts/parts_on_gpus.sh); recorded with the figures")
     ap.add_argument("--problems", default="all", help="all, or ids: L3/1,L3/4")
     ap.add_argument("--part", help="K/N: every N-th problem from the K-th (one device call each)")
     ap.add_argument("--kinds", default=",".join(KINDS))
@@ -583,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
     conditions = {"device": args.device, "concurrency": args.concurrency, "size": args.size,
                   "cache": "given" if args.cache else "fresh", "part": args.part,
                   "warm_up": not args.no_warm_up, "gpu": gpu_name(args.device),
+                  "host_parts": args.host_parts,
                   "kept_baselines": args.kept_baselines, "reference_hold": args.reference_hold,
                   "baseline_start_hold": args.baseline_start_hold, "stop_width": args.stop_width,
                   "candidate_hold": args.candidate_hold, "judging_code": judging_digest(),
@@ -794,8 +803,9 @@ def _combined(files: list[Path], out: Path | None) -> int:
     except ValueError as exc:
         raise SystemExit(f"--combine: {exc}") from None
     c = data["conditions"]
-    print(f"== {len(files)} parts ({', '.join(c['parts'])}), each on a fresh machine, "
-          f"{c['device']}, {c['size']} sizes, {c['concurrency']} at once ==")
+    print(f"== {len(files)} parts ({', '.join(c['parts'])}), each on a fresh machine or GPU "
+          f"(parts at once on its host: {c['host_parts']}), {c['device']}, {c['size']} sizes, "
+          f"{c['concurrency']} at once ==")
     for name, label in (("first_use_included", "first use included (every part's)"),
                         ("steady_state", "steady state (baselines and caches warm, builds fresh)")):
         if data[name] is not None:

@@ -67,6 +67,9 @@ for s in "$@"; do
     experiment) step experiment 560 python3 bench/experiment.py --concurrency "${EXPERIMENT_CONCURRENCY:-8}" \
                   ${EXPERIMENT_PART:+--part "$EXPERIMENT_PART"} --cache .bench-experiment \
                   --rows "$OUT/experiment-rows.jsonl" --json "$OUT/experiment.json" ${EXPERIMENT_ARGS:-} ;;
+    # Parts of the figure of record at once on a multi-GPU machine, one per GPU, each with a
+    # fresh cache of its own (scripts/parts_on_gpus.sh): EXPERIMENT_PARTS="1/9 2/9 ...".
+    experiment-gpus) step experiment-gpus 560 bash scripts/parts_on_gpus.sh ;;
     # The old path's ratio: a subset judged through 69bdd97's evaluator and then through this
     # checkout, each in a fresh process on a fresh cache, first use included. Carry .old-path
     # (`git worktree add .old-path 69bdd97` here; 2.6 MB).

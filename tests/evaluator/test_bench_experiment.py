@@ -112,6 +112,10 @@ def test_parts_on_machines_of_their_own_add_up_to_one_figure():
     assert steady["wall_s"] == 30.0
     assert got["projection"] == experiment.project(first, steady)
     assert got["conditions"]["problem_ids"] == ["L3/1", "L3/3", "L3/2"]
+    # Each part's company on its host is kept (a part from before the flag ran alone).
+    assert got["conditions"]["host_parts"] == [1, 1]
+    beside = experiment.combine([a, _part("2/2", ["L3/2"], 80.0, 10.0, [30.0], host_parts=8)])
+    assert beside["conditions"]["host_parts"] == [1, 8]
     # A part without a steady pass leaves the combined one out, and the projection with it.
     assert experiment.combine([a, _part("2/2", ["L3/2"], 80.0, None, [30.0])])["projection"] is None
 
