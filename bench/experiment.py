@@ -54,9 +54,10 @@ a part its call's limit cuts still brings back the figures of what it finished (
 Parts may also run on machines of their own, in different sessions (a device call's machine is
 bare): `--combine` adds up their `--json` files into one figure (candidates, wall and busy
 seconds summed, so every part's first use is charged; build p50 over all parts' builds). Each part
-records a digest of the judging code (`evaluator/`, `problems/`, `kloop/`) and its settings;
-`--combine` refuses parts that differ in either, so a figure spread over sessions is one
-evaluator's.
+records a digest of the judging code (`evaluator/`, `problems/`, `kloop/`), one of what makes and
+drives the batch (the templates here, `bench/throughput.py`) and its settings; `--combine`
+refuses parts that differ in any, so a figure spread over sessions is one evaluator's on one
+batch.
 On a multi-GPU machine `scripts/parts_on_gpus.sh` (step `experiment-gpus`) runs several parts at
 once, one per GPU, each with a fresh cache of its own; each records `host_parts`, how many ran
 beside it on the host. A part too long for one call runs in two calls of one machine: its first pass (no `--steady`) on
@@ -261,6 +262,19 @@ def batch(problems: list[str], kinds: list[str], size: str) -> list[dict]:
     return out
 
 
+def batch_digest() -> str:
+    """A digest of what makes and runs the batch: the candidates' templates and generators here
+    and `bench/throughput.py` (the scheduler's driver). Parts made by different batches or
+    drivers are not one figure, whatever the evaluator."""
+    import hashlib
+    import inspect
+
+    made = "\0".join([repr(KINDS), _WRAP, _TRITON, _CUDA_KERNEL, _CUDA_LEAN, _CUDA_TORCH,
+                      inspect.getsource(candidate), inspect.getsource(batch)])
+    driver = (HERE / "throughput.py").read_bytes()
+    return hashlib.sha256(made.encode() + b"\0" + driver).hexdigest()[:16]
+
+
 def device_ms(result) -> float:
     """Device time of the real work one evaluation measured: its timed calls and the baselines
     timed beside them, each call's CUDA-event time bounded by the trusted clock where the side
@@ -382,10 +396,12 @@ def combine(parts: list[dict]) -> dict:
         raise ValueError("no parts to combine")
     if cut := [p["conditions"].get("part") for p in parts if p.get("partial")]:
         raise ValueError(f"parts cut before they finished (partial): {cut}; run them again")
-    keys = ("device", "gpu", "size", "concurrency", "warm_up", "judging_code", "kept_baselines",
-            "reference_hold", "baseline_start_hold", "stop_width", "candidate_hold")
-    if any("judging_code" not in p["conditions"] for p in parts):
-        raise ValueError("a part without its judging code's digest: rerun it with this bench")
+    keys = ("device", "gpu", "size", "concurrency", "warm_up", "judging_code", "batch_code",
+            "kept_baselines", "reference_hold", "baseline_start_hold", "stop_width",
+            "candidate_hold")
+    if any(k not in p["conditions"] for p in parts for k in ("judging_code", "batch_code")):
+        raise ValueError("a part without its judging code's or batch's digest: rerun it with "
+                         "this bench")
     first_c = parts[0]["conditions"]
     for p in parts[1:]:
         if differ := [k for k in keys if p["conditions"].get(k) != first_c.get(k)]:
@@ -595,6 +611,7 @@ def main(argv: list[str] | None = None) -> int:
                   "kept_baselines": args.kept_baselines, "reference_hold": args.reference_hold,
                   "baseline_start_hold": args.baseline_start_hold, "stop_width": args.stop_width,
                   "candidate_hold": args.candidate_hold, "judging_code": judging_digest(),
+                  "batch_code": batch_digest(),
                   "problem_ids": problems, "passes": "steady" if args.steady_only else
                   "first+steady" if args.steady else "first",
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

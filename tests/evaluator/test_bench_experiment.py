@@ -91,7 +91,7 @@ def _part(label: str, ids: list[str], wall: float, steady_wall: float | None, bu
                                    paths, {"correct": 2 * len(ids), "compile_error": len(ids)})
     return {"conditions": {"device": "cuda", "size": "full", "concurrency": 8, "gpu": "NVIDIA H100 80GB HBM3", "part": label,
                            "problem_ids": ids, "started": "t", "judging_code": "d1",
-                           **conditions},
+                           "batch_code": "b1", **conditions},
             "first_use_included": figures(wall),
             "steady_state": figures(steady_wall) if steady_wall else None}
 
@@ -144,6 +144,7 @@ def test_a_part_run_in_two_calls_is_one_part():
     (_part("2/2", ["L3/2"], 80.0, 10.0, [1.0], warm_up=False), "parts differ"),
     (_part("2/2", ["L3/2"], 80.0, 10.0, [1.0], gpu="NVIDIA H200"), "parts differ"),
     (_part("2/2", ["L3/2"], 80.0, 10.0, [1.0], judging_code="d2"), r"judging_code \(d1 vs d2\)"),
+    (_part("2/2", ["L3/2"], 80.0, 10.0, [1.0], batch_code="b2"), r"batch_code \(b1 vs b2\)"),
     (_part("2/2", ["L3/2"], 80.0, 10.0, [1.0], candidate_hold="untimed_shared"),
      "parts differ in candidate_hold"),
 ])
@@ -277,8 +278,9 @@ def test_rows_without_device_time_leave_busy_unmeasured_never_zero(monkeypatch):
 def test_a_part_without_its_judging_codes_digest_is_refused():
     old = _part("2/2", ["L3/2"], 80.0, 10.0, [1.0])
     del old["conditions"]["judging_code"]
-    with pytest.raises(ValueError, match="judging code's digest"):
+    with pytest.raises(ValueError, match="judging code's or batch's digest"):
         experiment.combine([_part("1/2", ["L3/1"], 100.0, 20.0, [9.0]), old])
+
 
 
 def test_the_judging_digest_follows_the_evaluators_files_and_ignores_caches(tmp_path):
@@ -297,6 +299,12 @@ def test_the_judging_digest_follows_the_evaluators_files_and_ignores_caches(tmp_
     (tmp_path / "evaluator" / "a.py").write_text("x = 1\n")
     (tmp_path / "problems" / "a.py").rename(tmp_path / "problems" / "b.py")
     assert experiment.judging_digest(tmp_path) not in (before, changed)
+
+
+def test_the_batch_digest_follows_the_candidates_templates(monkeypatch):
+    before = experiment.batch_digest()
+    monkeypatch.setattr(experiment, "_WRAP", experiment._WRAP.replace("_copy(out)", "out"))
+    assert experiment.batch_digest() != before
 
 
 def test_a_part_that_does_not_say_its_problems_is_refused():
