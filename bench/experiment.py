@@ -82,6 +82,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import time
@@ -443,6 +444,8 @@ def combine(parts: list[dict]) -> dict:
     # add up alike; each part's company is kept with the figure.
     return {"conditions": {**{k: first_c.get(k) for k in keys}, "parts": labels,
                            "host_parts": [p["conditions"].get("host_parts", 1) for p in parts],
+                           "hosts": [(p["conditions"].get("host") or {}).get("state", "unrecorded")
+                                     for p in parts],
                            "problem_ids": ids,
                            "started": [p["conditions"].get("started") for p in parts]},
             "first_use_included": first, "steady_state": steady,
@@ -502,6 +505,32 @@ def _print(name: str, s: dict) -> None:
     for kind, p50 in s["build_p50_s"].items():
         print(f"  build p50 {kind}: {p50:.1f} s; paths {s['build_paths'].get(kind)}")
     print(f"  statuses: {s['statuses']}")
+
+
+HOST_MARK = Path("/tmp/kloop-experiment-host.jsonl")
+"""Every experiment run on this machine appends a line here. A device machine starts bare, so a
+run that finds the file is not on a fresh machine: an earlier call warmed the host's page cache,
+its driver and its compilers' files, which a fresh cache directory does not undo."""
+
+
+def host_of(mark: Path = HOST_MARK) -> dict:
+    """`fresh`, or `warm` with the runs before this one on the machine (their parts and starts);
+    this run is added to the file."""
+    earlier = []
+    if mark.exists():
+        for line in mark.read_text().splitlines():
+            try:
+                earlier.append(json.loads(line))
+            except ValueError:
+                continue
+    here = {"pid": os.getpid(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        with mark.open("a") as f:
+            f.write(json.dumps(here) + "\n")
+    except OSError:
+        pass
+    return {"state": "warm" if earlier else "fresh", "earlier_runs": len(earlier)}
 
 
 def gpu_name(device: str) -> str | None:
@@ -607,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
     conditions = {"device": args.device, "concurrency": args.concurrency, "size": args.size,
                   "cache": "given" if args.cache else "fresh", "part": args.part,
                   "warm_up": not args.no_warm_up, "gpu": gpu_name(args.device),
-                  "host_parts": args.host_parts,
+                  "host_parts": args.host_parts, "host": host_of(),
                   "kept_baselines": args.kept_baselines, "reference_hold": args.reference_hold,
                   "baseline_start_hold": args.baseline_start_hold, "stop_width": args.stop_width,
                   "candidate_hold": args.candidate_hold, "judging_code": judging_digest(),
@@ -820,8 +849,9 @@ def _combined(files: list[Path], out: Path | None) -> int:
     except ValueError as exc:
         raise SystemExit(f"--combine: {exc}") from None
     c = data["conditions"]
-    print(f"== {len(files)} parts ({', '.join(c['parts'])}), each on a fresh machine or GPU "
-          f"(parts at once on its host: {c['host_parts']}), {c['device']}, {c['size']} sizes, "
+    print(f"== {len(files)} parts ({', '.join(c['parts'])}), each on a fresh cache; machines: "
+          f"{', '.join(c['hosts'])} (parts at once on its host: {c['host_parts']}), "
+          f"{c['device']}, {c['size']} sizes, "
           f"{c['concurrency']} at once ==")
     for name, label in (("first_use_included", "first use included (every part's)"),
                         ("steady_state", "steady state (baselines and caches warm, builds fresh)")):

@@ -7,6 +7,7 @@ matches only the same infinity. Only plain `torch.Tensor` outputs are accepted.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -49,57 +50,94 @@ def compare_tensor(index: int, expected: torch.Tensor, got: Any, got_type: str,
     return _compare_values(expected, got, tol, base)
 
 
-def _masked_max(values: torch.Tensor, keep: torch.Tensor) -> float | None:
-    """The largest of `values` where `keep` (values there are >= 0), None where none is kept."""
-    if values.numel() == 0:
-        return None
-    top = float(torch.where(keep, values, float("-inf")).max())
-    return None if top == float("-inf") else top
+CHUNK = 1 << 16
+"""Elements compared at a time. Why: the harness compares on one CPU thread while the candidate
+holds the device, and each of the test's dozen whole-tensor passes over a large output streams
+it from memory; chunks of 64 Ki elements keep every pass in the core's cache. A 134 MB output
+(L3/46 at full size) took 1.23 s whole and 0.2 s chunked on the 2-core CPU host (2026-12-06,
+`bench/compare_speed.py`), and a full-size L3/46 candidate spent 10-14 s of its device hold in
+the trials' comparisons on an H100 (bench/experiment.py part 1/9, 2026-12-06)."""
+
+
+class _Tally:
+    """What the chunks of one comparison add up to."""
+
+    def __init__(self) -> None:
+        self.nan_e = self.nan_g = self.inf_e = self.inf_g = self.mismatch = 0
+        self.max_abs = self.max_rel = float("-inf")  # -inf: no element kept yet
+        self.worst: list[tuple[float, int]] = []  # (excess, flat index), failing elements only
+
+
+def _chunk(e: torch.Tensor, g: torch.Tensor, tol: float, at: int, t: _Tally) -> None:
+    """One chunk's part of the test, decided element by element exactly as on the whole."""
+    ae = e.abs()
+    diff = (g - e).abs_()
+    top = float(diff.max()) if diff.numel() else 0.0
+    # Both sides finite when these maxima are (a NaN anywhere makes them NaN, an infinity in
+    # either side makes one infinite): two passes instead of `isfinite`'s four. A difference
+    # that overflows takes the masked path below although nothing is infinite; it decides
+    # every element alike (the masks change nothing for finite ones), only slower.
+    finite_in = math.isfinite(top) and (not ae.numel() or math.isfinite(float(ae.max())))
+    bound = ae.mul(tol).add_(tol)
+    if finite_in:  # the usual case: no NaN or infinity to count, no mask to apply
+        ok = diff <= bound
+    else:
+        t.nan_e += int(e.isnan().count_nonzero())
+        t.nan_g += int(g.isnan().count_nonzero())
+        t.inf_e += int(e.isinf().count_nonzero())
+        t.inf_g += int(g.isinf().count_nonzero())
+        # An infinity (on either side) matches only the same infinity; NaN matches nothing.
+        same_inf = e.isinf() & (e == g)
+        diff = torch.where(same_inf, torch.zeros_like(diff), diff)
+        ok = torch.where(e.isinf() | g.isinf(), same_inf, diff <= bound)
+        ok &= ~(e.isnan() | g.isnan())
+    failing = ok.numel() - int(ok.count_nonzero())
+    t.mismatch += failing
+    # Maxima over masked elements without selecting them (a boolean selection of a 50 M element
+    # output took 3.7 of 8.3 s on one thread); kept elements are >= 0, so -inf marks none.
+    if diff.numel():
+        if finite_in:  # every difference finite: the mask would keep them all
+            t.max_abs = max(t.max_abs, top)
+            rel = (diff / ae).masked_fill_(ae == 0, float("-inf"))
+        else:
+            finite = diff.isfinite()
+            t.max_abs = max(t.max_abs, float(torch.where(finite, diff, float("-inf")).max()))
+            rel = torch.where(finite & (e != 0), diff / ae, float("-inf"))
+        t.max_rel = max(t.max_rel, float(rel.max()))
+    if failing:
+        excess = torch.where(diff.isnan(), torch.full_like(diff, float("inf")), diff - bound)
+        excess = torch.where(ok, torch.full_like(excess, float("-inf")), excess)
+        top_k = torch.topk(excess, min(N_WORST, failing))
+        t.worst.extend(zip(top_k.values.tolist(), (top_k.indices + at).tolist(), strict=True))
 
 
 def _compare_values(expected: torch.Tensor, got: torch.Tensor, tol: float,
                     base: dict[str, Any]) -> OutputDiff:
     wide = torch.float64 if expected.dtype == torch.float64 else torch.float32
-    e, g = expected.to(wide), got.to(wide)
-    # count_nonzero, not sum: the same count of a bool tensor, 5-10x faster on a large one.
-    nan_e, nan_g = int(e.isnan().count_nonzero()), int(g.isnan().count_nonzero())
-    inf_e, inf_g = int(e.isinf().count_nonzero()), int(g.isinf().count_nonzero())
-    diff = (g - e).abs()
-    bound = tol + tol * e.abs()
-    if nan_e or nan_g or inf_e or inf_g:
-        # An infinity (on either side) matches only the same infinity; NaN matches nothing.
-        same_inf = e.isinf() & (e == g)
-        diff = torch.where(same_inf, torch.zeros_like(diff), diff)
-        ok_elem = torch.where(e.isinf() | g.isinf(), same_inf, diff <= bound)
-        ok_elem &= ~(e.isnan() | g.isnan())
-    else:  # all finite (the usual case): the masks above would change nothing
-        ok_elem = diff <= bound
-    n = e.numel()
-    mismatch = n - int(ok_elem.count_nonzero())
-    # Maxima over masked elements without selecting them: a boolean selection of a 50 M
-    # element output took 3.7 of 8.3 s on one thread (the probe trials' comparisons run under
-    # the device lock). Kept elements are >= 0 here, so -inf marks "none kept".
-    finite = diff.isfinite()
-    max_abs = _masked_max(diff, finite)
-    max_rel = _masked_max(diff / e.abs(), finite & (e != 0))
+    ef, gf = expected.reshape(-1), got.reshape(-1)
+    n, t = ef.numel(), _Tally()
+    for at in range(0, n, CHUNK):
+        _chunk(ef[at:at + CHUNK].to(wide), gf[at:at + CHUNK].to(wide), tol, at, t)
+    # The failing elements furthest outside their bound (NaN and inf first: an excess of NaN,
+    # from inf - inf, ranks above all as in `torch.topk`); among equal excesses, the first in
+    # memory.
+    worst = sorted(t.worst, key=lambda x: (not math.isnan(x[0]),
+                                           0.0 if math.isnan(x[0]) else -x[0], x[1]))[:N_WORST]
     return OutputDiff(
-        ok=mismatch == 0, **base, max_abs_err=max_abs, max_rel_err=max_rel,
-        mismatch_fraction=mismatch / n if n else 0.0,
-        worst=_worst(e, g, diff, bound, ok_elem) if mismatch else [],
-        nan_expected=nan_e, nan_got=nan_g, inf_expected=inf_e, inf_got=inf_g,
-        message=None if mismatch == 0 else f"{mismatch} of {n} elements outside tolerance {tol:g}",
+        ok=t.mismatch == 0, **base,
+        max_abs_err=None if t.max_abs == float("-inf") else t.max_abs,
+        max_rel_err=None if t.max_rel == float("-inf") else t.max_rel,
+        mismatch_fraction=t.mismatch / n if n else 0.0,
+        worst=[_element(expected, got, i, wide) for _, i in worst],
+        nan_expected=t.nan_e, nan_got=t.nan_g, inf_expected=t.inf_e, inf_got=t.inf_g,
+        message=None if t.mismatch == 0 else
+        f"{t.mismatch} of {n} elements outside tolerance {tol:g}",
     )
 
 
-def _worst(e, g, diff, bound, ok_elem) -> list[WorstElement]:
-    """The failing elements furthest outside their bound (NaN and inf first)."""
-    excess = torch.where(diff.isnan(), torch.full_like(diff, float("inf")), diff - bound)
-    excess = torch.where(ok_elem, torch.full_like(excess, float("-inf")), excess)
-    k = min(N_WORST, int((~ok_elem).sum()))
-    flat = torch.topk(excess.reshape(-1), k).indices
-    out = []
-    for i in flat.tolist():
-        index = [int(x) for x in torch.unravel_index(torch.tensor(i), e.shape)] if e.dim() else []
-        out.append(WorstElement(index=index, expected=float(e.reshape(-1)[i]),
-                                got=float(g.reshape(-1)[i])))
-    return out
+def _element(expected: torch.Tensor, got: torch.Tensor, i: int, wide: torch.dtype
+             ) -> WorstElement:
+    index = [int(x) for x in torch.unravel_index(torch.tensor(i), expected.shape)] \
+        if expected.dim() else []
+    return WorstElement(index=index, expected=float(expected.reshape(-1)[i].to(wide)),
+                        got=float(got.reshape(-1)[i].to(wide)))

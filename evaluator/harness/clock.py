@@ -53,7 +53,7 @@ from kloop.evaluator.common.wire import (
     ServeLayout,
     read_exact,
 )
-from kloop.evaluator.harness.output import LINE, Output
+from kloop.evaluator.harness.output import LINE, Output, copy_whole
 
 _perf_counter = time.perf_counter
 _SEALS = getattr(fcntl, "F_SEAL_SHRINK", 0x0002) | getattr(fcntl, "F_SEAL_GROW", 0x0004) | \
@@ -204,7 +204,7 @@ class CallChannel:
         assert self.layout is not None and self._lines is not None
         if self._copy is None:
             self._copy = np.empty(self.layout.total, dtype=np.uint8)
-        np.copyto(self._copy, self._lines.reshape(-1))
+        copy_whole(self._copy, self._lines.reshape(-1))
         return Output(self.layout, self._copy)
 
     def prep(self, deadline: float, light: bool = False) -> None:

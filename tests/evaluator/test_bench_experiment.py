@@ -118,6 +118,17 @@ def test_parts_on_machines_of_their_own_add_up_to_one_figure():
     assert beside["conditions"]["host_parts"] == [1, 8]
     # A part without a steady pass leaves the combined one out, and the projection with it.
     assert experiment.combine([a, _part("2/2", ["L3/2"], 80.0, None, [30.0])])["projection"] is None
+    # Whether each part's machine was fresh is kept with the figure (older parts: unrecorded).
+    warm = _part("2/2", ["L3/2"], 80.0, 10.0, [30.0], host={"state": "warm", "earlier_runs": 1})
+    assert experiment.combine([a, warm])["conditions"]["hosts"] == ["unrecorded", "warm"]
+
+
+def test_a_run_on_a_machine_an_earlier_run_used_is_marked_warm(tmp_path):
+    mark = tmp_path / "host.jsonl"
+    assert experiment.host_of(mark) == {"state": "fresh", "earlier_runs": 0}
+    assert experiment.host_of(mark) == {"state": "warm", "earlier_runs": 1}
+    mark.write_text(mark.read_text() + "not json\n")
+    assert experiment.host_of(mark) == {"state": "warm", "earlier_runs": 2}
 
 
 def test_a_part_run_in_two_calls_is_one_part():
