@@ -395,6 +395,7 @@ def combine(parts: list[dict]) -> dict:
     different evaluators), and no problem may be in two of them."""
     if not parts:
         raise ValueError("no parts to combine")
+    parts = [_finished_passes(p) for p in parts]
     if cut := [p["conditions"].get("part") for p in parts if p.get("partial")]:
         raise ValueError(f"parts cut before they finished (partial): {cut}; run them again")
     keys = ("device", "gpu", "size", "concurrency", "warm_up", "judging_code", "batch_code",
@@ -450,6 +451,17 @@ def combine(parts: list[dict]) -> dict:
                            "started": [p["conditions"].get("started") for p in parts]},
             "first_use_included": first, "steady_state": steady,
             "projection": project(first, steady) if first is not None else None}
+
+
+def _finished_passes(part: dict) -> dict:
+    """A part whose call's limit cut its steady pass still finished its first pass: that pass
+    counts (as a first pass alone, to be joined with a `--steady-only` file of the same
+    problems); a cut pass never does."""
+    cut = part.get("partial")
+    if cut and cut.get("pass") == "steady_state" and part.get("first_use_included"):
+        return {**part, "steady_state": None, "partial": None,
+                "conditions": {**part["conditions"], "steady_cut": cut}}
+    return part
 
 
 def _halves_joined(parts: list[dict]) -> list[dict]:
@@ -849,7 +861,7 @@ def _combined(files: list[Path], out: Path | None) -> int:
     except ValueError as exc:
         raise SystemExit(f"--combine: {exc}") from None
     c = data["conditions"]
-    print(f"== {len(files)} parts ({', '.join(c['parts'])}), each on a fresh cache; machines: "
+    print(f"== {len(c['parts'])} parts ({', '.join(c['parts'])}) from {len(files)} files, each on a fresh cache; machines: "
           f"{', '.join(c['hosts'])} (parts at once on its host: {c['host_parts']}), "
           f"{c['device']}, {c['size']} sizes, "
           f"{c['concurrency']} at once ==")

@@ -62,10 +62,13 @@ for s in "$@"; do
     record) step record 420 python3 -m kloop.agent.demo.examples record --device cuda \
               --concurrency "${RECORD_CONCURRENCY:-4}"
             tar czf "$OUT/examples.tgz" runs/examples/suite-* agent/demo/suite ;;  # one file back
-    # The figure of record (bench/experiment.py): EXPERIMENT_PART=K/N over several calls of one warm
-    # machine, the cache kept in an ignored folder between them; rows and figures come back.
+    # The figure of record (bench/experiment.py): EXPERIMENT_PART=K/N, each part on a cache of its
+    # own (.bench-experiment-KofN, an ignored folder the machine keeps between calls, so a
+    # part's `--steady-only` call finds its first pass's cache and another part on the same
+    # machine starts on an empty one); rows and figures come back.
     experiment) step experiment 560 python3 bench/experiment.py --concurrency "${EXPERIMENT_CONCURRENCY:-8}" \
-                  ${EXPERIMENT_PART:+--part "$EXPERIMENT_PART"} --cache .bench-experiment \
+                  ${EXPERIMENT_PART:+--part "$EXPERIMENT_PART"} \
+                  --cache ".bench-experiment${EXPERIMENT_PART:+-${EXPERIMENT_PART/\//of}}" \
                   --rows "$OUT/experiment-rows.jsonl" --json "$OUT/experiment.json" ${EXPERIMENT_ARGS:-} ;;
     # Parts of the figure of record at once on a multi-GPU machine, one per GPU, each with a
     # fresh cache of its own (scripts/parts_on_gpus.sh): EXPERIMENT_PARTS="1/9 2/9 ...".

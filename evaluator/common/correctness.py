@@ -105,8 +105,9 @@ def _chunk(e: torch.Tensor, g: torch.Tensor, tol: float, at: int, t: _Tally) -> 
             rel = torch.where(finite & (e != 0), diff / ae, float("-inf"))
         t.max_rel = max(t.max_rel, float(rel.max()))
     if failing:
-        excess = torch.where(diff.isnan(), torch.full_like(diff, float("inf")), diff - bound)
-        excess = torch.where(ok, torch.full_like(excess, float("-inf")), excess)
+        excess = (diff - bound).masked_fill_(ok, float("-inf"))
+        if not finite_in:  # a NaN difference ranks as an infinite excess
+            excess.masked_fill_(diff.isnan() & ~ok, float("inf"))
         top_k = torch.topk(excess, min(N_WORST, failing))
         t.worst.extend(zip(top_k.values.tolist(), (top_k.indices + at).tolist(), strict=True))
 

@@ -184,6 +184,22 @@ def test_a_cut_part_leaves_partial_figures_that_combine_refuses(tmp_path, monkey
         experiment.combine([doc, _part("2/2", ["L3/2"], 80.0, 10.0, [1.0])])
 
 
+def test_a_part_whose_steady_pass_was_cut_keeps_its_finished_first_pass():
+    """The call's limit cut the steady pass: the first pass counts alone and joins the
+    `--steady-only` file of the same problems; the cut steady figures never count."""
+    a = _part("1/2", ["L3/1", "L3/3"], 100.0, 20.0, [9.0, 10.0])
+    cut = {**_part("2/2", ["L3/2"], 80.0, 5.0, [30.0]),
+           "partial": {"pass": "steady_state", "finished": 2, "of": 3}}
+    steady = {**_part("2/2", ["L3/2"], 1.0, 10.0, [1.0]), "first_use_included": None}
+    got = experiment.combine([a, cut, steady])
+    assert got["conditions"]["parts"] == ["1/2", "2/2+steady"]
+    assert got["first_use_included"]["wall_s"] == 180.0
+    assert got["steady_state"]["wall_s"] == 30.0  # 20 + the steady-only file's 10, not the cut 5
+    cut_first = {**cut, "partial": {"pass": "first_use_included", "finished": 2, "of": 3}}
+    with pytest.raises(ValueError, match="partial"):
+        experiment.combine([a, cut_first, steady])
+
+
 @pytest.mark.slow
 def test_the_bench_runs_a_first_use_and_a_steady_pass_on_cpu(tmp_path):
     out = tmp_path / "e.json"
