@@ -291,8 +291,8 @@ class EvalConfig(BaseModel):
     2026-12-06) it gave 766 against 703 candidates per GPU-hour, but the exclusive pass carried
     the machine's first CUDA builds and the candidates' holds grew (p90 9.8 against 7.4 s) by
     about what the filled gaps gave back; the GPU lock test and every exploit reached passed
-    with it on. To turn on once it wins in both orders (`bench/experiment.py
-    --compare-candidate-hold`)."""
+    with it on. In the other order, both passes on warm builds (another H100, the same day):
+    930 against 929 (1.00x), the holds again longer shared. No gain, so off."""
     l2_flush: Literal["worker", "trusted"] = "worker"
     """Who flushes the L2 before each timed call: the serving process in its `prep` (a
     candidate's native code could skip it), or also a trusted flusher process of the harness's
