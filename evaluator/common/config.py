@@ -85,6 +85,13 @@ class Policy(BaseModel):
     precision_factor: float | None = 100.0
     """fp32 runs: the candidate's error against a float64 reference may be at most this many
     times the fp32 reference's own (`evaluator.harness.precision`); None: not checked."""
+    precision_sample_above: int | None = 1 << 22
+    """Float64 outputs past this many elements are kept at `precision_sample` secret positions,
+    where the precision check then compares both fp32 outputs too (`evaluator.common.sample`:
+    an evaluation made four float64 outputs, 34 GB of them for L3/17 at full size); None: kept
+    whole."""
+    precision_sample: int = Field(1 << 20, ge=1)
+    """How many positions a sampled float64 output keeps."""
     require_custom_kernel: bool = False
     """Reject plain-PyTorch candidates (no kernel of their own) that would otherwise be correct.
     Off: they are judged on their outputs and flagged `no_custom_kernel`; a candidate whose own

@@ -66,6 +66,16 @@ class ProblemSpec(_Rec):
     input_shift: float | None = None
 
 
+class Sample(_Rec):
+    """Where float64 outputs are kept for the precision check when they are large
+    (`evaluator.common.sample`): output k of more than `above` elements at `size` positions
+    drawn from `seed + k`. Secret: only the trusted reference worker and the harness see it."""
+
+    seed: int
+    above: int
+    size: int
+
+
 class RefTrial(_Rec):
     index: int
     kind: str
@@ -83,6 +93,8 @@ class RefTrial(_Rec):
     candidate (`construct.noisy_model`)."""
     fp64_path: str | None = None
     """Also compute this trial's output in float64 (harness-private; the precision check)."""
+    fp64_sample: Sample | None = None
+    """Large float64 outputs kept at these secret positions only."""
 
 
 ROLES = {"eager": 0, "compile": 1, "compile_ro": 2}
@@ -98,6 +110,9 @@ class Served64(_Rec):
     index: int
     seed: int
     path: str
+    sample: Sample | None = None
+    """Large float64 outputs kept at these secret positions only (and the reference's own error
+    measured there)."""
 
 
 class ReferenceJob(_Rec):

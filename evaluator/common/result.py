@@ -142,6 +142,9 @@ class PrecisionCheck(_Record):
     """Flagged `precision_below_fp32` when candidate > factor * max(reference, floor)."""
     floor: float
     ok: bool
+    positions: int | None = None
+    """Large outputs were compared at this many secret positions (`Policy.precision_sample`);
+    None: every element."""
 
 
 class GpuSample(_Record):

@@ -38,6 +38,7 @@ from kloop.evaluator.common.protocol import (
     ReferenceJob,
     RefTrial,
     RetryMsg,
+    Sample,
     Served64,
     ServeMsg,
     StageMsg,
@@ -102,9 +103,20 @@ def ref_trials(run: EvalRun) -> list[RefTrial]:
             fills_path=str(cand / f"fills_{k}.pt") if kind == "reparam" else None,
             fp64_path=str(ref / f"expected64_{k}.pt") if k == 0 and precision_checked(run)
             else None,
+            fp64_sample=precision_sample(run) if k == 0 else None,
         )
         for k, kind in enumerate(trial_kinds(run))
     ]
+
+
+def precision_sample(run: EvalRun) -> Sample | None:
+    """Where large float64 outputs are kept (`evaluator.common.sample`): secret positions drawn
+    from the run's salt, the same for every float64 output of the evaluation."""
+    p = run.policy
+    if not precision_checked(run) or p.precision_sample_above is None:
+        return None
+    return Sample(seed=derive_seed(run.salt, "precision_sample", 0), above=p.precision_sample_above,
+                  size=p.precision_sample)
 
 
 def served_seeds(run: EvalRun) -> list[int]:
@@ -132,7 +144,8 @@ def served64(run: EvalRun) -> list[Served64]:
     else:  # the sequential rule may stop after the first half: it holds a full check
         pick = rng.sample(range(half), min(PRECISION_CALLS, half)) + \
             rng.sample(range(half, len(seeds)), min(PRECISION_CALLS, len(seeds) - half))
-    return [Served64(index=i, seed=seeds[i], path=str(run.root / "ref" / f"served64_{i}.pt"))
+    return [Served64(index=i, seed=seeds[i], path=str(run.root / "ref" / f"served64_{i}.pt"),
+                     sample=precision_sample(run))
             for i in sorted(pick)]
 
 

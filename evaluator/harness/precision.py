@@ -1,7 +1,9 @@
 """The precision check: an fp32 problem must be computed at about fp32's accuracy.
 
 Both the candidate's output and the fp32 reference's are compared with a float64 run of the
-reference on the same inputs (relative RMS error over all floating outputs). A candidate whose
+reference on the same inputs (relative RMS error over all floating outputs; for an output past
+`Policy.precision_sample_above` elements, over a million secret positions, the same for both:
+`evaluator.common.sample`). A candidate whose
 error is more than `Policy.precision_factor` times the reference's own (or the floor, fp32's
 unit roundoff, when the reference's is smaller) computed in a lower precision. Why 100: an fp32
 kernel that sums in another order, uses fused multiply-adds or fast-math intrinsics stays within
@@ -19,6 +21,7 @@ import torch
 
 from kloop.evaluator.common.correctness import CHUNK
 from kloop.evaluator.common.result import PrecisionCheck
+from kloop.evaluator.common.sample import Float64Outputs
 from kloop.evaluator.harness.checks import violate
 from kloop.evaluator.harness.outcome import Flagged, Precision, violated
 
@@ -49,9 +52,10 @@ def relative_rms(x: torch.Tensor, ref64: torch.Tensor) -> float | None:
     return math.sqrt(dd) / math.sqrt(rr) if rr > 0 else None
 
 
-def _worst(outs: list[Any], outs64: list[Any]) -> float | None:
+def _worst(outs: list[Any], outs64: Float64Outputs) -> float | None:
     errs = []
-    for x, r in zip(outs, outs64, strict=False):
+    for k, (x, r) in enumerate(zip(outs, outs64.outputs, strict=False)):
+        x = outs64.pair(k, x)  # at the float64 output's positions where it was sampled
         if isinstance(x, torch.Tensor) and isinstance(r, torch.Tensor) and \
                 x.is_floating_point() and r.is_floating_point() and x.shape == r.shape:
             e = relative_rms(x, r)
@@ -60,8 +64,12 @@ def _worst(outs: list[Any], outs64: list[Any]) -> float | None:
     return max(errs) if errs else None
 
 
+def _positions(outs64: Float64Outputs) -> int | None:
+    return outs64.sample.size if outs64.sample is not None and any(outs64.sampled) else None
+
+
 def precision_check(run: EvalRun, ledger: Ledger, got: list[Any], expected: list[Any],
-                    expected64: list[Any]) -> None:
+                    expected64: Float64Outputs) -> None:
     factor = run.policy.precision_factor
     if factor is None:
         return
@@ -71,15 +79,16 @@ def precision_check(run: EvalRun, ledger: Ledger, got: list[Any], expected: list
         return
     ok = cand <= factor * max(ref, FLOOR)
     ledger.record(Precision(check=PrecisionCheck(candidate_rel_err=cand, reference_rel_err=ref,
-                                                 factor=factor, floor=FLOOR, ok=ok)))
+                                                 factor=factor, floor=FLOOR, ok=ok,
+                                                 positions=_positions(expected64))))
     if not ok:
         ledger.record(*violated(violate(
             run, "precision_below_fp32", f"relative RMS error against float64 {cand:.2e}, the "
             f"fp32 reference's {ref:.2e} (more than {factor:g}x)")))
 
 
-def precision_on_call(run: EvalRun, ledger: Ledger, index: int, got: list[Any], outs64: list[Any],
-                      reference_rel_err: float | None) -> None:
+def precision_on_call(run: EvalRun, ledger: Ledger, index: int, got: list[Any],
+                      outs64: Float64Outputs, reference_rel_err: float | None) -> None:
     """The same test on a timed call chosen in secret (`judge.served64`): the reference worker
     computed that call's float64 output and its own fp32 error for the call's seed. Timed
     calls look alike from inside the candidate's process, so a kernel that computes in fp32
@@ -94,7 +103,8 @@ def precision_on_call(run: EvalRun, ledger: Ledger, index: int, got: list[Any], 
     ok = cand <= factor * max(reference_rel_err, FLOOR)
     ledger.record(Precision(check=PrecisionCheck(candidate_rel_err=cand,
                                                  reference_rel_err=reference_rel_err,
-                                                 factor=factor, floor=FLOOR, ok=ok),
+                                                 factor=factor, floor=FLOOR, ok=ok,
+                                                 positions=_positions(outs64)),
                             timed_call=True))
     if not ok:
         ledger.record(*violated(violate(

@@ -41,6 +41,7 @@ from kloop.evaluator.common.protocol import (
     TimingSpec,
 )
 from kloop.evaluator.common.result import EnvInfo, ErrorInfo, TimingStats
+from kloop.evaluator.common.sample import Float64Outputs
 from kloop.evaluator.common.wire import OK, ServeLayout
 from kloop.evaluator.harness.clock import CallResult, ChannelBroken
 from kloop.evaluator.harness.expected import ExpectedStore
@@ -124,7 +125,7 @@ class ReferenceOutput:
     env: EnvInfo | None = None
     expected: dict[int, list[Any]] = field(default_factory=dict)
     """The probe trials' expected outputs, by trial index."""
-    expected64: dict[int, list[Any]] = field(default_factory=dict)
+    expected64: dict[int, Float64Outputs] = field(default_factory=dict)
     """float64 outputs of the trials that carry the precision check."""
     served: ExpectedStore | None = None
     """The reference's outputs of the timed calls (one per seed of `Serving.seeds`)."""
@@ -149,7 +150,7 @@ class ReferenceOutput:
     wall_s: float = 0.0
     stage_seconds: dict[str, float] = field(default_factory=dict)
     """Wall time of the worker's stages (`ref_reference`, `ref_baselines`)."""
-    served64: dict[int, tuple[list[Any], float | None]] = field(default_factory=dict)
+    served64: dict[int, tuple[Float64Outputs, float | None]] = field(default_factory=dict)
     """Timed call index -> its float64 outputs and the fp32 reference's own relative error
     (the precision check on timed calls)."""
     parked: bool = False
@@ -235,12 +236,13 @@ def collect_reference(child: Child, job: ReferenceJob, serving: Serving | None) 
         out.expected[t.index] = torch.load(t.expected_path, weights_only=True)
         os.unlink(t.expected_path)
         if t.fp64_path is not None and os.path.exists(t.fp64_path):
-            out.expected64[t.index] = torch.load(t.fp64_path, weights_only=True)
+            out.expected64[t.index] = Float64Outputs.load(
+                torch.load(t.fp64_path, weights_only=True), t.fp64_sample)
             os.unlink(t.fp64_path)
     for s in job.served64:
         if os.path.exists(s.path):
             got = torch.load(s.path, weights_only=True)
-            out.served64[s.index] = (got["outputs"], got["reference_rel_err"])
+            out.served64[s.index] = (Float64Outputs.load(got, s.sample), got["reference_rel_err"])
             os.unlink(s.path)
     return out
 

@@ -29,10 +29,12 @@ from kloop.evaluator.common.protocol import (
     ErrorMsg,
     FlagMsg,
     ReferenceJob,
+    Sample,
     Served64,
     ServeMsg,
 )
 from kloop.evaluator.common.result import ErrorInfo
+from kloop.evaluator.common.sample import reduce, take
 from kloop.evaluator.common.wire import output_specs
 from kloop.evaluator.worker.child import Channel, call_server, read_control, wait_for_device
 from kloop.evaluator.worker.construct import (
@@ -141,7 +143,12 @@ def _served64(problem, model, spec, s: Served64, ch: Channel) -> None:
                 out64 = as_output_list(m64(*x64))
             sync(spec.device)
         del m64
-        torch.save({"outputs": [_to_cpu_one(o) for o in out64],
+        # Large outputs at the secret positions only, both precisions alike (on the device,
+        # so the float64 output never crosses to the host whole).
+        out64, kept = reduce(s.sample, out64)
+        out32 = [take(s.sample, k, x) if f else x  # type: ignore[arg-type]
+                 for k, (x, f) in enumerate(zip(out32, kept["sampled"], strict=False))]
+        torch.save({"outputs": [_to_cpu_one(o) for o in out64], **kept,
                     "reference_rel_err": _worst_rel_err(out32, out64)}, s.path)
     except Exception as e:
         ch.send(FlagMsg(flag=f"precision_check_unavailable: {type(e).__name__}: {str(e)[:160]}"))
@@ -221,10 +228,11 @@ def _trial(problem, model, init, spec, t, ch: Channel, prepared: _Prepared) -> N
     sync(spec.device)
     torch.save([_to_cpu_one(o) for o in as_output_list(out)], t.expected_path)
     if t.fp64_path is not None:
-        _fp64(trial_model, inputs, t.forward_seed, t.fp64_path, spec.device, ch)
+        _fp64(trial_model, inputs, t.forward_seed, t.fp64_path, t.fp64_sample, spec.device, ch)
 
 
-def _fp64(model, inputs, forward_seed: int, path: str, device: str, ch: Channel) -> None:
+def _fp64(model, inputs, forward_seed: int, path: str, sample: Sample | None, device: str,
+          ch: Channel) -> None:
     """The same call in float64 (the precision check's yardstick); a model that cannot run in
     float64 leaves the check out, flagged."""
     try:
@@ -235,7 +243,8 @@ def _fp64(model, inputs, forward_seed: int, path: str, device: str, ch: Channel)
         with torch.no_grad(), _Float64Draws():
             out = m64(*x64)
         sync(device)
-        torch.save([_to_cpu_one(o) for o in as_output_list(out)], path)
+        outs, kept = reduce(sample, as_output_list(out))
+        torch.save({"outputs": [_to_cpu_one(o) for o in outs], **kept}, path)
         del m64
     except Exception as e:
         ch.send(FlagMsg(flag=f"precision_check_unavailable: {type(e).__name__}: {str(e)[:160]}"))
