@@ -69,6 +69,11 @@ class Float64Outputs:
             raise ValueError("float64 outputs that do not match their sample")
         return cls(outs, flags, numels, sample)
 
+    @property
+    def positions(self) -> int | None:
+        """How many positions the sampled outputs kept; None: every output whole."""
+        return self.sample.size if self.sample is not None and any(self.sampled) else None
+
     def pair(self, k: int, x: Any) -> Any:
         """The fp32 output `x` (the k-th) as it is compared with float64 output k: at the same
         positions where that one was sampled, else whole. One of another element count is

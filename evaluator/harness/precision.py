@@ -64,10 +64,6 @@ def _worst(outs: list[Any], outs64: Float64Outputs) -> float | None:
     return max(errs) if errs else None
 
 
-def _positions(outs64: Float64Outputs) -> int | None:
-    return outs64.sample.size if outs64.sample is not None and any(outs64.sampled) else None
-
-
 def precision_check(run: EvalRun, ledger: Ledger, got: list[Any], expected: list[Any],
                     expected64: Float64Outputs) -> None:
     factor = run.policy.precision_factor
@@ -80,7 +76,7 @@ def precision_check(run: EvalRun, ledger: Ledger, got: list[Any], expected: list
     ok = cand <= factor * max(ref, FLOOR)
     ledger.record(Precision(check=PrecisionCheck(candidate_rel_err=cand, reference_rel_err=ref,
                                                  factor=factor, floor=FLOOR, ok=ok,
-                                                 positions=_positions(expected64))))
+                                                 positions=expected64.positions)))
     if not ok:
         ledger.record(*violated(violate(
             run, "precision_below_fp32", f"relative RMS error against float64 {cand:.2e}, the "
@@ -104,7 +100,7 @@ def precision_on_call(run: EvalRun, ledger: Ledger, index: int, got: list[Any],
     ledger.record(Precision(check=PrecisionCheck(candidate_rel_err=cand,
                                                  reference_rel_err=reference_rel_err,
                                                  factor=factor, floor=FLOOR, ok=ok,
-                                                 positions=_positions(outs64)),
+                                                 positions=outs64.positions),
                             timed_call=True))
     if not ok:
         ledger.record(*violated(violate(

@@ -34,7 +34,7 @@ from kloop.evaluator.common.protocol import (
     ServeMsg,
 )
 from kloop.evaluator.common.result import ErrorInfo
-from kloop.evaluator.common.sample import reduce, take
+from kloop.evaluator.common.sample import Float64Outputs, reduce
 from kloop.evaluator.common.wire import output_specs
 from kloop.evaluator.worker.child import Channel, call_server, read_control, wait_for_device
 from kloop.evaluator.worker.construct import (
@@ -146,8 +146,8 @@ def _served64(problem, model, spec, s: Served64, ch: Channel) -> None:
         # Large outputs at the secret positions only, both precisions alike (on the device,
         # so the float64 output never crosses to the host whole).
         out64, kept = reduce(s.sample, out64)
-        out32 = [take(s.sample, k, x) if f else x  # type: ignore[arg-type]
-                 for k, (x, f) in enumerate(zip(out32, kept["sampled"], strict=False))]
+        f64 = Float64Outputs(out64, kept["sampled"], kept["numels"], s.sample)
+        out32 = [f64.pair(k, x) for k, x in enumerate(out32)]
         torch.save({"outputs": [_to_cpu_one(o) for o in out64], **kept,
                     "reference_rel_err": _worst_rel_err(out32, out64)}, s.path)
     except Exception as e:
