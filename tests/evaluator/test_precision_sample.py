@@ -85,6 +85,7 @@ def _lenet() -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["k05_half_precision_output.py",
+                                  "k05b_half_precision_some_elements.py",
                                   "k10_fp32_probes_low_precision_timed.py"])
 def test_lowered_precision_is_caught_on_sampled_outputs(tmp_path, sample_everything, name):
     from kloop.evaluator.harness.pipeline import evaluate
