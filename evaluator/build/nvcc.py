@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from kloop.evaluator.build import lean
+from kloop.evaluator.build import cxx_pch, lean
 from kloop.evaluator.build.diagnostics import (
     build_source_map,
     locate_string,
@@ -299,6 +299,30 @@ class _Plan(BaseModel):
     prefix: dict[str, int]
 
 
+CHECK_CXX = "g++"
+
+
+def _common_flags(extra_include_dirs: Sequence[str]) -> list[str]:
+    return [*_include_flags(extra_include_dirs), "-DTORCH_EXTENSION_NAME=kloop_check",
+            *_TORCH_DEFINES]
+
+
+def check_gxx_flags(extra_c: Sequence[str] = (), extra_include_dirs: Sequence[str] = ()) -> list[str]:
+    """g++'s flags for main.cpp in a check (`-fsyntax-only main.cpp` added), and the flags of
+    the compile check's precompiled header (`evaluator.build.pch.build_check`)."""
+    return [*_common_flags(extra_include_dirs), "-fPIC", *extra_c, *_std_flag(extra_c)]
+
+
+def _check_pch(gxx_flags: list[str]) -> list[str]:
+    """`-I` the trusted store's precompiled torch header made under exactly these flags, where
+    there is one (`KLOOP_PCH_ROOT`, as for `load_inline` builds: `evaluator.build.cxx_pch`)."""
+    root = os.environ.get(cxx_pch.ROOT_ENV)
+    if not root:
+        return []
+    entry = Path(root) / cxx_pch.pch_key(CHECK_CXX, gxx_flags)
+    return ["-I", str(entry)] if (entry / cxx_pch.READY).is_file() else []
+
+
 def _plan(cuda_parts: list[str], cpp_parts: list[str], functions, no_implicit_headers: bool,
           nvcc_flags: list[str], gxx_flags: list[str]) -> _Plan:
     """One nvcc compile of cuda.cu, with the prototypes folded in when that is all cpp_sources
@@ -319,7 +343,7 @@ def _plan(cuda_parts: list[str], cpp_parts: list[str], functions, no_implicit_he
     if not fold:
         cpp_prefix = [] if no_implicit_headers else CPP_IMPLICIT_HEADERS
         files["main.cpp"] = "\n".join(cpp_prefix + cpp_parts + binding_lines(functions))
-        cmds.append(["g++", *gxx_flags, "-fsyntax-only", "main.cpp"])
+        cmds.append([CHECK_CXX, *gxx_flags, "-fsyntax-only", "main.cpp"])
         maps["main.cpp"] = [("cpp_sources", p) for p in cpp_parts]
         prefix["main.cpp"] = len(cpp_prefix)
     return _Plan(files=files, cmds=cmds, maps=maps, prefix=prefix)
@@ -355,20 +379,24 @@ def nvcc_check(
                           infra_error="nvcc is not installed on this machine")
     work_dir.mkdir(parents=True, exist_ok=True)
     extra_cuda, extra_c = without_arch_flags(extra_cuda_cflags or []), list(extra_cflags or [])
-    common = [*_include_flags(extra_include_dirs), "-DTORCH_EXTENSION_NAME=kloop_check",
-              *_TORCH_DEFINES]
+    common = _common_flags(extra_include_dirs)
+    gxx = check_gxx_flags(extra_c, extra_include_dirs)
     plan = _plan(
         as_list(cuda_sources), as_list(cpp_sources), functions, no_implicit_headers,
         [*common, *_NVCC_DEFAULT_FLAGS, *extra_cuda, *_std_flag(extra_cuda), f"-arch={target}"],
-        [*common, "-fPIC", *extra_c, *_std_flag(extra_c)],
+        gxx,
     )
     for name, text in plan.files.items():
         (work_dir / name).write_text(text)
     key = hashlib.sha256(
         json.dumps([plan.files, plan.cmds, _toolchain_id()]).encode()
     ).hexdigest()
+    # The precompiled header changes how long g++ takes, never what it says (it takes the PCH
+    # only where valid): one key with or without it.
+    pch_args = _check_pch(gxx)
+    cmds = [[c[0], *pch_args, *c[1:]] if c[0] == CHECK_CXX else c for c in plan.cmds]
     raw, hit = _cached_run(key, _cache_dir(cache_dir),
-                           lambda: _run_parallel(plan.cmds, work_dir, timeout_s))
+                           lambda: _run_parallel(cmds, work_dir, timeout_s))
 
     smaps = {
         name: build_source_map(name, plan.prefix[name], parts, candidate_source, candidate_name)

@@ -153,15 +153,61 @@ def build(root: Path, variant: Variant) -> str | None:
     made (no compiler, a probe that captured nothing). One builder per variant at a time across
     processes (a lock file); a second one waits and then finds it."""
     tag = "-".join(["cuda" if variant.with_cuda else "cpu", *variant.extra_cflags]) or "x"
+    return _locked(root, tag, lambda work: _build_locked(root, variant, work))
+
+
+def _locked(root: Path, tag: str, make) -> str | None:
     lock_path = root / f".lock-{''.join(c if c.isalnum() or c in '-_' else '_' for c in tag)}"
     with open(lock_path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         _clean_stale(root)
         work = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
         try:
-            return _build_locked(root, variant, work)
+            return make(work)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+
+# ---- the compile check's PCH (hosts without a GPU) -------------------------------------------
+# Where no GPU is there to build for, a CUDA candidate is compile-checked instead
+# (`evaluator.build.nvcc.nvcc_check`): g++ -fsyntax-only over load_inline's main.cpp, whose first
+# line is `#include <torch/extension.h>`, beside nvcc over the .cu. That g++ pass is most of a
+# check's CPU time (17 s of 27 s for the prompt's lean form on a 2-core host, 5 s with this PCH;
+# the PCH itself takes 36 s once). The entry has the layout of a `load_inline` one, under the
+# check's own flags (`nvcc.check_gxx_flags`), which nvcc_check offers with `-I` exactly as
+# `cxx_pch` does: g++ takes it where valid and reads the forwarding header otherwise.
+
+
+def check_probe() -> Probe:
+    from kloop.evaluator.build import nvcc
+
+    flags = nvcc.check_gxx_flags()
+    return Probe(nvcc.CHECK_CXX, flags, cxx_pch.pch_key(nvcc.CHECK_CXX, flags))
+
+
+def build_check(root: Path) -> str | None:
+    """The compile check's PCH in `root` unless it is there (one builder at a time); its key."""
+    return _locked(root, "check", lambda work: _make(root, check_probe(), work, "the compile check"))
+
+
+def _check_in_background() -> None:
+    root = store_dir()
+    if root is not None:
+        build_check(root)
+
+
+_check_started = threading.Event()
+
+
+def ensure_check_async() -> None:
+    """`build_check` in a background thread, once per process. At the usual priority, unlike
+    the GPU host's builds: a host without a GPU times nothing of record, and at SCHED_IDLE a
+    build on a host kept busy (CI's two cores under two test workers) would never finish."""
+    with _started_lock:
+        if _check_started.is_set():
+            return
+        _check_started.set()
+    threading.Thread(target=_check_in_background, daemon=True, name="kloop-pch-check").start()
 
 
 def _clean_stale(root: Path) -> None:
@@ -178,6 +224,12 @@ def _build_locked(root: Path, variant: Variant, work: Path) -> str | None:
     got = probe(variant, work)
     if got is None:
         return None
+    return _make(root, got, work, variant)
+
+
+def _make(root: Path, got: Probe, work: Path, what: object) -> str | None:
+    """The entry of `got`'s compiler and flags in `root` (under the caller's lock), unless it is
+    there; its key, or None where g++ failed."""
     final = root / got.key
     if (final / cxx_pch.READY).is_file():
         return got.key
@@ -192,10 +244,10 @@ def _build_locked(root: Path, variant: Variant, work: Path) -> str | None:
                         str(header) + ".gch"], cwd=work, capture_output=True, text=True,
                        timeout=_TIMEOUT_S)
     if r.returncode != 0:
-        log.warning("PCH for %s not built: %s", variant, r.stderr[-2000:])
+        log.warning("PCH for %s not built: %s", what, r.stderr[-2000:])
         return None
     (entry / "flags.json").write_text(json.dumps(
-        {"cxx": got.cxx, "flags": got.flags, "variant": list(variant), "seconds":
+        {"cxx": got.cxx, "flags": got.flags, "variant": str(what), "seconds":
          round(time.monotonic() - t0, 1)}))
     (entry / cxx_pch.READY).write_text("")
     owner = os.lstat(root).st_uid
@@ -205,7 +257,7 @@ def _build_locked(root: Path, variant: Variant, work: Path) -> str | None:
             os.chown(path, owner, owner, follow_symlinks=False)
     shutil.rmtree(final, ignore_errors=True)  # a half-made one from a killed builder
     os.rename(entry, final)
-    log.info("precompiled torch header for %s built in %.1f s", variant, time.monotonic() - t0)
+    log.info("precompiled torch header for %s built in %.1f s", what, time.monotonic() - t0)
     return got.key
 
 

@@ -334,7 +334,9 @@ class EvalConfig(BaseModel):
     valid, so the binary is the one the plain build makes). `auto`: builds use a PCH that is
     there, and a CUDA build on a GPU host starts making the missing ones in the background;
     `on`: also on a CPU host (for CPU-only extensions; ~50 s of one core per variant);
-    `off`: neither. The binding file built in 12.6 s with it against 29.1 s without, identical
+    `off`: neither. On a host without a GPU, `auto` and `on` also make the compile check's own
+    (g++ over main.cpp in `nvcc_check`: 17.2 s plain, 5.3 s with it, 36 s to make once; the
+    2-core CPU host, 2026-12-06). The binding file built in 12.6 s with it against 29.1 s without, identical
     `objdump -d -s` (the CPU host, 2026-12-03 at cdc2876); on the H200 a torch-free candidate's
     cold build, lean and with it, 8.28 s p50 against plain `load_inline`'s 23.13 s (2026-12-04
     at 680c4de)."""

@@ -309,7 +309,7 @@ def _judge_trial(run: EvalRun, ledger: Ledger, job: CandidateJob, msg: TrialMsg)
                                        f"trial {msg.index}, which is unknown or already judged")))
         return
     assert run.reference is not None
-    expected = run.reference.expected[msg.index]
+    expected = run.reference.expected.pop(msg.index)  # a trial is judged once: drop it after
     tol = run.policy.tolerance(run.config.precision)
     got, problem = load_output(Path(spec.output_path), expected)
     if problem is not None:

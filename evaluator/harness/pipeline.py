@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from kloop.evaluator.common.config import EvalConfig
 from kloop.evaluator.common.result import EvalResult
 from kloop.evaluator.harness.checks import result_checks
+from kloop.evaluator.harness.judge import trial_kinds
 from kloop.evaluator.harness.ledger import Ledger
 from kloop.evaluator.harness.outcome import Finding, Flagged, verdict_of
 from kloop.evaluator.harness.reference import ReferenceOutput
@@ -30,6 +31,7 @@ from kloop.evaluator.harness.stages import (
 )
 from kloop.evaluator.harness.state import EvalRun, result_of
 from kloop.evaluator.procs.devicegate import GATE, Hold, out_of_device_memory
+from kloop.evaluator.procs.hostbytes import BUDGET, trial_bytes
 from kloop.problems.registry import Problem, get_problem
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,7 @@ def device_half(run: EvalRun, findings: list[Finding],
     findings and the evaluator fault that ended it, if one did."""
     error: BaseException | None = None
     if not decided(run, findings):
-        with GATE.shared() as hold:
+        with GATE.shared() as hold, BUDGET.reserve(outputs_reserved(run), run.root):
             try:
                 run_stages(run, stages[1], findings)
             except BaseException as e:  # noqa: BLE001 (the caller raises or reports it)
@@ -86,6 +88,13 @@ def device_half(run: EvalRun, findings: list[Finding],
         if beside_others(hold) and _ran_out(run, findings, error):
             return _again_alone(run, stages)
     return run, findings, error
+
+
+def outputs_reserved(run: EvalRun) -> int:
+    """The disk an evaluation's probe-trial outputs take at full size (`procs.hostbytes`)."""
+    if run.config.problem_overrides:
+        return 0
+    return trial_bytes(run.problem.meta.output_shape, len(trial_kinds(run)))
 
 
 def beside_others(hold: Hold) -> bool:

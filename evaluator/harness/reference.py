@@ -124,7 +124,8 @@ class ReferenceOutput:
 
     env: EnvInfo | None = None
     expected: dict[int, list[Any]] = field(default_factory=dict)
-    """The probe trials' expected outputs, by trial index."""
+    """The probe trials' expected outputs, by trial index, mapped from their unlinked files;
+    each is taken out when its trial is judged."""
     expected64: dict[int, Float64Outputs] = field(default_factory=dict)
     """float64 outputs of the trials that carry the precision check."""
     served: ExpectedStore | None = None
@@ -233,7 +234,9 @@ def collect_reference(child: Child, job: ReferenceJob, serving: Serving | None) 
         record, path = cache_record(serving, out)
         store_record(path, record, out, serving)  # with their flags, which came after their calls
     for t in job.trials:
-        out.expected[t.index] = torch.load(t.expected_path, weights_only=True)
+        # Mapped, not read: the pages stay the file's (a 4.3 GB output times six trials for
+        # L3/17), which no longer has a name once unlinked, and each is dropped once judged.
+        out.expected[t.index] = torch.load(t.expected_path, weights_only=True, mmap=True)
         os.unlink(t.expected_path)
         if t.fp64_path is not None and os.path.exists(t.fp64_path):
             out.expected64[t.index] = Float64Outputs.load(

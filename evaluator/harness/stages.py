@@ -143,6 +143,8 @@ def _start_pch(run: EvalRun) -> None:
     mode = run.config.pch
     if mode == "on" or (mode == "auto" and not run.on_cpu):
         pch.ensure_async(pch.default_variants(cuda=not run.on_cpu))
+    if mode != "off" and run.on_cpu:  # no GPU: CUDA sources are compile-checked instead
+        pch.ensure_check_async()
 
 
 def _compile(run: EvalRun, ledger: Ledger) -> None:

@@ -68,8 +68,8 @@ def sample_everything(monkeypatch):
         update={"name": "sample_all", "precision_sample_above": 1, "precision_sample": 16}))
 
 
-def _config(tmp_path: Path) -> EvalConfig:
-    return EvalConfig(device="cpu", cache_dir=tmp_path / "cache", policy="sample_all",
+def _config(tmp_path: Path, device: str) -> EvalConfig:
+    return EvalConfig(device=device, cache_dir=tmp_path / "cache", policy="sample_all",
                       baselines="eager", kept_baselines=0, triton_aot=False, profile=False,
                       problem_overrides=_lenet(),
                       timeouts=StageTimeouts(startup=180, load=120, correctness=60, timing=120,
@@ -83,14 +83,18 @@ def _lenet() -> dict:
     return LENET_TINY
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["k05_half_precision_output.py",
                                   "k05b_half_precision_some_elements.py",
                                   "k10_fp32_probes_low_precision_timed.py"])
-def test_lowered_precision_is_caught_on_sampled_outputs(tmp_path, sample_everything, name):
+def test_lowered_precision_is_caught_on_sampled_outputs(tmp_path, sample_everything, name, device):
     from kloop.evaluator.harness.pipeline import evaluate
 
-    r = evaluate("L3/4", (EXPLOITS / "candidates" / name).read_text(), _config(tmp_path))
+    r = evaluate("L3/4", (EXPLOITS / "candidates" / name).read_text(), _config(tmp_path, device))
     assert r.status in ("rejected", "incorrect"), (r.status, r.error, r.flags)
     assert any(v.rule == "precision_below_fp32" for v in r.violations), r.violations
     checks = [r.precision] if r.precision is not None else []
@@ -98,10 +102,11 @@ def test_lowered_precision_is_caught_on_sampled_outputs(tmp_path, sample_everyth
 
 
 @pytest.mark.slow
-def test_an_honest_kernel_passes_the_sampled_check(tmp_path, sample_everything):
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_honest_kernel_passes_the_sampled_check(tmp_path, sample_everything, device):
     from kloop.evaluator.harness.pipeline import evaluate
 
     src = (EXPLOITS / "honest" / "h20_lenet_packed_fc_weights.py").read_text()
-    r = evaluate("L3/4", src, _config(tmp_path))
+    r = evaluate("L3/4", src, _config(tmp_path, device))
     assert r.status == "correct", (r.status, r.error, r.flags, r.violations)
     assert r.precision is not None and r.precision.ok and r.precision.positions == 16
