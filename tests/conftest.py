@@ -4,6 +4,7 @@ uses: `drop_box`, and `pch_store` (a real precompiled-header store, built once p
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -158,6 +159,12 @@ def pch_store(_pch_store_built, monkeypatch):
 
     root, key = _pch_store_built
     monkeypatch.setenv(pch.DIR_ENV, str(root))
+    # The compile check's PCH is made in the background by the first CUDA check of a process
+    # without a GPU, into whatever store is the harness's then: not into this one, whose tests
+    # compare its contents before and after a candidate's build.
+    started = threading.Event()
+    started.set()
+    monkeypatch.setattr(pch, "_check_started", started)
     return root, key
 
 
@@ -187,3 +194,28 @@ def tight_budget(monkeypatch):
     budget.forget_all()
     yield p
     budget.forget_all()
+
+
+# KLOOP_TEST_TIMELINE=FILE: each test's worker, start and end appended to FILE, to see where a
+# run's cores sit idle (scripts/test_timeline.py reads it).
+_TIMELINE = __import__("os").environ.get("KLOOP_TEST_TIMELINE")
+_started_at: dict[str, float] = {}
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if _TIMELINE:
+        import time
+
+        _started_at[nodeid] = time.time()
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    if _TIMELINE and nodeid in _started_at:
+        import json
+        import os
+        import time
+
+        with open(_TIMELINE, "a") as f:
+            f.write(json.dumps({"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                                "test": nodeid, "start": _started_at.pop(nodeid),
+                                "end": time.time()}) + "\n")
