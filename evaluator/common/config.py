@@ -242,7 +242,9 @@ class EvalConfig(BaseModel):
     """The harness kills a child whose resident memory exceeds this."""
     disk_limit_gb: float = 16.0
     """The harness kills a child that runs candidate code once its evaluation's dir holds more
-    than this (or 200,000 entries): the disk is shared with every other evaluation."""
+    than this (or 200,000 entries) beyond what its own trial outputs take at the problem's full
+    size (all of them at once: L3/17's seven are 30 GB): the disk is shared with every other
+    evaluation."""
     cpu_timing_trials: int = 5
     """Host-clock timing trials on CPU (not comparable with GPU numbers)."""
     cpu_warmup_calls: int = 1

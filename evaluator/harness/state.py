@@ -44,6 +44,7 @@ from kloop.evaluator.harness.reference import ReferenceOutput
 from kloop.evaluator.procs import board, devicepool, isolation, uidpool
 from kloop.evaluator.procs.devicelock import DeviceHold, HoldKind, device_lock
 from kloop.evaluator.procs.forkserver import Confinement, gpu_nodes
+from kloop.evaluator.procs.hostbytes import candidate_bytes
 from kloop.evaluator.procs.isolation import SandboxPlan
 from kloop.evaluator.procs.sandbox import Child, ChildOutcome, DiskLimit, child_env, visible_device
 from kloop.problems.registry import Problem
@@ -375,7 +376,7 @@ class EvalRun:
         # A PID namespace leaves the GPU reachable: CUDA needs only the device nodes and
         # /proc/driver/nvidia, which the remounted /proc still shows.
         contain = self.contained and runs_candidate
-        disk = DiskLimit(self.root, int(c.disk_limit_gb * (1 << 30))) if runs_candidate else None
+        disk = DiskLimit(self.root, disk_limit(self)) if runs_candidate else None
         # Covered by an empty tmpfs: the reference worker's dir and the harness's private cache
         # for every child that runs candidate code, and the candidate child's dir for the one
         # that runs before it (compile: it must not rewrite the source the static rules judged,
@@ -447,6 +448,21 @@ class EvalRun:
                 self.claim.release()
 
 
+def own_outputs(run: EvalRun) -> int:
+    """Bytes a candidate's trial outputs may take in its dir at the problem's full size
+    (`procs.hostbytes.candidate_bytes`); 0 at other sizes, where the meta's shape says nothing."""
+    from kloop.evaluator.harness.judge import trial_kinds
+
+    if run.config.problem_overrides:
+        return 0
+    return candidate_bytes(run.problem.meta.output_shape, len(trial_kinds(run)))
+
+
+def disk_limit(run: EvalRun) -> int:
+    """`disk_limit_gb` beyond what the candidate's own trial outputs legitimately take."""
+    return int(run.config.disk_limit_gb * (1 << 30)) + own_outputs(run)
+
+
 def child_failure(outcome: ChildOutcome, stage: Stage, config: EvalConfig) -> Decided:
     """The verdict on a child that ended without reporting: timeout, memory kill, signal or exit
     code."""
@@ -461,8 +477,9 @@ def child_failure(outcome: ChildOutcome, stage: Stage, config: EvalConfig) -> De
             f"{outcome.stage}; the process was killed"))
     elif outcome.killed_for == "disk":
         info = ErrorInfo(type="DiskLimit", stderr_tail=tail, message=(
-            f"more than {config.disk_limit_gb:g} GiB (or 200,000 files) written into "
-            f"its work dir in stage {outcome.stage}; the process was killed"))
+            f"more than {config.disk_limit_gb:g} GiB (or 200,000 files) beyond its trial "
+            f"outputs written into its work dir in stage {outcome.stage}; the process was "
+            "killed"))
     elif outcome.signal:
         info = ErrorInfo(type=outcome.signal, stderr_tail=tail, message=(
             f"process killed by {outcome.signal} ({-(outcome.returncode or 0)}) in stage "

@@ -5,8 +5,8 @@ Why: the reference worker writes one expected output per probe trial into the ev
 before the candidate runs (six at the default policy), and the harness keeps them, mapped from
 those files, until each trial is judged; the candidate writes each trial's output (and the
 repeated call's) beside them. For most problems that is megabytes. For L3/17 (a 4.3 GB output
-at full size) it is about 34 GB per evaluation, and a batch keeps up to `device_slots`
-evaluations in their device stages at once: two fill a 64 GiB disk. Each evaluation reserves
+at full size) it is up to 56 GB per evaluation, and a batch keeps up to `device_slots`
+evaluations in their device stages at once: two would fill a 64 GiB disk. Each evaluation reserves
 what its outputs take before its device stages and gives it back after them; one larger than
 the whole budget waits until it is the only one holding any.
 
@@ -43,13 +43,24 @@ def output_bytes(shape: list[int] | list[list[int]] | None) -> int | None:
     return sum(math.prod(s) for s in shapes) * ELEMENT_BYTES  # type: ignore[arg-type]
 
 
+def candidate_bytes(shape: list[int] | list[list[int]] | None, trials: int) -> int:
+    """What a candidate's own trial outputs may take at once: each trial's and the repeated
+    call's. The child writes them one after another without waiting for the harness, which
+    judges (and then deletes) each in turn, so at full size they pile up: on an H100 at
+    4659128, L3/17's reference submitted as a candidate passed 16 GiB four trials in while the
+    harness judged the first (`disk_limit_gb` killed it)."""
+    one = output_bytes(shape)
+    return 0 if one is None else one * (trials + 1)
+
+
 def trial_bytes(shape: list[int] | list[list[int]] | None, trials: int) -> int:
     """What an evaluation's probe-trial outputs take at once at most: each trial's expected
-    output, and the candidate's output of one trial and of its repeated call."""
+    output (kept, mapped from its unlinked file, until judged) and the candidate's own
+    (`candidate_bytes`)."""
     one = output_bytes(shape)
     if one is None:
         return 0
-    need = one * (trials + 2)
+    need = one * trials + candidate_bytes(shape, trials)
     return need if need >= AT_LEAST else 0
 
 

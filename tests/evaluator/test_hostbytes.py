@@ -1,5 +1,6 @@
-"""The disk budget for probe-trial outputs: what an evaluation reserves, and that reservations
-past the budget wait for each other (procs/hostbytes.py)."""
+"""The disk budget for probe-trial outputs: what an evaluation reserves, the room its candidate
+child's disk limit leaves for its own outputs, and that reservations past the budget wait for
+each other (procs/hostbytes.py, harness/state.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 from kloop.evaluator.common.config import EvalConfig
 from kloop.evaluator.harness.judge import trial_kinds
 from kloop.evaluator.harness.pipeline import outputs_reserved
-from kloop.evaluator.harness.state import EvalRun
-from kloop.evaluator.procs.hostbytes import AT_LEAST, HostBytes, trial_bytes
+from kloop.evaluator.harness.state import EvalRun, disk_limit
+from kloop.evaluator.procs.hostbytes import AT_LEAST, HostBytes, candidate_bytes, trial_bytes
 from kloop.problems.registry import get_problem
 
 
@@ -19,25 +20,33 @@ def test_only_outputs_of_gigabytes_reserve_and_every_output_of_a_tuple_counts():
     assert trial_bytes(None, 6) == 0
     assert trial_bytes([1, 10], 6) == 0  # LeNet's logits: nothing to reserve
     l3_17 = [128, 128, 256, 256]
-    assert trial_bytes(l3_17, 6) == 8 * 128 * 128 * 256 * 256 * 4
+    one = 128 * 128 * 256 * 256 * 4
+    # six expected outputs, and the candidate's six and its repeated call's
+    assert candidate_bytes(l3_17, 6) == 7 * one
+    assert trial_bytes(l3_17, 6) == 13 * one
     side = 1 << 25
     assert trial_bytes([[side], [side]], 1) == 3 * 2 * side * 4
     assert trial_bytes([[side]], 1) == 3 * side * 4 >= AT_LEAST
+    assert candidate_bytes(None, 6) == 0
 
 
 def test_an_evaluation_reserves_its_full_size_trials_and_none_at_other_sizes(tmp_path: Path):
-    def reserved(problem: str, **overrides) -> tuple[int, int]:
+    def reserved(problem: str, **overrides) -> tuple[int, int, int]:
         config = EvalConfig(device="cpu", cache_dir=tmp_path / "cache", problem_overrides=overrides)
         run = EvalRun.create(get_problem(problem), "", config)
         try:
-            return outputs_reserved(run), len(trial_kinds(run))
+            return outputs_reserved(run), disk_limit(run), len(trial_kinds(run))
         finally:
             run.cleanup()
 
-    got, trials = reserved("L3/17")
-    assert got == (trials + 2) * 128 * 128 * 256 * 256 * 4
-    assert reserved("L3/4") == (0, trials)
-    assert reserved("L3/17", batch_size=2)[0] == 0  # the meta's shape is the full size's
+    one = 128 * 128 * 256 * 256 * 4
+    base = int(EvalConfig().disk_limit_gb * (1 << 30))
+    got, limit, trials = reserved("L3/17")
+    assert got == (2 * trials + 1) * one
+    # the candidate child's disk limit leaves room for all its own trial outputs at once
+    assert limit == base + (trials + 1) * one
+    assert reserved("L3/4") == (0, base + 4096 * 20 * 4 * (trials + 1), trials)
+    assert reserved("L3/17", batch_size=2)[:2] == (0, base)  # the meta's shape is the full size's
 
 
 def _hold(budget: HostBytes, n: int, where: Path, log: list, name: str,
