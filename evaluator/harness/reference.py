@@ -124,8 +124,8 @@ class ReferenceOutput:
 
     env: EnvInfo | None = None
     expected: dict[int, list[Any]] = field(default_factory=dict)
-    """The probe trials' expected outputs, by trial index, mapped from their unlinked files;
-    each is taken out when its trial is judged."""
+    """The probe trials' expected outputs, by trial index; each is taken out when its trial is
+    judged."""
     expected64: dict[int, Float64Outputs] = field(default_factory=dict)
     """float64 outputs of the trials that carry the precision check."""
     served: ExpectedStore | None = None
@@ -234,9 +234,11 @@ def collect_reference(child: Child, job: ReferenceJob, serving: Serving | None) 
         record, path = cache_record(serving, out)
         store_record(path, record, out, serving)  # with their flags, which came after their calls
     for t in job.trials:
-        # Mapped, not read: the pages stay the file's (a 4.3 GB output times six trials for
-        # L3/17), which no longer has a name once unlinked, and each is dropped once judged.
-        out.expected[t.index] = torch.load(t.expected_path, weights_only=True, mmap=True)
+        # Read into memory and the file gone before the candidate runs: a device host has more
+        # memory than disk (128 GiB and 64 GiB), and L3/17's six are 26 GB beside the
+        # candidate's own seven on disk (an H100 run at 45017da mapped them from their files
+        # instead: its disk peaked at 59 of 63 GB). Each is dropped once judged.
+        out.expected[t.index] = torch.load(t.expected_path, weights_only=True)
         os.unlink(t.expected_path)
         if t.fp64_path is not None and os.path.exists(t.fp64_path):
             out.expected64[t.index] = Float64Outputs.load(

@@ -1,19 +1,20 @@
-"""A budget of the work dir's disk for the probe trials' outputs of evaluations in their device
-stages.
+"""A budget for the probe trials' outputs of evaluations in their device stages.
 
-Why: the reference worker writes one expected output per probe trial into the evaluation's dir
-before the candidate runs (six at the default policy), and the harness keeps them, mapped from
-those files, until each trial is judged; the candidate writes each trial's output (and the
-repeated call's) beside them. For most problems that is megabytes. For L3/17 (a 4.3 GB output
-at full size) it is up to 56 GB per evaluation, and a batch keeps up to `device_slots`
-evaluations in their device stages at once: two would fill a 64 GiB disk. Each evaluation reserves
-what its outputs take before its device stages and gives it back after them; one larger than
-the whole budget waits until it is the only one holding any.
+Why: the reference worker writes one expected output per probe trial (six at the default
+policy), which the harness then holds in its memory until each trial is judged; the candidate
+writes each trial's output (and the repeated call's) into its dir one after another, without
+waiting for the harness, which judges and deletes them in turn. For most problems that is
+megabytes. For L3/17 (a 4.3 GB output at full size) it is up to 56 GB per evaluation (26 GB in
+the harness's memory, 30 GB on disk), and a batch keeps up to `device_slots` evaluations in
+their device stages at once: two would not fit a device host (128 GiB of memory, 64 GiB of
+disk). Each evaluation reserves what its outputs take before its device stages and gives it
+back after them; one larger than the whole budget waits until it is the only one holding any.
 
 The size comes from the problem's full-size output shape (`ProblemMeta.output_shape`) at four
 bytes an element, the widest output a policy checks in its trials; a run with problem
-overrides (other sizes) or without a known shape reserves nothing, as before. Other processes
-on the host are not counted: one kloop process per host is the setting this covers, as for
+overrides (other sizes) or without a known shape reserves nothing, as before. The budget is
+half the work dir's free disk, the smaller of the two on such a host. Other processes on the
+host are not counted: one kloop process per host is the setting this covers, as for
 `procs.devicegate`.
 """
 
@@ -47,7 +48,7 @@ def candidate_bytes(shape: list[int] | list[list[int]] | None, trials: int) -> i
     """What a candidate's own trial outputs may take at once: each trial's and the repeated
     call's. The child writes them one after another without waiting for the harness, which
     judges (and then deletes) each in turn, so at full size they pile up: on an H100 at
-    4659128, L3/17's reference submitted as a candidate passed 16 GiB four trials in while the
+    45017da, L3/17's reference submitted as a candidate passed 16 GiB four trials in while the
     harness judged the first (`disk_limit_gb` killed it)."""
     one = output_bytes(shape)
     return 0 if one is None else one * (trials + 1)
@@ -55,8 +56,7 @@ def candidate_bytes(shape: list[int] | list[list[int]] | None, trials: int) -> i
 
 def trial_bytes(shape: list[int] | list[list[int]] | None, trials: int) -> int:
     """What an evaluation's probe-trial outputs take at once at most: each trial's expected
-    output (kept, mapped from its unlinked file, until judged) and the candidate's own
-    (`candidate_bytes`)."""
+    output (in the harness's memory until judged) and the candidate's own (`candidate_bytes`)."""
     one = output_bytes(shape)
     if one is None:
         return 0
