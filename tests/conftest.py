@@ -4,6 +4,7 @@ uses: `drop_box`, and `pch_store` (a real precompiled-header store, built once p
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -161,7 +162,9 @@ def pch_store(_pch_store_built, monkeypatch):
     # The compile check's PCH is made in the background by the first CUDA check of a process
     # without a GPU, into whatever store is the harness's then: not into this one, whose tests
     # compare its contents before and after a candidate's build.
-    monkeypatch.setattr(pch, "_started", {*pch._started, pch.CHECK})
+    started = threading.Event()
+    started.set()
+    monkeypatch.setattr(pch, "_check_started", started)
     return root, key
 
 

@@ -168,11 +168,6 @@ def _locked(root: Path, tag: str, make) -> str | None:
             shutil.rmtree(work, ignore_errors=True)
 
 
-_started: set[tuple[Variant, ...] | str] = set()
-"""What this process has started making in the background (`ensure_async`, `ensure_check_async`)."""
-_started_lock = threading.Lock()
-
-
 # ---- the compile check's PCH (hosts without a GPU) -------------------------------------------
 # Where no GPU is there to build for, a CUDA candidate is compile-checked instead
 # (`evaluator.build.nvcc.nvcc_check`): g++ -fsyntax-only over load_inline's main.cpp, whose first
@@ -201,8 +196,7 @@ def _check_in_background() -> None:
         build_check(root)
 
 
-CHECK = "check"
-"""The compile check's entry in `_started` (beside the `load_inline` variants' tuples)."""
+_check_started = threading.Event()
 
 
 def ensure_check_async() -> None:
@@ -210,9 +204,9 @@ def ensure_check_async() -> None:
     the GPU host's builds: a host without a GPU times nothing of record, and at SCHED_IDLE a
     build on a host kept busy (CI's two cores under two test workers) would never finish."""
     with _started_lock:
-        if CHECK in _started:
+        if _check_started.is_set():
             return
-        _started.add(CHECK)
+        _check_started.set()
     threading.Thread(target=_check_in_background, daemon=True, name="kloop-pch-check").start()
 
 
@@ -281,6 +275,8 @@ def ensure(variants: list[Variant]) -> list[str]:
     return ready_keys(root)
 
 
+_started: set[tuple[Variant, ...]] = set()
+_started_lock = threading.Lock()
 
 
 def ensure_async(variants: list[Variant]) -> None:

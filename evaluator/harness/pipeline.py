@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from kloop.evaluator.common.config import EvalConfig
 from kloop.evaluator.common.result import EvalResult
 from kloop.evaluator.harness.checks import result_checks
+from kloop.evaluator.harness.judge import trial_kinds
 from kloop.evaluator.harness.ledger import Ledger
 from kloop.evaluator.harness.outcome import Finding, Flagged, verdict_of
 from kloop.evaluator.harness.reference import ReferenceOutput
@@ -28,7 +29,7 @@ from kloop.evaluator.harness.stages import (
     reference_stage,
     static_stage,
 )
-from kloop.evaluator.harness.state import EvalRun, full_size_trials, result_of
+from kloop.evaluator.harness.state import EvalRun, result_of
 from kloop.evaluator.procs.devicegate import GATE, Hold, out_of_device_memory
 from kloop.evaluator.procs.hostbytes import BUDGET, trial_bytes
 from kloop.problems.registry import Problem, get_problem
@@ -90,8 +91,10 @@ def device_half(run: EvalRun, findings: list[Finding],
 
 
 def outputs_reserved(run: EvalRun) -> int:
-    """What an evaluation's probe-trial outputs take at full size (`procs.hostbytes`)."""
-    return trial_bytes(*full_size_trials(run))
+    """The disk an evaluation's probe-trial outputs take at full size (`procs.hostbytes`)."""
+    if run.config.problem_overrides:
+        return 0
+    return trial_bytes(run.problem.meta.output_shape, len(trial_kinds(run)))
 
 
 def beside_others(hold: Hold) -> bool:

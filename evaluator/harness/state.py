@@ -448,19 +448,19 @@ class EvalRun:
                 self.claim.release()
 
 
-def full_size_trials(run: EvalRun) -> tuple[list[int] | list[list[int]] | None, int]:
-    """The problem's full-size output shape and this run's probe-trial count, for what its
-    trial outputs take (`procs.hostbytes`); no shape at other sizes, where the meta says
-    nothing."""
+def own_outputs(run: EvalRun) -> int:
+    """Bytes a candidate's trial outputs may take in its dir at the problem's full size
+    (`procs.hostbytes.candidate_bytes`); 0 at other sizes, where the meta's shape says nothing."""
     from kloop.evaluator.harness.judge import trial_kinds
 
-    shape = None if run.config.problem_overrides else run.problem.meta.output_shape
-    return shape, len(trial_kinds(run))
+    if run.config.problem_overrides:
+        return 0
+    return candidate_bytes(run.problem.meta.output_shape, len(trial_kinds(run)))
 
 
 def disk_limit(run: EvalRun) -> int:
     """`disk_limit_gb` beyond what the candidate's own trial outputs legitimately take."""
-    return int(run.config.disk_limit_gb * (1 << 30)) + candidate_bytes(*full_size_trials(run))
+    return int(run.config.disk_limit_gb * (1 << 30)) + own_outputs(run)
 
 
 def child_failure(outcome: ChildOutcome, stage: Stage, config: EvalConfig) -> Decided:
